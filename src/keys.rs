@@ -1,0 +1,541 @@
+//! Every Redis key the crate writes is built here.
+//!
+//! A key has the shape
+//!
+//! ```text
+//! {prefix}:{env}:{service}:{{scope}}:{operation}:{kind}
+//! sg:prod:quote-api:{tenant_3f9a…:quote:quote_91fa…}:recalculate:lease
+//! ```
+//!
+//! * `prefix`, `env` and `service` come from the [`KeySpace`];
+//! * the scope is a list of [`Scope`] parts: constant labels (`quote`) and identifiers
+//!   (`tenant`, a quote id) that are replaced by a keyed hash, so that no raw identifier,
+//!   and no personal data inside one, ever reaches Redis or its `MONITOR` output;
+//! * the scope is wrapped in braces, a Redis Cluster hash tag: the lease key and its fence
+//!   counter (and, later, the cache entry they guard) land in one slot, which is what lets
+//!   one Lua script touch all of them;
+//! * the operation names what the lease protects (`recalculate`, `fill`).
+//!
+//! The hash is HMAC-SHA256 keyed by a secret of the key space, truncated to 128 bits and
+//! written in hex. Without the secret an observer of Redis cannot test guesses of an
+//! identifier against a key; with the same secret every instance of a service derives the
+//! same key for the same identifier, which is what makes a lease shared by the fleet.
+//!
+//! Keys are bounded: every part has a maximum length and a key longer than
+//! [`MAX_KEY_LEN`] is refused.
+
+use std::fmt;
+use std::sync::Arc;
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+use crate::error::ConfigError;
+
+/// The longest key the crate builds, in bytes.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// The shortest secret a key space accepts, in bytes.
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// How many scope parts a key may have.
+pub const MAX_SCOPE_PARTS: usize = 8;
+
+/// Bytes of the HMAC kept in a key (128 bits, 32 hex digits).
+const HASH_BYTES: usize = 16;
+
+/// The namespace of every key: prefix, environment, service, and the secret that keys the
+/// hash of identifiers.
+///
+/// Cheap to clone; every instance of one service must be built with the same values, or
+/// they will not share leases.
+///
+/// ```
+/// use stampede_guard::keys::{KeySpace, Scope};
+///
+/// let keys = KeySpace::builder()
+///     .env("prod")
+///     .service("quote-api")
+///     .secret(b"a secret of at least sixteen bytes".to_vec())
+///     .build()?;
+/// let name = keys.lease(
+///     &[Scope::id("tenant", "acme-corp"), Scope::label("quote"), Scope::id("quote", "q-123")],
+///     "recalculate",
+/// )?;
+/// assert!(name.key().starts_with("sg:prod:quote-api:{tenant_"));
+/// assert!(!name.key().contains("acme-corp"));
+/// # Ok::<(), stampede_guard::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct KeySpace {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// `{prefix}:{env}:{service}:`, the start of every key.
+    head: String,
+    prefix: String,
+    env: String,
+    service: String,
+    mac: Hmac<Sha256>,
+}
+
+impl fmt::Debug for KeySpace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The secret is left out on purpose.
+        f.debug_struct("KeySpace")
+            .field("prefix", &self.inner.prefix)
+            .field("env", &self.inner.env)
+            .field("service", &self.inner.service)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeySpace {
+    /// Starts a key space. `env`, `service` and `secret` are required.
+    pub fn builder() -> KeySpaceBuilder {
+        KeySpaceBuilder::default()
+    }
+
+    /// The prefix of every key (default `sg`).
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The environment part (`prod`, `staging`).
+    pub fn env(&self) -> &str {
+        &self.inner.env
+    }
+
+    /// The service part; lease owner values start with it too.
+    pub fn service(&self) -> &str {
+        &self.inner.service
+    }
+
+    /// A `SCAN ... MATCH` pattern for every key of this key space.
+    pub fn scan_pattern(&self) -> String {
+        format!("{}*", self.inner.head)
+    }
+
+    /// The keyed hash of an identifier of a kind, as it appears in keys: `{kind}_{hex}`.
+    ///
+    /// The kind is part of what is hashed, so the same value under two kinds (a tenant
+    /// and a user both named `acme`) gives unrelated hashes.
+    pub fn hash_id(&self, kind: &str, value: impl AsRef<[u8]>) -> Result<String, ConfigError> {
+        check_label("scope", kind, 32, false)?;
+        Ok(self.hash_unchecked(kind, value.as_ref()))
+    }
+
+    fn hash_unchecked(&self, kind: &str, value: &[u8]) -> String {
+        let mut mac = self.inner.mac.clone();
+        mac.update(kind.as_bytes());
+        // A separator that cannot occur in a kind, so (kind, value) pairs cannot collide.
+        mac.update(&[0x1f]);
+        mac.update(value);
+        let digest = mac.finalize().into_bytes();
+        let mut out = String::with_capacity(kind.len() + 1 + HASH_BYTES * 2);
+        out.push_str(kind);
+        out.push('_');
+        out.push_str(&hex::encode(&digest[..HASH_BYTES]));
+        out
+    }
+
+    /// The keys of a lease on `scope` for `operation`: the lease itself and its fence
+    /// counter, in one hash slot.
+    ///
+    /// Refused (naming `scope` or `operation`) when the scope is empty or too long, a
+    /// label or the operation is not a short lowercase name, or the key would be longer
+    /// than [`MAX_KEY_LEN`].
+    pub fn lease(&self, scope: &[Scope<'_>], operation: &str) -> Result<LeaseName, ConfigError> {
+        let base = self.base(scope, operation)?;
+        Ok(LeaseName {
+            lease: format!("{base}:lease"),
+            fence: format!("{base}:fence"),
+        })
+    }
+
+    /// `{head}{{scope}}:{operation}`, checked for length with room for the longest kind.
+    fn base(&self, scope: &[Scope<'_>], operation: &str) -> Result<String, ConfigError> {
+        if scope.is_empty() {
+            return Err(ConfigError::invalid(
+                "scope",
+                "needs at least one part: it is the key's hash tag",
+            ));
+        }
+        if scope.len() > MAX_SCOPE_PARTS {
+            return Err(ConfigError::invalid(
+                "scope",
+                format!("has {} parts, at most {MAX_SCOPE_PARTS}", scope.len()),
+            ));
+        }
+        check_label("operation", operation, 32, true)?;
+        let mut key = String::with_capacity(MAX_KEY_LEN);
+        key.push_str(&self.inner.head);
+        key.push('{');
+        for (i, part) in scope.iter().enumerate() {
+            if i > 0 {
+                key.push(':');
+            }
+            match part {
+                Scope::Label(label) => {
+                    check_label("scope", label, 32, true)?;
+                    key.push_str(label);
+                }
+                Scope::Id { kind, value } => {
+                    check_label("scope", kind, 32, false)?;
+                    key.push_str(&self.hash_unchecked(kind, value));
+                }
+            }
+        }
+        key.push_str("}:");
+        key.push_str(operation);
+        // The longest suffix a key of this base gets (`:lease`, `:fence`, `:entry`).
+        const LONGEST_KIND: usize = ":entry".len();
+        if key.len() + LONGEST_KIND > MAX_KEY_LEN {
+            return Err(ConfigError::invalid(
+                "scope",
+                format!(
+                    "the key would be {} bytes long, at most {MAX_KEY_LEN}",
+                    key.len() + LONGEST_KIND
+                ),
+            ));
+        }
+        Ok(key)
+    }
+}
+
+/// One part of a key's scope.
+#[derive(Clone, Copy)]
+pub enum Scope<'a> {
+    /// A constant name, such as a resource type (`quote`). Written as it is, so it must
+    /// never carry data: 1 to 32 characters of `a-z`, `0-9`, `_` and `-`.
+    Label(&'a str),
+    /// An identifier of a kind (`tenant`, `user`), replaced by its keyed hash.
+    Id {
+        /// What the identifier names: 1 to 32 characters of `a-z`, `0-9` and `-`.
+        kind: &'a str,
+        /// The identifier itself. Never written to Redis.
+        value: &'a [u8],
+    },
+}
+
+impl<'a> Scope<'a> {
+    /// A constant label.
+    pub fn label(label: &'a str) -> Self {
+        Self::Label(label)
+    }
+
+    /// An identifier, hashed.
+    pub fn id(kind: &'a str, value: &'a (impl AsRef<[u8]> + ?Sized)) -> Self {
+        Self::Id {
+            kind,
+            value: value.as_ref(),
+        }
+    }
+}
+
+impl fmt::Debug for Scope<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Label(label) => f.debug_tuple("Label").field(label).finish(),
+            // The identifier's value is not shown: it is what keys exist to hide.
+            Self::Id { kind, .. } => f
+                .debug_struct("Id")
+                .field("kind", kind)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// The two keys of one lease: the lease key (holding the owner value, with the lease's
+/// TTL) and its fence counter (holding the last fencing token issued). Both share a hash
+/// tag.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseName {
+    lease: String,
+    fence: String,
+}
+
+impl LeaseName {
+    /// The lease key.
+    pub fn key(&self) -> &str {
+        &self.lease
+    }
+
+    /// The fence counter's key.
+    pub fn fence_key(&self) -> &str {
+        &self.fence
+    }
+}
+
+/// Builds a [`KeySpace`].
+#[derive(Default)]
+#[must_use]
+pub struct KeySpaceBuilder {
+    prefix: Option<String>,
+    env: Option<String>,
+    service: Option<String>,
+    secret: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for KeySpaceBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeySpaceBuilder")
+            .field("prefix", &self.prefix)
+            .field("env", &self.env)
+            .field("service", &self.service)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeySpaceBuilder {
+    /// The first part of every key (default `sg`): 1 to 16 characters of `a-z`, `0-9`,
+    /// `_` and `-`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// The environment (`prod`, `staging`): 1 to 16 characters of `a-z`, `0-9`, `_`, `-`.
+    pub fn env(mut self, env: impl Into<String>) -> Self {
+        self.env = Some(env.into());
+        self
+    }
+
+    /// The service name: 1 to 48 characters of `a-z`, `0-9`, `_` and `-`.
+    pub fn service(mut self, service: impl Into<String>) -> Self {
+        self.service = Some(service.into());
+        self
+    }
+
+    /// The secret that keys the hash of identifiers: at least [`MIN_SECRET_LEN`] bytes,
+    /// the same on every instance of the service, and kept out of source control.
+    pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
+    /// Checks every field and builds the key space.
+    pub fn build(self) -> Result<KeySpace, ConfigError> {
+        let prefix = self.prefix.unwrap_or_else(|| "sg".to_owned());
+        check_label("prefix", &prefix, 16, true)?;
+        let env = self.env.ok_or(ConfigError::Missing { field: "env" })?;
+        check_label("env", &env, 16, true)?;
+        let service = self
+            .service
+            .ok_or(ConfigError::Missing { field: "service" })?;
+        check_label("service", &service, 48, true)?;
+        let secret = self.secret.ok_or(ConfigError::Missing {
+            field: "key_secret",
+        })?;
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(ConfigError::invalid(
+                "key_secret",
+                format!(
+                    "is {} bytes long, at least {MIN_SECRET_LEN} are needed",
+                    secret.len()
+                ),
+            ));
+        }
+        let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&secret)
+            .map_err(|_| ConfigError::invalid("key_secret", "not usable as an HMAC key"))?;
+        Ok(KeySpace {
+            inner: Arc::new(Inner {
+                head: format!("{prefix}:{env}:{service}:"),
+                prefix,
+                env,
+                service,
+                mac,
+            }),
+        })
+    }
+}
+
+/// Checks a name that is written into keys as it is.
+fn check_label(
+    field: &'static str,
+    value: &str,
+    max: usize,
+    underscore: bool,
+) -> Result<(), ConfigError> {
+    if value.is_empty() || value.len() > max {
+        return Err(ConfigError::invalid(
+            field,
+            format!("`{value}` must be 1 to {max} characters long"),
+        ));
+    }
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if let Some(bad) = value
+        .chars()
+        .find(|&c| !(ok(c) || (underscore && c == '_')))
+    {
+        return Err(ConfigError::invalid(
+            field,
+            format!(
+                "`{value}` contains {bad:?}; allowed are a-z, 0-9, -{}",
+                if underscore { " and _" } else { "" }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space(secret: &[u8]) -> KeySpace {
+        KeySpace::builder()
+            .env("test")
+            .service("quote-api")
+            .secret(secret.to_vec())
+            .build()
+            .unwrap()
+    }
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn keys_have_the_documented_shape_and_share_a_hash_tag() {
+        let keys = space(SECRET);
+        let name = keys
+            .lease(
+                &[
+                    Scope::id("tenant", "t-7"),
+                    Scope::label("quote"),
+                    Scope::id("quote", "q-1"),
+                ],
+                "recalculate",
+            )
+            .unwrap();
+        let tag = |k: &str| {
+            let open = k.find('{').unwrap();
+            let close = k.find('}').unwrap();
+            k[open..=close].to_owned()
+        };
+        assert!(name.key().starts_with("sg:test:quote-api:{tenant_"));
+        assert!(name.key().ends_with("}:recalculate:lease"));
+        assert!(name.fence_key().ends_with("}:recalculate:fence"));
+        assert_eq!(tag(name.key()), tag(name.fence_key()));
+        let tag_of_lease = tag(name.key());
+        let parts: Vec<&str> = tag_of_lease
+            .trim_matches(|c| c == '{' || c == '}')
+            .split(':')
+            .collect();
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[1], "quote");
+        assert_eq!(parts[0].len(), "tenant_".len() + 32);
+    }
+
+    #[test]
+    fn no_raw_identifier_reaches_a_key() {
+        let keys = space(SECRET);
+        let pii = "john.smith@example.com";
+        let name = keys
+            .lease(
+                &[Scope::label("user"), Scope::id("email", pii)],
+                "recalculate",
+            )
+            .unwrap();
+        for key in [name.key(), name.fence_key()] {
+            assert!(!key.contains(pii));
+            assert!(!key.contains("john"));
+            assert!(!key.contains("example"));
+            assert!(key.is_ascii());
+        }
+    }
+
+    #[test]
+    fn the_hash_is_keyed_and_separates_kinds() {
+        let a = space(SECRET);
+        let b = space(b"another secret, sixteen bytes or more");
+        assert_eq!(
+            a.hash_id("tenant", "acme").unwrap(),
+            a.hash_id("tenant", "acme").unwrap()
+        );
+        assert_ne!(
+            a.hash_id("tenant", "acme").unwrap(),
+            b.hash_id("tenant", "acme").unwrap()
+        );
+        let tenant = a.hash_id("tenant", "acme").unwrap();
+        let user = a.hash_id("user", "acme").unwrap();
+        assert_ne!(tenant["tenant_".len()..], user["user_".len()..]);
+    }
+
+    #[test]
+    fn bad_parts_are_refused_naming_the_field() {
+        let keys = space(SECRET);
+        let cases: [(&[Scope<'_>], &str, &str); 6] = [
+            (&[], "fill", "scope"),
+            (&[Scope::label("Quote")], "fill", "scope"),
+            (&[Scope::label("a:b")], "fill", "scope"),
+            (&[Scope::label("{x}")], "fill", "scope"),
+            (&[Scope::label("quote")], "", "operation"),
+            (&[Scope::label("quote")], "re calc", "operation"),
+        ];
+        for (scope, op, field) in cases {
+            let err = keys.lease(scope, op).unwrap_err();
+            assert_eq!(err.field(), field, "{scope:?} {op:?}: {err}");
+        }
+        let many = [Scope::label("x"); MAX_SCOPE_PARTS + 1];
+        assert_eq!(keys.lease(&many, "fill").unwrap_err().field(), "scope");
+    }
+
+    #[test]
+    fn keys_are_bounded() {
+        let keys = KeySpace::builder()
+            .prefix("p".repeat(16))
+            .env("e".repeat(16))
+            .service("s".repeat(48))
+            .secret(SECRET.to_vec())
+            .build()
+            .unwrap();
+        let long = "k".repeat(32);
+        let scope: Vec<Scope<'_>> = (0..MAX_SCOPE_PARTS)
+            .map(|_| Scope::id(&long, "v"))
+            .collect();
+        let err = keys.lease(&scope, &long).unwrap_err();
+        assert_eq!(err.field(), "scope");
+        // Whatever fits is under the bound.
+        let name = keys.lease(&scope[..2], &long).unwrap();
+        assert!(name.key().len() <= MAX_KEY_LEN);
+    }
+
+    #[test]
+    fn the_builder_refuses_bad_fields() {
+        let ok = || {
+            KeySpace::builder()
+                .env("prod")
+                .service("api")
+                .secret(SECRET.to_vec())
+        };
+        assert!(ok().build().is_ok());
+        let field = |b: KeySpaceBuilder| b.build().unwrap_err().field();
+        assert_eq!(
+            field(KeySpace::builder().service("a").secret(SECRET.to_vec())),
+            "env"
+        );
+        assert_eq!(
+            field(KeySpace::builder().env("a").secret(SECRET.to_vec())),
+            "service"
+        );
+        assert_eq!(
+            field(KeySpace::builder().env("a").service("b")),
+            "key_secret"
+        );
+        assert_eq!(field(ok().secret(b"short".to_vec())), "key_secret");
+        assert_eq!(field(ok().prefix("")), "prefix");
+        assert_eq!(field(ok().env("Prod")), "env");
+        assert_eq!(field(ok().service("a:b")), "service");
+        assert_eq!(field(ok().service("x".repeat(49))), "service");
+    }
+
+    #[test]
+    fn debug_output_hides_the_secret_and_identifiers() {
+        let keys = space(SECRET);
+        let shown = format!("{keys:?}");
+        assert!(!shown.contains("0123456789abcdef"));
+        let shown = format!("{:?}", Scope::id("tenant", "acme-secret-tenant"));
+        assert!(!shown.contains("acme"));
+    }
+}

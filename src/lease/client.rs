@@ -1,0 +1,350 @@
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use redis::Script;
+
+use super::outcome::{
+    AcquireOutcome, FencingToken, Lease, ReleaseOutcome, RenewOutcome, UncertainAcquire,
+};
+use crate::error::ConfigError;
+use crate::keys::{KeySpace, LeaseName};
+use crate::owner::{Owner, OwnerFactory, default_instance_id};
+use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
+
+// Loaded once per process and sent by SHA (EVALSHA); redis-rs loads a script again when
+// Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH). Never put them in a pipeline:
+// there, NOSCRIPT is not handled.
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+
+/// A lease must last at least this many command timeouts: long enough for an acquire, a
+/// renewal and a release to each time out once and still leave the holder time to work.
+pub const MIN_TTL_PER_COMMAND_TIMEOUT: u32 = 4;
+
+/// The longest lease accepted. Work that needs longer wants a job queue, not a lease.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Default TTL of [`LeaseClientBuilder::lease_ttl`].
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+
+/// Default TTL of the fence counter keys.
+pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Takes, renews and releases leases in Redis. Cheap to clone.
+///
+/// See the [module docs](super) for what a lease guarantees.
+#[derive(Clone)]
+pub struct LeaseClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: RedisStore,
+    owners: OwnerFactory,
+    lease_ttl: Duration,
+    fence_retention: Duration,
+}
+
+impl fmt::Debug for LeaseClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseClient")
+            .field("store", &self.inner.store)
+            .field("lease_ttl", &self.inner.lease_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseClient {
+    /// Starts a client on a store, for the service of a key space.
+    pub fn builder(store: RedisStore, keys: &KeySpace) -> LeaseClientBuilder {
+        LeaseClientBuilder {
+            store,
+            service: keys.service().to_owned(),
+            instance_id: None,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            fence_retention: DEFAULT_FENCE_RETENTION,
+        }
+    }
+
+    /// The store the client talks to.
+    pub fn store(&self) -> &RedisStore {
+        &self.inner.store
+    }
+
+    /// The TTL set with [`LeaseClientBuilder::lease_ttl`].
+    pub fn lease_ttl(&self) -> Duration {
+        self.inner.lease_ttl
+    }
+
+    /// Takes the lease `name` for `ttl` if nobody holds it, in one Lua script that also
+    /// issues its fencing token. Never waits for a holder.
+    ///
+    /// Every attempt has a new owner value.
+    pub async fn try_acquire(&self, name: &LeaseName, ttl: Duration) -> AcquireOutcome {
+        if let Err(error) = self.check_ttl("lease_ttl", ttl) {
+            return AcquireOutcome::Invalid(error);
+        }
+        let owner = self.inner.owners.next();
+        let retention = self.inner.fence_retention.max(ttl * 2);
+        let mut invocation = ACQUIRE.prepare_invoke();
+        invocation
+            .key(name.key())
+            .key(name.fence_key())
+            .arg(owner.as_str())
+            .arg(millis(ttl))
+            .arg(millis(retention));
+        let sent_at = Instant::now();
+        let reply: Result<(i64, i64), StoreError> = self
+            .inner
+            .store
+            .run(Operation::Acquire, Request::Script(&invocation))
+            .await;
+        let outcome = match reply {
+            Ok((1, token)) if token > 0 => AcquireOutcome::Acquired(Lease {
+                name: name.clone(),
+                owner,
+                token: FencingToken::new(token as u64),
+                acquired_at: sent_at,
+                ttl,
+                valid_until: sent_at + ttl,
+            }),
+            Ok((0, pttl)) => AcquireOutcome::Busy {
+                retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
+            },
+            Ok(_) => AcquireOutcome::Unavailable(StoreError::new(
+                Operation::Acquire,
+                StoreErrorKind::Response,
+                None,
+            )),
+            Err(error) if error.kind() == StoreErrorKind::Timeout => {
+                AcquireOutcome::TimedOut(UncertainAcquire {
+                    name: name.clone(),
+                    owner,
+                    error,
+                })
+            }
+            Err(error) => AcquireOutcome::Unavailable(error),
+        };
+        log_acquire(name, &outcome);
+        outcome
+    }
+
+    /// Extends `lease` to `ttl` from now, if it is still ours. On success the lease's
+    /// [`valid_until`](Lease::valid_until) moves forward.
+    pub async fn renew(&self, lease: &mut Lease, ttl: Duration) -> RenewOutcome {
+        if let Err(error) = self.check_ttl("lease_ttl", ttl) {
+            return RenewOutcome::Invalid(error);
+        }
+        let mut invocation = RENEW.prepare_invoke();
+        invocation
+            .key(lease.key())
+            .arg(lease.owner.as_str())
+            .arg(millis(ttl));
+        let sent_at = Instant::now();
+        let outcome = match self.owner_checked(Operation::Renew, &invocation).await {
+            Ok(true) => {
+                lease.ttl = ttl;
+                lease.valid_until = sent_at + ttl;
+                RenewOutcome::Renewed
+            }
+            Ok(false) => RenewOutcome::NotOwner,
+            Err(error) => RenewOutcome::Failed(error),
+        };
+        tracing::debug!(
+            lease = lease.key(),
+            token = lease.token.get(),
+            outcome = outcome.as_str(),
+            "lease renew"
+        );
+        outcome
+    }
+
+    /// Gives `lease` back, if it is still ours. A lease that expired and was taken by
+    /// someone else is left alone ([`ReleaseOutcome::NotOwner`]).
+    pub async fn release(&self, lease: Lease) -> ReleaseOutcome {
+        let outcome = self.release_owned(&lease.name, &lease.owner).await;
+        tracing::debug!(
+            lease = lease.key(),
+            token = lease.token.get(),
+            held_ms = lease.held_for().as_millis() as u64,
+            outcome = outcome.as_str(),
+            "lease release"
+        );
+        outcome
+    }
+
+    /// Ends, best-effort, the lease an acquire may have set before its reply was lost.
+    /// `NotOwner` means it was not set, or has already ended.
+    ///
+    /// Sent once, never retried: a release is only safe because it checks the owner.
+    pub async fn release_uncertain(&self, attempt: UncertainAcquire) -> ReleaseOutcome {
+        let outcome = self.release_owned(&attempt.name, &attempt.owner).await;
+        tracing::debug!(
+            lease = attempt.name.key(),
+            outcome = outcome.as_str(),
+            "uncertain lease release"
+        );
+        outcome
+    }
+
+    async fn release_owned(&self, name: &LeaseName, owner: &Owner) -> ReleaseOutcome {
+        let mut invocation = RELEASE.prepare_invoke();
+        invocation.key(name.key()).arg(owner.as_str());
+        match self.owner_checked(Operation::Release, &invocation).await {
+            Ok(true) => ReleaseOutcome::Released,
+            Ok(false) => ReleaseOutcome::NotOwner,
+            Err(error) => ReleaseOutcome::Failed(error),
+        }
+    }
+
+    /// Runs an owner-checked script, which answers 1 (done) or 0 (not the owner).
+    async fn owner_checked(
+        &self,
+        operation: Operation,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<bool, StoreError> {
+        match self
+            .inner
+            .store
+            .run::<i64>(operation, Request::Script(invocation))
+            .await?
+        {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(StoreError::new(operation, StoreErrorKind::Response, None)),
+        }
+    }
+
+    fn check_ttl(&self, field: &'static str, ttl: Duration) -> Result<(), ConfigError> {
+        check_ttl(field, ttl, self.inner.store.command_timeout())
+    }
+}
+
+fn check_ttl(
+    field: &'static str,
+    ttl: Duration,
+    command_timeout: Duration,
+) -> Result<(), ConfigError> {
+    ConfigError::nonzero(field, ttl)?;
+    let min = command_timeout * MIN_TTL_PER_COMMAND_TIMEOUT;
+    if ttl < min {
+        return Err(ConfigError::TooShort {
+            field,
+            value: ttl,
+            min,
+            why: "a lease must last several Redis command timeouts (MIN_TTL_PER_COMMAND_TIMEOUT)",
+        });
+    }
+    if ttl > MAX_LEASE_TTL {
+        return Err(ConfigError::invalid(
+            field,
+            format!("{ttl:?} is longer than the longest lease, {MAX_LEASE_TTL:?}"),
+        ));
+    }
+    if !ttl.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(ConfigError::invalid(
+            field,
+            format!("{ttl:?} is not a whole number of milliseconds"),
+        ));
+    }
+    Ok(())
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Logs an acquire without the owner value: the holder (service and instance) at most.
+fn log_acquire(name: &LeaseName, outcome: &AcquireOutcome) {
+    match outcome {
+        AcquireOutcome::Acquired(lease) => tracing::debug!(
+            lease = name.key(),
+            token = lease.token.get(),
+            holder = lease.owner.holder(),
+            "lease acquired"
+        ),
+        AcquireOutcome::TimedOut(attempt) => tracing::warn!(
+            lease = name.key(),
+            error = %attempt.error,
+            "lease acquire timed out; outcome unknown, treated as not acquired"
+        ),
+        AcquireOutcome::Unavailable(error) => tracing::warn!(
+            lease = name.key(),
+            %error,
+            "lease acquire failed"
+        ),
+        other => tracing::debug!(
+            lease = name.key(),
+            outcome = other.as_str(),
+            "lease acquire"
+        ),
+    }
+}
+
+/// Builds a [`LeaseClient`].
+#[must_use]
+pub struct LeaseClientBuilder {
+    store: RedisStore,
+    service: String,
+    instance_id: Option<String>,
+    lease_ttl: Duration,
+    fence_retention: Duration,
+}
+
+impl fmt::Debug for LeaseClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseClientBuilder")
+            .field("service", &self.service)
+            .field("instance_id", &self.instance_id)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("fence_retention", &self.fence_retention)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseClientBuilder {
+    /// The instance part of owner values: a pod or host name, 1 to 64 characters of
+    /// `A-Z a-z 0-9 . _ -`. By default, the process id and a random suffix.
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.instance_id = Some(id.into());
+        self
+    }
+
+    /// The usual lease TTL (default 5 s). Checked at build against the store's command
+    /// timeout: it must be at least [`MIN_TTL_PER_COMMAND_TIMEOUT`] times as long, at most
+    /// [`MAX_LEASE_TTL`], in whole milliseconds. TTLs given to each call are checked the
+    /// same way.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How long a fence counter outlives the last lease taken on its name (default 24 h,
+    /// and never less than twice the lease's TTL). Tokens stay increasing when the counter
+    /// expires (see the [module docs](super)); the counter only guards against a server
+    /// clock that steps back, so it need not live forever.
+    pub fn fence_retention(mut self, retention: Duration) -> Self {
+        self.fence_retention = retention;
+        self
+    }
+
+    /// Checks the settings and builds the client. Connects nothing.
+    pub fn build(self) -> Result<LeaseClient, ConfigError> {
+        check_ttl("lease_ttl", self.lease_ttl, self.store.command_timeout())?;
+        let fence_retention = ConfigError::nonzero("fence_retention", self.fence_retention)?;
+        let instance = self.instance_id.unwrap_or_else(default_instance_id);
+        let owners = OwnerFactory::new(&self.service, &instance)?;
+        Ok(LeaseClient {
+            inner: Arc::new(Inner {
+                store: self.store,
+                owners,
+                lease_ttl: self.lease_ttl,
+                fence_retention,
+            }),
+        })
+    }
+}

@@ -1,0 +1,173 @@
+use std::fmt;
+
+/// What the crate was doing when Redis failed; a bounded set, fit for a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// Taking a lease.
+    Acquire,
+    /// Extending a lease.
+    Renew,
+    /// Giving a lease back.
+    Release,
+    /// A health check.
+    Ping,
+}
+
+impl Operation {
+    /// The operation's name, as used in logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquire => "acquire",
+            Self::Renew => "renew",
+            Self::Release => "release",
+            Self::Ping => "ping",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a Redis operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// No connection could be had before the deadline: Redis is down, refusing, not
+    /// answering the handshake, or the pool is exhausted. The command was not sent.
+    NoConnection,
+    /// The command was sent and no reply came before the deadline. Whether Redis ran it
+    /// is unknown.
+    Timeout,
+    /// The connection broke while the command was in flight (reset, closed). Whether
+    /// Redis ran it is unknown.
+    ConnectionLost,
+    /// Redis answered with an error reply (`READONLY`, `OOM`, `NOPERM`, `BUSY`,
+    /// `NOAUTH`, a script error, ...). See [`StoreError::server_code`].
+    Server,
+    /// Redis answered with something the crate could not understand.
+    Response,
+}
+
+impl StoreErrorKind {
+    /// The kind's name, as used in logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoConnection => "no_connection",
+            Self::Timeout => "timeout",
+            Self::ConnectionLost => "connection_lost",
+            Self::Server => "server",
+            Self::Response => "response",
+        }
+    }
+}
+
+impl fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NoConnection => "no connection to Redis in time",
+            Self::Timeout => "no reply from Redis in time (outcome unknown)",
+            Self::ConnectionLost => "connection lost with the command in flight (outcome unknown)",
+            Self::Server => "Redis answered with an error",
+            Self::Response => "unexpected reply from Redis",
+        })
+    }
+}
+
+/// A Redis operation that did not complete.
+///
+/// It says which [`Operation`] failed and how ([`StoreErrorKind`]); the redis-rs error
+/// behind it, where there is one, is its [`source`](std::error::Error::source).
+#[derive(Debug, Clone)]
+pub struct StoreError {
+    operation: Operation,
+    kind: StoreErrorKind,
+    source: Option<redis::RedisError>,
+}
+
+impl StoreError {
+    pub(crate) fn new(
+        operation: Operation,
+        kind: StoreErrorKind,
+        source: Option<redis::RedisError>,
+    ) -> Self {
+        Self {
+            operation,
+            kind,
+            source,
+        }
+    }
+
+    /// Sorts a redis-rs error into a kind.
+    pub(crate) fn from_redis(operation: Operation, error: redis::RedisError) -> Self {
+        let kind = if error.is_connection_refusal() {
+            StoreErrorKind::NoConnection
+        } else if error.is_timeout() {
+            StoreErrorKind::Timeout
+        } else if error.is_io_error() || error.is_connection_dropped() {
+            StoreErrorKind::ConnectionLost
+        } else if error.code().is_some() {
+            StoreErrorKind::Server
+        } else {
+            StoreErrorKind::Response
+        };
+        Self::new(operation, kind, Some(error))
+    }
+
+    /// What was being done.
+    pub fn operation(&self) -> Operation {
+        self.operation
+    }
+
+    /// How it failed.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// The error code of an error reply (`READONLY`, `OOM`, `NOSCRIPT`, ...).
+    pub fn server_code(&self) -> Option<&str> {
+        self.source.as_ref().and_then(|e| e.code())
+    }
+
+    /// Whether Redis may have run the command: true for timeouts and connections lost
+    /// in flight. A caller must then assume the worst of both worlds: that the command
+    /// did not take effect *and* that it may have.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(
+            self.kind,
+            StoreErrorKind::Timeout | StoreErrorKind::ConnectionLost
+        )
+    }
+
+    /// Whether the connection it happened on should be thrown away.
+    pub(crate) fn breaks_connection(&self) -> bool {
+        matches!(
+            self.kind,
+            StoreErrorKind::Timeout | StoreErrorKind::ConnectionLost | StoreErrorKind::NoConnection
+        ) || self
+            .source
+            .as_ref()
+            .is_some_and(redis::RedisError::is_unrecoverable_error)
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "redis {}: {}", self.operation, self.kind)?;
+        if let Some(code) = self.server_code() {
+            write!(f, " ({code})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

@@ -1,0 +1,274 @@
+//! The Redis connection: the one seam between the crate and Redis.
+//!
+//! Everything that talks to Redis goes through a [`RedisStore`]: the lease scripts now,
+//! cache reads and fenced writes later. It owns the connection pool and puts one deadline,
+//! [`command_timeout`](RedisStoreBuilder::command_timeout), on every operation, pool
+//! check-out included, so that no caller waits on Redis longer than that, whatever Redis
+//! is doing. Redis Cluster, Sentinel and TLS will be further backends behind the same
+//! type.
+//!
+//! # Connections
+//!
+//! The pool holds a few multiplexed connections. An operation checks one out, takes a
+//! clone of it (a multiplexed connection is a handle to one socket that many callers can
+//! use at once) and gives it straight back, so the pool size bounds sockets, not
+//! concurrency. A connection on which a command timed out or broke is marked and
+//! replaced; no `PING` is spent on checking connections out.
+//!
+//! A pool built by the application with bb8-redis can be used instead
+//! ([`RedisStore::from_bb8_redis`]); there, dead connections are found by bb8's check-out
+//! test (`test_on_check_out`, on by default), at the price of a `PING` per operation.
+
+mod error;
+mod manager;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bb8_redis::{RedisConnectionManager, bb8};
+use redis::aio::MultiplexedConnection;
+use redis::{Client, FromRedisValue, ScriptInvocation};
+use tokio::time::{Instant, timeout_at};
+
+pub use self::error::{Operation, StoreError, StoreErrorKind};
+use self::manager::{Conn, Manager};
+use crate::error::ConfigError;
+
+/// Default deadline of one Redis operation.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_millis(100);
+/// Default deadline of opening one connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Default number of pooled connections.
+pub const DEFAULT_POOL_SIZE: u32 = 4;
+
+/// A handle to Redis, cheap to clone, shared by everything built on it.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Backend,
+    command_timeout: Duration,
+}
+
+enum Backend {
+    Managed(bb8::Pool<Manager>),
+    Bb8Redis(bb8::Pool<RedisConnectionManager>),
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // No address: a URL may carry a password.
+        f.debug_struct("RedisStore")
+            .field(
+                "backend",
+                &match self.inner.backend {
+                    Backend::Managed(_) => "managed pool",
+                    Backend::Bb8Redis(_) => "bb8-redis pool",
+                },
+            )
+            .field("command_timeout", &self.inner.command_timeout)
+            .finish()
+    }
+}
+
+/// One request to Redis.
+pub(crate) enum Request<'a> {
+    Script(&'a ScriptInvocation<'a>),
+    Command(&'a redis::Cmd),
+}
+
+impl RedisStore {
+    /// Starts a store for a single Redis server, `redis://[user:password@]host:port[/db]`
+    /// or `redis+unix:///path`.
+    ///
+    /// Building connects nothing: the first operation does, so a service can start while
+    /// Redis is down.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            url: url.into(),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+        }
+    }
+
+    /// Uses a pool the application already has. Every operation is still bounded by
+    /// `command_timeout`.
+    pub fn from_bb8_redis(
+        pool: bb8::Pool<RedisConnectionManager>,
+        command_timeout: Duration,
+    ) -> Result<Self, ConfigError> {
+        let command_timeout = ConfigError::nonzero("command_timeout", command_timeout)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                backend: Backend::Bb8Redis(pool),
+                command_timeout,
+            }),
+        })
+    }
+
+    /// The deadline of one operation.
+    pub fn command_timeout(&self) -> Duration {
+        self.inner.command_timeout
+    }
+
+    /// Sends a `PING`: a way to check Redis, and to open a first connection before
+    /// traffic arrives.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let pong: String = self
+            .run(Operation::Ping, Request::Command(&redis::cmd("PING")))
+            .await?;
+        if pong == "PONG" {
+            Ok(())
+        } else {
+            Err(StoreError::new(
+                Operation::Ping,
+                StoreErrorKind::Response,
+                None,
+            ))
+        }
+    }
+
+    /// Runs one request within the deadline.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        operation: Operation,
+        request: Request<'_>,
+    ) -> Result<T, StoreError> {
+        let deadline = Instant::now() + self.inner.command_timeout;
+        match &self.inner.backend {
+            Backend::Managed(pool) => {
+                let Conn { mut conn, broken } =
+                    checkout(pool, deadline, operation, |c| c.clone()).await?;
+                let result = execute(&mut conn, &request, deadline, operation).await;
+                if let Err(error) = &result
+                    && error.breaks_connection()
+                {
+                    broken.store(true, Ordering::Relaxed);
+                }
+                result
+            }
+            Backend::Bb8Redis(pool) => {
+                let mut conn = checkout(pool, deadline, operation, |c| c.clone()).await?;
+                execute(&mut conn, &request, deadline, operation).await
+            }
+        }
+    }
+}
+
+/// Checks a connection out, clones what is needed of it and gives it back at once.
+async fn checkout<M, T>(
+    pool: &bb8::Pool<M>,
+    deadline: Instant,
+    operation: Operation,
+    take: impl FnOnce(&M::Connection) -> T,
+) -> Result<T, StoreError>
+where
+    M: bb8::ManageConnection<Error = redis::RedisError>,
+{
+    match timeout_at(deadline, pool.get()).await {
+        Ok(Ok(conn)) => Ok(take(&conn)),
+        Ok(Err(bb8::RunError::User(error))) => Err(StoreError::new(
+            operation,
+            StoreErrorKind::NoConnection,
+            Some(error),
+        )),
+        Ok(Err(bb8::RunError::TimedOut)) | Err(_) => Err(StoreError::new(
+            operation,
+            StoreErrorKind::NoConnection,
+            None,
+        )),
+    }
+}
+
+async fn execute<T: FromRedisValue>(
+    conn: &mut MultiplexedConnection,
+    request: &Request<'_>,
+    deadline: Instant,
+    operation: Operation,
+) -> Result<T, StoreError> {
+    let reply = async {
+        match request {
+            Request::Script(invocation) => invocation.invoke_async(conn).await,
+            Request::Command(cmd) => cmd.query_async(conn).await,
+        }
+    };
+    match timeout_at(deadline, reply).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(StoreError::from_redis(operation, error)),
+        Err(_) => Err(StoreError::new(operation, StoreErrorKind::Timeout, None)),
+    }
+}
+
+/// Builds a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    url: String,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    pool_size: u32,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("command_timeout", &self.command_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The deadline of one operation, pool check-out included (default 100 ms). It must
+    /// be well below every lease TTL used with the store; lease clients check that.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// The deadline of opening one connection (default 500 ms). Connections are opened in
+    /// the background of the pool, so this bounds how long a reconnect attempt lasts,
+    /// not how long an operation waits.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How many connections to keep (default 4, at most 256).
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// Checks the settings and builds the store. Connects nothing.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        let command_timeout = ConfigError::nonzero("command_timeout", self.command_timeout)?;
+        let connect_timeout = ConfigError::nonzero("connect_timeout", self.connect_timeout)?;
+        if self.pool_size == 0 {
+            return Err(ConfigError::Zero { field: "pool_size" });
+        }
+        if self.pool_size > 256 {
+            return Err(ConfigError::invalid("pool_size", "at most 256"));
+        }
+        // The error's text is not passed on: it can quote the URL, password and all.
+        let client = Client::open(self.url.as_str())
+            .map_err(|_| ConfigError::invalid("redis_url", "not a valid Redis URL"))?;
+        let pool = bb8::Pool::builder()
+            .max_size(self.pool_size)
+            // Checks only the broken mark: no round trip.
+            .test_on_check_out(true)
+            .connection_timeout(connect_timeout)
+            .build_unchecked(Manager::new(client, connect_timeout));
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                backend: Backend::Managed(pool),
+                command_timeout,
+            }),
+        })
+    }
+}

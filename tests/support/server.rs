@@ -1,0 +1,248 @@
+//! A real `redis-server` per test.
+//!
+//! Each server runs on a free loopback port, in a temporary directory, with persistence
+//! off and a log file that is printed when the test fails. It is killed when the handle
+//! is dropped, and (through `setpriv --pdeathsig`, where available) when the thread that
+//! started it dies, so a test that panics or is killed leaves no server behind.
+//!
+//! Start servers from the test's own thread (the body of a `#[tokio::test]`), not from a
+//! `spawn_blocking` thread: the parent-death signal follows the starting thread.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(crate) struct RedisServer {
+    dir: TempDir,
+    port: u16,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// A server with the default settings.
+    pub(crate) fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server with extra `redis-server` arguments, such as
+    /// `["--enable-debug-command", "local"]`.
+    pub(crate) fn start_with(args: &[&str]) -> Self {
+        let binary = redis_server_binary();
+        let dir = tempfile::Builder::new()
+            .prefix("stampede-guard-redis-")
+            .tempdir()
+            .expect("temporary directory for redis-server");
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let mut server = Self {
+            dir,
+            port: free_port(),
+            args,
+            child: None,
+        };
+        // A port picked from the OS can be taken by someone else before redis binds it:
+        // try a few.
+        for _ in 0..5 {
+            match server.spawn(&binary) {
+                Ok(()) => return server,
+                Err(log) if log.contains("Address already in use") => server.port = free_port(),
+                Err(log) => panic!("redis-server did not start:\n{log}"),
+            }
+        }
+        panic!("redis-server found no free port in 5 tries");
+    }
+
+    pub(crate) fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .expect("redis-server is not running")
+            .id()
+    }
+
+    /// Kills the server (SIGKILL). Its data is gone: persistence is off.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server if it runs and starts a new, empty one on the same port.
+    pub(crate) fn restart(&mut self) {
+        self.kill();
+        let binary = redis_server_binary();
+        // The old socket may linger for a moment; redis sets SO_REUSEADDR, so a short
+        // retry is enough.
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            match self.spawn(&binary) {
+                Ok(()) => return,
+                Err(log) if Instant::now() < deadline && log.contains("Address already in use") => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(log) => panic!("redis-server did not restart:\n{log}"),
+            }
+        }
+    }
+
+    /// Stops the process (SIGSTOP): connections stay open, nothing is answered.
+    pub(crate) fn pause(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub(crate) fn resume(&self) {
+        signal(self.pid(), "CONT");
+    }
+
+    /// A direct connection, for looking at what the code under test left in Redis.
+    pub(crate) async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("direct connection to the test's redis-server")
+    }
+
+    /// The server's log so far.
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// Starts the process and waits until it answers; on failure, returns the log.
+    fn spawn(&mut self, binary: &Path) -> Result<(), String> {
+        let mut command = match setpriv() {
+            Some(setpriv) => {
+                let mut c = Command::new(setpriv);
+                c.args(["--pdeathsig", "KILL", "--"]).arg(binary);
+                c
+            }
+            None => Command::new(binary),
+        };
+        command
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let _ = std::fs::remove_file(self.log_path());
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("could not run {}: {e}", binary.display()));
+        self.child = Some(child);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return Err(format!("exited with {status}\n{}", self.log()));
+            }
+            if answers_ping(self.addr()) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                return Err(format!(
+                    "no answer to PING in {READY_TIMEOUT:?}\n{}",
+                    self.log()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!(
+                "--- redis-server on port {} (last lines of its log) ---",
+                self.port
+            );
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+        self.kill();
+    }
+}
+
+/// Any reply means the server is up (`-NOAUTH` included, for servers with a password).
+fn answers_ping(addr: SocketAddr) -> bool {
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    matches!(stream.read(&mut buf), Ok(n) if n > 0 && (buf[0] == b'+' || buf[0] == b'-'))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill(1)");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+}
+
+fn redis_server_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("REDIS_SERVER_BIN") {
+        return PathBuf::from(path);
+    }
+    find_on_path("redis-server").unwrap_or_else(|| {
+        panic!(
+            "redis-server is not on PATH. The tests start real Redis servers of their own.\n\
+             Install it: `apt-get install -y redis-server` (Debian, Ubuntu), \
+             `brew install redis` (macOS), or set REDIS_SERVER_BIN to its path."
+        )
+    })
+}
+
+fn setpriv() -> Option<PathBuf> {
+    find_on_path("setpriv")
+}

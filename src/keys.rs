@@ -154,6 +154,26 @@ impl KeySpace {
         })
     }
 
+    /// The keys of one cached response: the entry, and the lease and fence counter that
+    /// guard its refresh, all in one hash slot. `identity` is everything that tells the
+    /// request apart (host, path, keyed query and headers); it is hashed.
+    pub fn cache(&self, route: &str, identity: &[u8]) -> Result<CacheKeys, ConfigError> {
+        let base = self.base(&[Scope::label(route), Scope::id("req", identity)], "fill")?;
+        Ok(CacheKeys {
+            entry: format!("{base}:entry"),
+            lease: LeaseName {
+                lease: format!("{base}:lease"),
+                fence: format!("{base}:fence"),
+            },
+        })
+    }
+
+    /// The pub/sub channel on which instances of the service tell each other about
+    /// fills and invalidations.
+    pub fn channel(&self) -> String {
+        format!("{}events", self.inner.head)
+    }
+
     /// `{head}{{scope}}:{operation}`, checked for length with room for the longest kind.
     fn base(&self, scope: &[Scope<'_>], operation: &str) -> Result<String, ConfigError> {
         if scope.is_empty() {
@@ -265,6 +285,25 @@ impl LeaseName {
     /// The fence counter's key.
     pub fn fence_key(&self) -> &str {
         &self.fence
+    }
+}
+
+/// The keys of one cached response (see [`KeySpace::cache`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CacheKeys {
+    entry: String,
+    lease: LeaseName,
+}
+
+impl CacheKeys {
+    /// The entry's key.
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+
+    /// The refresh lease of the entry.
+    pub fn lease(&self) -> &LeaseName {
+        &self.lease
     }
 }
 

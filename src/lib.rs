@@ -1,26 +1,43 @@
 //! Cache-stampede protection for axum and hyper services.
 //!
-//! `stampede-guard` wraps cache-fill handlers so that when a cached response goes stale,
-//! one caller across the whole fleet refreshes it under a short Redis lease while every
-//! other caller is served the stale response at once.
+//! `stampede-guard` wraps cache-fill handlers in a Tower layer. Responses are cached in
+//! two tiers: a local moka cache (L1) in each process and Redis (L2), shared by every
+//! instance. When an entry goes stale, the first caller across the whole fleet takes a
+//! short Redis lease and refreshes it in the background; every other caller is served the
+//! stale entry at once. The refresh writes back with a fenced write, so a refresher whose
+//! lease expired cannot overwrite a newer entry. Redis trouble never becomes an error:
+//! the layer goes on with L1 and a local single-flight.
 //!
-//! This release holds the foundation:
-//!
-//! * [`lease`]: Redis leases with fencing tokens, owner-checked renewal and release, and
-//!   explicit outcomes for every failure;
-//! * [`keys`]: every Redis key, with identifiers replaced by a keyed hash;
+//! * [`StampedeGuard`], [`GuardLayer`], [`Guard`]: the layer (see [`guard`]);
+//! * [`Policy`]: per-route settings;
+//! * [`lease`]: the Redis lease with fencing tokens, usable on its own;
+//! * [`keys`]: every Redis key, identifiers replaced by a keyed hash;
 //! * [`store`]: the Redis connection, every operation bounded by a deadline;
-//! * [`owner`]: unique owner values per acquire attempt.
-//!
-//! The Tower layer (two-tier cache, stale serving, fenced cache writes) builds on these.
+//! * [`entry`]: the cached response and its versioned encoding;
+//! * [`metrics`]: what is counted, and the metric names.
 
+mod cache;
+pub mod entry;
 pub mod error;
+pub mod guard;
 pub mod keys;
 pub mod lease;
+pub mod metrics;
+mod notify;
 pub mod owner;
+pub mod policy;
+mod rules;
 pub mod store;
 
 pub use self::error::ConfigError;
+pub use self::guard::{Guard, GuardLayer, ResponseBody, ResponseFuture, StampedeGuard};
+pub use self::keys::KeySpace;
+pub use self::policy::{ColdMiss, KeyQuery, Policy};
+pub use self::store::RedisStore;
+
+/// The response header that says how a response was answered: `hit`, `stale`, `miss`
+/// or `bypass`.
+pub const X_CACHE: &str = "x-cache";
 
 // The README's examples are compiled with the doc tests.
 #[doc = include_str!("../README.md")]

@@ -21,7 +21,8 @@ impl FencingToken {
         self.0
     }
 
-    pub(crate) fn new(token: u64) -> Self {
+    /// A token from its number, as stored by a resource that checks tokens.
+    pub fn new(token: u64) -> Self {
         Self(token)
     }
 }
@@ -38,12 +39,12 @@ impl fmt::Display for FencingToken {
 /// [`LeaseClient::release`](super::LeaseClient::release) when the work is done.
 #[derive(Debug)]
 pub struct Lease {
-    pub(super) name: LeaseName,
-    pub(super) owner: Owner,
-    pub(super) token: FencingToken,
-    pub(super) acquired_at: Instant,
-    pub(super) ttl: Duration,
-    pub(super) valid_until: Instant,
+    pub(crate) name: LeaseName,
+    pub(crate) owner: Owner,
+    pub(crate) token: FencingToken,
+    pub(crate) acquired_at: Instant,
+    pub(crate) ttl: Duration,
+    pub(crate) valid_until: Instant,
 }
 
 impl Lease {
@@ -103,9 +104,9 @@ impl Lease {
 /// can end it sooner, best-effort, since it knows the owner value that was sent.
 #[derive(Debug)]
 pub struct UncertainAcquire {
-    pub(super) name: LeaseName,
-    pub(super) owner: Owner,
-    pub(super) error: StoreError,
+    pub(crate) name: LeaseName,
+    pub(crate) owner: Owner,
+    pub(crate) error: StoreError,
 }
 
 impl UncertainAcquire {

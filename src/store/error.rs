@@ -12,6 +12,14 @@ pub enum Operation {
     Release,
     /// A health check.
     Ping,
+    /// Reading a cache entry.
+    Read,
+    /// The fenced write of a cache entry (and the release of its lease).
+    Write,
+    /// Deleting a cache entry for everyone.
+    Invalidate,
+    /// Telling other instances about a fill or an invalidation.
+    Subscribe,
 }
 
 impl Operation {
@@ -22,6 +30,10 @@ impl Operation {
             Self::Renew => "renew",
             Self::Release => "release",
             Self::Ping => "ping",
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Invalidate => "invalidate",
+            Self::Subscribe => "subscribe",
         }
     }
 }

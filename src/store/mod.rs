@@ -14,10 +14,6 @@
 //! use at once) and gives it straight back, so the pool size bounds sockets, not
 //! concurrency. A connection on which a command timed out or broke is marked and
 //! replaced; no `PING` is spent on checking connections out.
-//!
-//! A pool built by the application with bb8-redis can be used instead
-//! ([`RedisStore::from_bb8_redis`]); there, dead connections are found by bb8's check-out
-//! test (`test_on_check_out`, on by default), at the price of a `PING` per operation.
 
 mod error;
 mod manager;
@@ -27,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bb8_redis::{RedisConnectionManager, bb8};
+use bb8_redis::bb8;
 use redis::aio::MultiplexedConnection;
 use redis::{Client, FromRedisValue, ScriptInvocation};
 use tokio::time::{Instant, timeout_at};
@@ -50,26 +46,18 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    backend: Backend,
+    /// The place for Redis Cluster and Sentinel: another kind of pool behind this field.
+    pool: bb8::Pool<Manager>,
+    /// For what a pool cannot give: pub/sub connections.
+    client: Client,
     command_timeout: Duration,
-}
-
-enum Backend {
-    Managed(bb8::Pool<Manager>),
-    Bb8Redis(bb8::Pool<RedisConnectionManager>),
+    connect_timeout: Duration,
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // No address: a URL may carry a password.
         f.debug_struct("RedisStore")
-            .field(
-                "backend",
-                &match self.inner.backend {
-                    Backend::Managed(_) => "managed pool",
-                    Backend::Bb8Redis(_) => "bb8-redis pool",
-                },
-            )
             .field("command_timeout", &self.inner.command_timeout)
             .finish()
     }
@@ -96,21 +84,6 @@ impl RedisStore {
         }
     }
 
-    /// Uses a pool the application already has. Every operation is still bounded by
-    /// `command_timeout`.
-    pub fn from_bb8_redis(
-        pool: bb8::Pool<RedisConnectionManager>,
-        command_timeout: Duration,
-    ) -> Result<Self, ConfigError> {
-        let command_timeout = ConfigError::nonzero("command_timeout", command_timeout)?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                backend: Backend::Bb8Redis(pool),
-                command_timeout,
-            }),
-        })
-    }
-
     /// The deadline of one operation.
     pub fn command_timeout(&self) -> Duration {
         self.inner.command_timeout
@@ -133,6 +106,27 @@ impl RedisStore {
         }
     }
 
+    /// A dedicated pub/sub connection, opened within the connect deadline.
+    pub(crate) async fn pubsub(
+        &self,
+        connect_timeout: Duration,
+    ) -> Result<redis::aio::PubSub, StoreError> {
+        match tokio::time::timeout(connect_timeout, self.inner.client.get_async_pubsub()).await {
+            Ok(Ok(pubsub)) => Ok(pubsub),
+            Ok(Err(error)) => Err(StoreError::from_redis(Operation::Subscribe, error)),
+            Err(_) => Err(StoreError::new(
+                Operation::Subscribe,
+                StoreErrorKind::NoConnection,
+                None,
+            )),
+        }
+    }
+
+    /// The deadline of opening a connection.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.inner.connect_timeout
+    }
+
     /// Runs one request within the deadline.
     pub(crate) async fn run<T: FromRedisValue>(
         &self,
@@ -140,23 +134,15 @@ impl RedisStore {
         request: Request<'_>,
     ) -> Result<T, StoreError> {
         let deadline = Instant::now() + self.inner.command_timeout;
-        match &self.inner.backend {
-            Backend::Managed(pool) => {
-                let Conn { mut conn, broken } =
-                    checkout(pool, deadline, operation, |c| c.clone()).await?;
-                let result = execute(&mut conn, &request, deadline, operation).await;
-                if let Err(error) = &result
-                    && error.breaks_connection()
-                {
-                    broken.store(true, Ordering::Relaxed);
-                }
-                result
-            }
-            Backend::Bb8Redis(pool) => {
-                let mut conn = checkout(pool, deadline, operation, |c| c.clone()).await?;
-                execute(&mut conn, &request, deadline, operation).await
-            }
+        let Conn { mut conn, broken } =
+            checkout(&self.inner.pool, deadline, operation, |c| c.clone()).await?;
+        let result = execute(&mut conn, &request, deadline, operation).await;
+        if let Err(error) = &result
+            && error.breaks_connection()
+        {
+            broken.store(true, Ordering::Relaxed);
         }
+        result
     }
 }
 
@@ -263,11 +249,13 @@ impl RedisStoreBuilder {
             // Checks only the broken mark: no round trip.
             .test_on_check_out(true)
             .connection_timeout(connect_timeout)
-            .build_unchecked(Manager::new(client, connect_timeout));
+            .build_unchecked(Manager::new(client.clone(), connect_timeout));
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                backend: Backend::Managed(pool),
+                pool,
+                client,
                 command_timeout,
+                connect_timeout,
             }),
         })
     }

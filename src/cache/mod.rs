@@ -1,0 +1,266 @@
+//! The two tiers: L1, a moka cache in each process, and L2, Redis, shared by the fleet.
+//!
+//! Both hold the same [`CachedResponse`]. L1 weighs entries by their size in bytes and
+//! drops each at the end of its keep time; L2 stores each entry as a Redis hash of its
+//! writer's fencing token and its encoding, with the keep time as its TTL, so that Redis
+//! itself ages entries and no machine's wall clock is consulted.
+//!
+//! Writes to both are fenced: an entry replaces another only if its token is not lower.
+
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use moka::Expiry;
+use moka::future::Cache;
+use moka::ops::compute::{CompResult, Op};
+use redis::{Script, Value};
+
+use crate::entry::{self, CachedResponse};
+use crate::keys::CacheKeys;
+use crate::lease::Lease;
+use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
+
+static READ: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/read.lua")));
+static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/write.lua")));
+static INVALIDATE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/invalidate.lua")));
+
+/// A cached response and when, on this process's monotonic clock, it was written.
+#[derive(Debug)]
+pub(crate) struct Stored {
+    pub(crate) response: CachedResponse,
+    pub(crate) written_at: Instant,
+}
+
+/// Where an entry is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Freshness {
+    /// Serve it.
+    Fresh,
+    /// Serve it and refresh it.
+    Stale,
+    /// Past its grace: serve it only when the origin fails.
+    Expired,
+}
+
+impl Stored {
+    /// An entry that is `age` old now.
+    pub(crate) fn aged(response: CachedResponse, age: Duration) -> Self {
+        let now = Instant::now();
+        Self {
+            response,
+            written_at: now.checked_sub(age).unwrap_or(now),
+        }
+    }
+
+    pub(crate) fn age(&self) -> Duration {
+        self.written_at.elapsed()
+    }
+
+    pub(crate) fn freshness(&self) -> Freshness {
+        let age = self.age();
+        let r = &self.response;
+        if age < r.fresh_for {
+            Freshness::Fresh
+        } else if age < r.fresh_for + r.grace {
+            Freshness::Stale
+        } else {
+            Freshness::Expired
+        }
+    }
+
+    /// Whether it may stand in for an origin that failed.
+    pub(crate) fn serves_on_error(&self, stale_if_error: Duration) -> bool {
+        let age = self.age();
+        age < self.response.fresh_for + stale_if_error.max(self.response.grace)
+            && age < self.response.keep
+    }
+
+    fn expires_at(&self) -> Instant {
+        self.written_at + self.response.keep
+    }
+}
+
+/// The local tier.
+pub(crate) type L1 = Cache<Arc<str>, Arc<Stored>>;
+
+struct UntilKept;
+
+impl Expiry<Arc<str>, Arc<Stored>> for UntilKept {
+    fn expire_after_create(
+        &self,
+        _key: &Arc<str>,
+        value: &Arc<Stored>,
+        created_at: Instant,
+    ) -> Option<Duration> {
+        Some(value.expires_at().saturating_duration_since(created_at))
+    }
+
+    fn expire_after_update(
+        &self,
+        _key: &Arc<str>,
+        value: &Arc<Stored>,
+        updated_at: Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(value.expires_at().saturating_duration_since(updated_at))
+    }
+}
+
+/// An L1 cache holding at most `capacity` bytes of entries.
+pub(crate) fn new_l1(capacity: u64) -> L1 {
+    Cache::builder()
+        .max_capacity(capacity)
+        .weigher(|key: &Arc<str>, value: &Arc<Stored>| {
+            u32::try_from(key.len() + value.response.weight()).unwrap_or(u32::MAX)
+        })
+        .expire_after(UntilKept)
+        .build()
+}
+
+/// Puts an entry in L1 unless an entry with a higher token is there. Returns whether it
+/// was put.
+pub(crate) async fn l1_put(l1: &L1, key: Arc<str>, stored: Arc<Stored>) -> bool {
+    let result = l1
+        .entry(key)
+        .and_compute_with(|existing| {
+            let op = match existing {
+                Some(e) if e.value().response.token > stored.response.token => Op::Nop,
+                _ => Op::Put(stored.clone()),
+            };
+            std::future::ready(op)
+        })
+        .await;
+    matches!(
+        result,
+        CompResult::Inserted(_) | CompResult::ReplacedWith(_)
+    )
+}
+
+/// What L2 has at a key.
+#[derive(Debug)]
+pub(crate) enum L2Read {
+    Miss,
+    Found(Arc<Stored>),
+    /// Something that is not a valid entry of ours: a miss, counted.
+    Garbage(&'static str),
+}
+
+pub(crate) async fn l2_read(store: &RedisStore, key: &str) -> Result<L2Read, StoreError> {
+    let mut invocation = READ.prepare_invoke();
+    invocation.key(key);
+    let value: Value = store
+        .run(Operation::Read, Request::Script(&invocation))
+        .await?;
+    Ok(match value {
+        Value::Nil => L2Read::Miss,
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(pttl), Value::BulkString(data)] => {
+                if *pttl < 0 {
+                    L2Read::Garbage("no ttl")
+                } else {
+                    match entry::decode(data) {
+                        Ok(response) => {
+                            let left = Duration::from_millis(*pttl as u64);
+                            let age = response.keep.saturating_sub(left);
+                            L2Read::Found(Arc::new(Stored::aged(response, age)))
+                        }
+                        Err(error) => L2Read::Garbage(decode_reason(error)),
+                    }
+                }
+            }
+            _ => L2Read::Garbage("not an entry"),
+        },
+        _ => {
+            return Err(StoreError::new(
+                Operation::Read,
+                StoreErrorKind::Response,
+                None,
+            ));
+        }
+    })
+}
+
+fn decode_reason(error: entry::DecodeError) -> &'static str {
+    match error {
+        entry::DecodeError::NotAnEntry => "not an entry",
+        entry::DecodeError::Version(_) => "version",
+        entry::DecodeError::TooLarge => "too large",
+        entry::DecodeError::Malformed => "malformed",
+        entry::DecodeError::Invalid(_) => "invalid",
+    }
+}
+
+/// What the fenced write did.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteOutcome {
+    pub(crate) written: bool,
+    pub(crate) released: bool,
+}
+
+pub(crate) async fn l2_write(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    lease: &Lease,
+    response: &CachedResponse,
+    channel: &str,
+) -> Result<WriteOutcome, StoreError> {
+    let mut invocation = WRITE.prepare_invoke();
+    invocation
+        .key(keys.entry())
+        .key(keys.lease().key())
+        .arg(lease.fencing_token().get())
+        .arg(lease.owner().as_str())
+        .arg(response.encode())
+        .arg(u64::try_from(response.keep.as_millis()).unwrap_or(u64::MAX))
+        .arg(channel)
+        .arg(notice(Notice::Filled, keys.entry()));
+    let (written, released, _stored): (i64, i64, i64) = store
+        .run(Operation::Write, Request::Script(&invocation))
+        .await?;
+    Ok(WriteOutcome {
+        written: written == 1,
+        released: released == 1,
+    })
+}
+
+pub(crate) async fn l2_invalidate(
+    store: &RedisStore,
+    key: &str,
+    channel: &str,
+) -> Result<bool, StoreError> {
+    let mut invocation = INVALIDATE.prepare_invoke();
+    invocation
+        .key(key)
+        .arg(channel)
+        .arg(notice(Notice::Invalidated, key));
+    let deleted: i64 = store
+        .run(Operation::Invalidate, Request::Script(&invocation))
+        .await?;
+    Ok(deleted == 1)
+}
+
+/// What instances tell each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Notice {
+    Filled,
+    Invalidated,
+}
+
+pub(crate) fn notice(kind: Notice, key: &str) -> String {
+    match kind {
+        Notice::Filled => format!("f {key}"),
+        Notice::Invalidated => format!("i {key}"),
+    }
+}
+
+pub(crate) fn parse_notice(payload: &[u8]) -> Option<(Notice, &str)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let (kind, key) = text.split_once(' ')?;
+    match kind {
+        "f" => Some((Notice::Filled, key)),
+        "i" => Some((Notice::Invalidated, key)),
+        _ => None,
+    }
+}

@@ -1,0 +1,18 @@
+-- Reads a cache entry with its remaining TTL, in one round trip.
+--
+-- KEYS[1]  the entry key (a hash: t = fencing token of its writer, d = the entry)
+--
+-- Returns false when there is no entry, {-3} when the key holds something that is not
+-- an entry of ours (another type, or a hash without data), {pttl, data} otherwise.
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+  return false
+end
+if kind ~= 'hash' then
+  return {-3}
+end
+local data = redis.call('HGET', KEYS[1], 'd')
+if not data then
+  return {-3}
+end
+return {redis.call('PTTL', KEYS[1]), data}

@@ -1,0 +1,35 @@
+-- The fenced write of a cache entry, the release of the lease it was made under, and
+-- the notice to other instances, in one step.
+--
+-- KEYS[1]  the entry key    KEYS[2]  the lease key (same hash slot)
+-- ARGV[1]  the writer's fencing token    ARGV[2]  the writer's owner value
+-- ARGV[3]  the encoded entry    ARGV[4]  how long to keep it, ms
+-- ARGV[5]  the notice channel    ARGV[6]  the notice
+--
+-- The entry is written only if no entry with a higher token is stored: a writer whose
+-- lease expired while it worked, and who was overtaken, cannot replace the newer entry.
+-- The lease is released either way, if it is still the writer's.
+--
+-- Returns {written (0/1), released (0/1), the token stored before}.
+local token = tonumber(ARGV[1])
+local stored = 0
+if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+  stored = tonumber(redis.call('HGET', KEYS[1], 't')) or 0
+end
+local written = 0
+if token >= stored then
+  -- DEL first: the key may hold garbage of another type.
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 't', ARGV[1], 'd', ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  written = 1
+end
+local released = 0
+if redis.call('GET', KEYS[2]) == ARGV[2] then
+  redis.call('DEL', KEYS[2])
+  released = 1
+end
+if written == 1 then
+  redis.call('PUBLISH', ARGV[5], ARGV[6])
+end
+return {written, released, stored}

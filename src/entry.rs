@@ -1,0 +1,254 @@
+//! The cached response and its encoding.
+//!
+//! An entry is encoded as two magic bytes (`SG`), a version byte, then the fields in
+//! [postcard](https://docs.rs/postcard). Decoding anything else (garbage, a truncated
+//! value, another version, a value of another program) is a [`DecodeError`], never a
+//! panic; the cache counts it and treats it as a miss.
+//!
+//! An entry holds no absolute time: only how long it is fresh, how long it may be served
+//! stale and how long it is kept, all counted from its write. Its age is read from Redis's
+//! remaining TTL and then kept on the local monotonic clock, so that no two machines'
+//! wall clocks are ever compared.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use crate::lease::FencingToken;
+
+const MAGIC: [u8; 2] = *b"SG";
+/// The encoding's version. Bump it on any change of the encoded fields; old entries then decode as
+/// [`DecodeError::Version`] and are refilled.
+pub const VERSION: u8 = 1;
+
+/// The largest encoded entry accepted by [`decode`]: the body limit's ceiling plus room
+/// for headers.
+pub const MAX_ENCODED_LEN: usize = crate::policy::defaults::MAX_BODY_LIMIT + 1024 * 1024;
+
+/// A response as the caches hold it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedResponse {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers, without hop-by-hop ones and without those the layer sets itself
+    /// (`age`, `x-cache`).
+    pub headers: HeaderMap,
+    /// The whole body.
+    pub body: Bytes,
+    /// How long it is fresh from its write.
+    pub fresh_for: Duration,
+    /// How long past freshness it is served stale while refreshed.
+    pub grace: Duration,
+    /// How long it is kept from its write (at least `fresh_for + grace`).
+    pub keep: Duration,
+    /// The fencing token of the lease it was written under.
+    pub token: FencingToken,
+}
+
+/// Why bytes could not be decoded as an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Not an entry of this crate: too short, or the magic bytes are wrong.
+    #[error("not a stampede-guard entry")]
+    NotAnEntry,
+    /// An entry of another encoding version.
+    #[error("entry version {0}, expected {VERSION}")]
+    Version(u8),
+    /// Longer than [`MAX_ENCODED_LEN`].
+    #[error("entry too large")]
+    TooLarge,
+    /// The fields do not decode (truncated, or corrupted).
+    #[error("malformed entry")]
+    Malformed,
+    /// A field decodes but is not valid (a status out of range, a bad header, times that
+    /// do not fit together).
+    #[error("invalid entry: {0}")]
+    Invalid(&'static str),
+}
+
+#[derive(Serialize, Deserialize)]
+struct Wire<'a> {
+    status: u16,
+    #[serde(borrow)]
+    headers: Vec<(&'a str, &'a [u8])>,
+    body: &'a [u8],
+    fresh_ms: u64,
+    grace_ms: u64,
+    keep_ms: u64,
+    token: u64,
+}
+
+impl CachedResponse {
+    /// Encodes the entry.
+    pub fn encode(&self) -> Vec<u8> {
+        let headers: Vec<(&str, &[u8])> = self
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes()))
+            .collect();
+        let wire = Wire {
+            status: self.status.as_u16(),
+            headers,
+            body: &self.body,
+            fresh_ms: millis(self.fresh_for),
+            grace_ms: millis(self.grace),
+            keep_ms: millis(self.keep),
+            token: self.token.get(),
+        };
+        let mut out = Vec::with_capacity(self.body.len() + 256);
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        // Writing into a Vec cannot fail, and every field serializes.
+        postcard::to_io(&wire, &mut out).expect("encoding into a Vec");
+        out
+    }
+
+    /// The encoded size, without encoding: what the L1 cache weighs an entry by.
+    pub(crate) fn weight(&self) -> usize {
+        self.body.len()
+            + self
+                .headers
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len() + 8)
+                .sum::<usize>()
+            + 64
+    }
+}
+
+/// Decodes an entry; see the [module docs](self) for what is refused.
+pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
+    if bytes.len() > MAX_ENCODED_LEN {
+        return Err(DecodeError::TooLarge);
+    }
+    if bytes.len() < 3 || bytes[..2] != MAGIC {
+        return Err(DecodeError::NotAnEntry);
+    }
+    if bytes[2] != VERSION {
+        return Err(DecodeError::Version(bytes[2]));
+    }
+    let (wire, rest): (Wire<'_>, &[u8]) =
+        postcard::take_from_bytes(&bytes[3..]).map_err(|_| DecodeError::Malformed)?;
+    if !rest.is_empty() {
+        return Err(DecodeError::Malformed);
+    }
+    let status = StatusCode::from_u16(wire.status).map_err(|_| DecodeError::Invalid("status"))?;
+    let mut headers = HeaderMap::with_capacity(wire.headers.len());
+    for (name, value) in wire.headers {
+        let name =
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| DecodeError::Invalid("header"))?;
+        let value = HeaderValue::from_bytes(value).map_err(|_| DecodeError::Invalid("header"))?;
+        headers.append(name, value);
+    }
+    let day_ms = 24 * 3600 * 1000;
+    if wire.fresh_ms == 0
+        || wire.fresh_ms > day_ms
+        || wire.grace_ms > day_ms
+        || wire.keep_ms > 3 * day_ms
+        || wire.keep_ms < wire.fresh_ms + wire.grace_ms
+    {
+        return Err(DecodeError::Invalid("times"));
+    }
+    if wire.token == 0 {
+        return Err(DecodeError::Invalid("token"));
+    }
+    Ok(CachedResponse {
+        status,
+        headers,
+        body: Bytes::copy_from_slice(wire.body),
+        fresh_for: Duration::from_millis(wire.fresh_ms),
+        grace: Duration::from_millis(wire.grace_ms),
+        keep: Duration::from_millis(wire.keep_ms),
+        token: FencingToken::new(wire.token),
+    })
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn sample() -> CachedResponse {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("text/plain"));
+        headers.append("x-multi", HeaderValue::from_static("a"));
+        headers.append("x-multi", HeaderValue::from_static("b"));
+        CachedResponse {
+            status: StatusCode::OK,
+            headers,
+            body: Bytes::from_static(b"hello"),
+            fresh_for: Duration::from_secs(1),
+            grace: Duration::from_secs(10),
+            keep: Duration::from_secs(60),
+            token: FencingToken::new(42),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let entry = sample();
+        assert_eq!(decode(&entry.encode()).unwrap(), entry);
+    }
+
+    #[test]
+    fn garbage_truncation_and_other_versions_are_errors() {
+        let bytes = sample().encode();
+        assert_eq!(decode(b""), Err(DecodeError::NotAnEntry));
+        assert_eq!(decode(b"hello world"), Err(DecodeError::NotAnEntry));
+        let mut other = bytes.clone();
+        other[2] = 9;
+        assert_eq!(decode(&other), Err(DecodeError::Version(9)));
+        for cut in 3..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(decode(&longer), Err(DecodeError::Malformed));
+    }
+
+    proptest! {
+        #[test]
+        fn any_entry_round_trips(
+            status in 200u16..600,
+            headers in proptest::collection::vec(("[a-z][a-z0-9-]{0,20}", "[ -~]{0,40}"), 0..8),
+            body in proptest::collection::vec(any::<u8>(), 0..4096),
+            fresh_ms in 1u64..86_400_000,
+            grace_ms in 0u64..86_400_000,
+            extra_ms in 0u64..86_400_000,
+            token in 1u64..(1 << 53),
+        ) {
+            let mut map = HeaderMap::new();
+            for (name, value) in &headers {
+                map.append(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            let entry = CachedResponse {
+                status: StatusCode::from_u16(status).unwrap(),
+                headers: map,
+                body: Bytes::from(body),
+                fresh_for: Duration::from_millis(fresh_ms),
+                grace: Duration::from_millis(grace_ms),
+                keep: Duration::from_millis(fresh_ms + grace_ms + extra_ms),
+                token: FencingToken::new(token),
+            };
+            prop_assert_eq!(decode(&entry.encode()).unwrap(), entry);
+        }
+
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(&bytes);
+            let mut framed = b"SG\x01".to_vec();
+            framed.extend_from_slice(&bytes);
+            let _ = decode(&framed);
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! Calling the origin: cold fills (awaited by callers) and refreshes (awaited by no one).
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_service::Service;
+
+use super::body::ResponseBody;
+use super::layer::Route;
+use crate::cache::{Freshness, L2Read, Stored, l1_put, l2_read, l2_write};
+use crate::entry::CachedResponse;
+use crate::keys::CacheKeys;
+use crate::lease::{AcquireOutcome, FencingToken, Lease};
+use crate::metrics::Event;
+use crate::notify::Wait;
+use crate::rules::{self, NotStored};
+
+/// What a cold fill ended with; every caller waiting for the key turns it into its
+/// response.
+pub(crate) enum FillOutcome<B: Body, E> {
+    /// The entry is in the caches.
+    Stored(Arc<Stored>),
+    /// A response that may not be stored but may be given to every waiter (an
+    /// uncacheable status, not private). `failure` when it is a 5xx.
+    Shared {
+        response: Arc<Buffered>,
+        failure: bool,
+    },
+    /// A response for one caller only (private, too large to buffer) or the origin's
+    /// error: the first waiter takes it, the others call the origin themselves.
+    Handoff {
+        slot: Mutex<Option<Result<Response<ResponseBody<B>>, E>>>,
+        failure: bool,
+    },
+    /// The origin did not answer within the refresh timeout.
+    TimedOut,
+    /// Another instance held the lease and its entry did not come within the cold wait.
+    NoEntry,
+}
+
+/// A whole response, as read from the origin.
+pub(crate) struct Buffered {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+}
+
+/// A response read from the origin, whole or not.
+enum Read<B: Body> {
+    Whole {
+        head: Response<()>,
+        body: Bytes,
+    },
+    /// Reading stopped: the body is too large, has trailers, or failed.
+    Partial {
+        head: Response<()>,
+        prefix: VecDeque<Frame<Bytes>>,
+        error: Option<B::Error>,
+        rest: Option<Pin<Box<B>>>,
+        why: NotStored,
+    },
+}
+
+enum Origin<B: Body, E> {
+    Read(Read<B>),
+    Error(E),
+    TimedOut,
+}
+
+/// Calls the origin and reads its body, up to `max_body` bytes, all within `timeout`.
+async fn call_origin<S, ReqBody, B>(
+    route: &Route,
+    inner: S,
+    request: Request<ReqBody>,
+) -> Origin<B, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>>,
+    B: Body<Data = Bytes>,
+{
+    route.stats.record(Event::OriginCall);
+    let max = route.policy.max_body;
+    let call = async {
+        match inner.oneshot(request).await {
+            Ok(response) => Origin::Read(read(response, max).await),
+            Err(error) => Origin::Error(error),
+        }
+    };
+    match tokio::time::timeout(route.policy.refresh_timeout, call).await {
+        Ok(origin) => origin,
+        Err(_) => Origin::TimedOut,
+    }
+}
+
+async fn read<B: Body<Data = Bytes>>(response: Response<B>, max: usize) -> Read<B> {
+    let (parts, body) = response.into_parts();
+    let head = Response::from_parts(parts, ());
+    let mut body = Box::pin(body);
+    let declared = head
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.unwrap_or(0) > max as u64 || body.size_hint().lower() > max as u64 {
+        return Read::Partial {
+            head,
+            prefix: VecDeque::new(),
+            error: None,
+            rest: Some(body),
+            why: NotStored::TooLarge,
+        };
+    }
+    let mut frames: VecDeque<Frame<Bytes>> = VecDeque::new();
+    let mut size = 0;
+    loop {
+        match body.frame().await {
+            None => {
+                let mut whole = BytesMut::with_capacity(size);
+                for frame in frames {
+                    if let Ok(data) = frame.into_data() {
+                        whole.extend_from_slice(&data);
+                    }
+                }
+                return Read::Whole {
+                    head,
+                    body: whole.freeze(),
+                };
+            }
+            Some(Ok(frame)) => {
+                let why = match frame.data_ref() {
+                    Some(data) => {
+                        size += data.len();
+                        (size > max).then_some(NotStored::TooLarge)
+                    }
+                    None => Some(NotStored::Trailers),
+                };
+                frames.push_back(frame);
+                if let Some(why) = why {
+                    return Read::Partial {
+                        head,
+                        prefix: frames,
+                        error: None,
+                        rest: Some(body),
+                        why,
+                    };
+                }
+            }
+            Some(Err(error)) => {
+                return Read::Partial {
+                    head,
+                    prefix: frames,
+                    error: Some(error),
+                    rest: None,
+                    why: NotStored::TooLarge,
+                };
+            }
+        }
+    }
+}
+
+/// Fills a key that nothing is cached for. `wait` was registered before the lease was
+/// asked for, so a notice of another instance's fill cannot slip by.
+pub(crate) async fn cold_fill<S, ReqBody, B>(
+    route: Arc<Route>,
+    keys: CacheKeys,
+    request: Request<ReqBody>,
+    inner: S,
+    mut wait: Wait,
+    local_token: FencingToken,
+) -> FillOutcome<B, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>>,
+    B: Body<Data = Bytes>,
+{
+    let policy = &route.policy;
+    let lease = match route
+        .shared
+        .leases
+        .try_acquire(keys.lease(), policy.lease_ttl)
+        .await
+    {
+        AcquireOutcome::Acquired(lease) => Some(lease),
+        AcquireOutcome::Busy { .. } => return wait_for_remote(&route, &keys, &mut wait).await,
+        _ => {
+            route.stats.record(Event::RedisError);
+            route.stats.record(Event::LocalOnly);
+            None
+        }
+    };
+    route.stats.record(Event::ColdFill);
+    match call_origin(&route, inner, request).await {
+        Origin::TimedOut => {
+            back_off(&route, lease).await;
+            FillOutcome::TimedOut
+        }
+        Origin::Error(error) => {
+            back_off(&route, lease).await;
+            FillOutcome::Handoff {
+                slot: Mutex::new(Some(Err(error))),
+                failure: true,
+            }
+        }
+        Origin::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
+            Ok(()) => {
+                FillOutcome::Stored(store(&route, &keys, head, body, lease, local_token).await)
+            }
+            Err(why) => {
+                not_stored(&route, why);
+                let failure = rules::is_failure(head.status());
+                if failure {
+                    back_off(&route, lease).await;
+                } else {
+                    release(&route, lease).await;
+                }
+                let (parts, ()) = head.into_parts();
+                if why.is_private() {
+                    let response = Response::from_parts(parts, ResponseBody::full(body));
+                    FillOutcome::Handoff {
+                        slot: Mutex::new(Some(Ok(response))),
+                        failure,
+                    }
+                } else {
+                    FillOutcome::Shared {
+                        response: Arc::new(Buffered {
+                            status: parts.status,
+                            headers: parts.headers,
+                            body,
+                        }),
+                        failure,
+                    }
+                }
+            }
+        },
+        Origin::Read(Read::Partial {
+            head,
+            prefix,
+            error,
+            rest,
+            why,
+        }) => {
+            not_stored(&route, why);
+            let failure = error.is_some();
+            if failure {
+                back_off(&route, lease).await;
+            } else {
+                release(&route, lease).await;
+            }
+            let (parts, ()) = head.into_parts();
+            let response = Response::from_parts(parts, ResponseBody::resume(prefix, error, rest));
+            FillOutcome::Handoff {
+                slot: Mutex::new(Some(Ok(response))),
+                failure,
+            }
+        }
+    }
+}
+
+/// Another instance holds the lease: wait for its entry, woken by its notice, at most the
+/// route's cold wait.
+async fn wait_for_remote<B: Body, E>(
+    route: &Route,
+    keys: &CacheKeys,
+    wait: &mut Wait,
+) -> FillOutcome<B, E> {
+    let deadline = tokio::time::Instant::now() + route.policy.cold_wait;
+    loop {
+        match l2_read(&route.shared.store, keys.entry()).await {
+            Ok(L2Read::Found(stored)) if stored.freshness() != Freshness::Expired => {
+                l1_put(route.l1(), keys.entry().into(), stored.clone()).await;
+                route.stats.record(Event::ColdWaitNotified);
+                return FillOutcome::Stored(stored);
+            }
+            Ok(L2Read::Garbage(_)) => route.stats.record(Event::DecodeFailure),
+            Err(_) => route.stats.record(Event::RedisError),
+            Ok(_) => {}
+        }
+        if tokio::time::timeout_at(deadline, wait.notified())
+            .await
+            .is_err()
+        {
+            route.stats.record(Event::ColdWaitTimedOut);
+            return FillOutcome::NoEntry;
+        }
+    }
+}
+
+/// Refreshes a stale entry in the background. Nobody awaits it. Returns how long the
+/// process should leave the key alone: while another instance holds its lease.
+pub(crate) async fn refresh<S, ReqBody, B>(
+    route: Arc<Route>,
+    keys: CacheKeys,
+    current: Arc<Stored>,
+    request: Request<ReqBody>,
+    inner: S,
+) -> Option<Duration>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>>,
+    B: Body<Data = Bytes>,
+{
+    let policy = &route.policy;
+    // Another instance may have refreshed already: take its entry rather than the lease.
+    let redis_up = match l2_read(&route.shared.store, keys.entry()).await {
+        Ok(L2Read::Found(stored))
+            if stored.response.token > current.response.token
+                || stored.freshness() == Freshness::Fresh =>
+        {
+            l1_put(route.l1(), keys.entry().into(), stored).await;
+            route.stats.record(Event::RefreshAdopted);
+            return None;
+        }
+        Ok(L2Read::Garbage(_)) => {
+            route.stats.record(Event::DecodeFailure);
+            true
+        }
+        Ok(_) => true,
+        Err(_) => {
+            route.stats.record(Event::RedisError);
+            false
+        }
+    };
+    let lease = if redis_up {
+        match route
+            .shared
+            .leases
+            .try_acquire(keys.lease(), policy.lease_ttl)
+            .await
+        {
+            AcquireOutcome::Acquired(lease) => Some(lease),
+            AcquireOutcome::Busy { retry_after } => {
+                route.stats.record(Event::RefreshBusy);
+                let ttl = policy.lease_ttl;
+                return Some(retry_after.map_or(ttl, |left| left.min(ttl)));
+            }
+            _ => {
+                route.stats.record(Event::RedisError);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if lease.is_none() {
+        route.stats.record(Event::LocalOnly);
+    }
+    let failed = Some(policy.error_backoff);
+    match call_origin(&route, inner, request).await {
+        Origin::TimedOut => {
+            back_off(&route, lease).await;
+            route.stats.record(Event::RefreshTimeout);
+            failed
+        }
+        Origin::Error(_) => {
+            back_off(&route, lease).await;
+            route.stats.record(Event::RefreshOriginError);
+            failed
+        }
+        Origin::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
+            Ok(()) => {
+                store(&route, &keys, head, body, lease, current.response.token).await;
+                route.stats.record(Event::RefreshWritten);
+                None
+            }
+            Err(_) if rules::is_failure(head.status()) => {
+                back_off(&route, lease).await;
+                route.stats.record(Event::RefreshOriginError);
+                failed
+            }
+            Err(why) => {
+                release(&route, lease).await;
+                not_stored(&route, why);
+                route.stats.record(Event::RefreshNotStored);
+                None
+            }
+        },
+        Origin::Read(Read::Partial { error, why, .. }) => {
+            if error.is_some() {
+                back_off(&route, lease).await;
+                route.stats.record(Event::RefreshOriginError);
+                failed
+            } else {
+                release(&route, lease).await;
+                not_stored(&route, why);
+                route.stats.record(Event::RefreshNotStored);
+                None
+            }
+        }
+    }
+}
+
+/// Stores a response: the fenced write to L2 (which releases the lease), then L1. A
+/// write refused because a newer entry is stored gives way to that entry. Without a
+/// lease (Redis unusable) only L1 is filled, under `local_token`.
+async fn store(
+    route: &Route,
+    keys: &CacheKeys,
+    head: Response<()>,
+    body: Bytes,
+    lease: Option<Lease>,
+    local_token: FencingToken,
+) -> Arc<Stored> {
+    let policy = &route.policy;
+    let (parts, ()) = head.into_parts();
+    let mut headers = parts.headers;
+    rules::strip_unstorable(&mut headers);
+    let response = CachedResponse {
+        status: parts.status,
+        headers,
+        body,
+        fresh_for: policy.fresh_ttl,
+        grace: policy.grace,
+        keep: policy.keep(),
+        token: lease.as_ref().map_or(local_token, Lease::fencing_token),
+    };
+    let stored = Arc::new(Stored::aged(response, Duration::ZERO));
+    if let Some(lease) = lease {
+        let shared = &route.shared;
+        match l2_write(
+            &shared.store,
+            keys,
+            &lease,
+            &stored.response,
+            &shared.channel,
+        )
+        .await
+        {
+            Ok(outcome) if outcome.written => {
+                if !outcome.released {
+                    // Written under a lease that had expired: fencing made it safe.
+                    tracing::debug!(entry = keys.entry(), "entry written after its lease ended");
+                }
+            }
+            Ok(_) => {
+                route.stats.record(Event::FencedWriteRefused);
+                tracing::debug!(
+                    entry = keys.entry(),
+                    token = lease.fencing_token().get(),
+                    "fenced write refused: a newer entry is stored"
+                );
+                if let Ok(L2Read::Found(newer)) = l2_read(&shared.store, keys.entry()).await {
+                    l1_put(route.l1(), keys.entry().into(), newer.clone()).await;
+                    return newer;
+                }
+                // The newer entry is gone already: ours is better than nothing, locally.
+            }
+            Err(_) => route.stats.record(Event::RedisError),
+        }
+    }
+    l1_put(route.l1(), keys.entry().into(), stored.clone()).await;
+    stored
+}
+
+fn not_stored(route: &Route, why: NotStored) {
+    route.stats.record(Event::NotStored);
+    tracing::debug!(
+        route = route.policy.route,
+        reason = why.as_str(),
+        "response not stored"
+    );
+}
+
+/// After an origin failure: keep the lease, shortened to the error backoff, so that the
+/// fleet does not retry at once.
+async fn back_off(route: &Route, lease: Option<Lease>) {
+    if let Some(mut lease) = lease {
+        let _ = route
+            .shared
+            .leases
+            .renew(&mut lease, route.policy.error_backoff)
+            .await;
+    }
+}
+
+async fn release(route: &Route, lease: Option<Lease>) {
+    if let Some(lease) = lease {
+        let _ = route.shared.leases.release(lease).await;
+    }
+}

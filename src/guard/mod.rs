@@ -1,0 +1,288 @@
+//! The Tower layer: a two-tier cache in front of a cache-fill handler, serving stale
+//! entries at once while one caller in the whole fleet refreshes them.
+//!
+//! A [`StampedeGuard`] is the shared handle: the Redis store, the key space, the L1
+//! cache and the notice subscription. Each route gets its own [`GuardLayer`], made from
+//! the handle with that route's [`Policy`], where the route is declared:
+//!
+//! ```no_run
+//! use std::time::{Duration, Instant};
+//! use axum::{Router, routing::get};
+//! use stampede_guard::{KeySpace, Policy, RedisStore, StampedeGuard};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let keys = KeySpace::builder()
+//!     .env("prod")
+//!     .service("catalog")
+//!     .secret(std::env::var("CACHE_KEY_SECRET")?)
+//!     .build()?;
+//! let store = RedisStore::builder("redis://127.0.0.1:6379").build()?;
+//! let guard = StampedeGuard::builder(store, keys).build()?;
+//!
+//! let items = guard.layer(
+//!     Policy::builder("items")
+//!         .fresh_ttl(Duration::from_secs(5))
+//!         .grace(Duration::from_secs(60))
+//!         .build()?,
+//! )?;
+//! let app: Router = Router::new().route("/items/{id}", get(|| async { "item" }).layer(items));
+//! # Ok(()) }
+//! ```
+//!
+//! # The request path
+//!
+//! * A **fresh** entry, in L1 or else in L2 (which then fills L1), is served with
+//!   `x-cache: hit` and `age`.
+//! * A **stale** entry (past its fresh time, within its grace) is served at once with
+//!   `x-cache: stale`, and a refresh starts in the background. The request never waits
+//!   for the origin, a lease or a lock.
+//! * A **refresh** runs once per key per process. It reads L2 first and takes a newer
+//!   entry written by another instance if there is one; otherwise it takes the key's
+//!   lease, and if someone else holds it, stops. With the lease it calls a clone of the
+//!   inner service with a copy of the request, bounded by the refresh timeout, writes L2
+//!   with a fenced write that also releases the lease and notifies the fleet, and fills
+//!   L1. A caller that disconnects does not cancel it. When the origin fails, the stale
+//!   entry stays and the lease is shortened to the route's error backoff, so the fleet
+//!   tries again once per backoff.
+//! * A **cold miss** (nothing cached) is filled by one task per key per process, which
+//!   every caller of the process for that key awaits; across the fleet, the lease picks
+//!   one filler, and callers on other instances wait at most the route's cold wait, woken
+//!   by the filler's notice. After that they follow the route's [`ColdMiss`] setting.
+//!
+//! # Concurrent calls on the same key
+//!
+//! At most one refresh and one cold fill per key run in a process at a time, and while a
+//! lease is held no other instance calls the origin for that key. A lease is an
+//! efficiency device: if it expires under a slow origin, a second instance may refresh;
+//! the fenced write then keeps the newer entry whatever order the writes land in.
+//!
+//! When Redis cannot be used, the guard goes on with L1 and the local single-flight
+//! only: at most one origin call per key per process.
+//!
+//! # Cancellation
+//!
+//! Fills and refreshes run in tasks of their own: a caller dropping its request does not
+//! stop them, and every other caller waiting for the same fill still gets its result.
+//! A fill that panics wakes its waiters, who then follow the route's cold-miss setting.
+//!
+//! [`Policy`]: crate::Policy
+//! [`ColdMiss`]: crate::ColdMiss
+
+mod body;
+mod fill;
+mod flight;
+mod future;
+mod layer;
+mod service;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use self::body::ResponseBody;
+pub use self::future::ResponseFuture;
+pub use self::layer::GuardLayer;
+pub use self::service::Guard;
+use crate::cache::{L1, new_l1};
+use crate::error::ConfigError;
+use crate::keys::KeySpace;
+use crate::lease::LeaseClient;
+use crate::notify::Waiters;
+use crate::policy::Policy;
+use crate::store::{RedisStore, StoreError, StoreErrorKind};
+
+/// Default L1 capacity, in bytes of entries.
+pub const DEFAULT_L1_CAPACITY: u64 = 64 * 1024 * 1024;
+
+/// The shared handle: Redis, keys, the L1 cache and the notice subscription. Cheap to
+/// clone; make one per process and a [`GuardLayer`] per route from it.
+#[derive(Clone)]
+pub struct StampedeGuard {
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) store: RedisStore,
+    pub(crate) keys: KeySpace,
+    pub(crate) leases: LeaseClient,
+    pub(crate) l1: L1,
+    pub(crate) waiters: Arc<Waiters>,
+    pub(crate) channel: String,
+    /// Keys with a refresh running in this process (`None`), or held off until an
+    /// instant because another instance holds the lease (`Some`).
+    pub(crate) refreshing: Mutex<HashMap<Arc<str>, Option<Instant>>>,
+    listener: OnceLock<JoinHandle<()>>,
+    subscribed: watch::Sender<bool>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.get() {
+            listener.abort();
+        }
+    }
+}
+
+impl fmt::Debug for StampedeGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StampedeGuard")
+            .field("keys", &self.shared.keys)
+            .field("store", &self.shared.store)
+            .field("l1_entries", &self.shared.l1.entry_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StampedeGuard {
+    /// Starts a guard on a store and a key space.
+    pub fn builder(store: RedisStore, keys: KeySpace) -> GuardBuilder {
+        GuardBuilder {
+            store,
+            keys,
+            l1_capacity: DEFAULT_L1_CAPACITY,
+            instance_id: None,
+        }
+    }
+
+    /// Makes the layer of one route. Refused, naming the field, when the policy does not
+    /// fit the store (lease TTLs against the command timeout).
+    pub fn layer(&self, policy: Policy) -> Result<GuardLayer, ConfigError> {
+        policy.check_against(self.shared.store.command_timeout())?;
+        self.shared
+            .keys
+            .cache(&policy.route, b"")
+            .map_err(|e| ConfigError::invalid("route", e.to_string()))?;
+        Ok(GuardLayer::new(self.shared.clone(), policy))
+    }
+
+    /// Opens a Redis connection and the notice subscription, waiting at most the store's
+    /// connect timeout for each. Not needed (the guard connects on first use), but lets a
+    /// service start warm, and lets tests know other instances will hear this one's
+    /// notices.
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        self.shared.store.ping().await?;
+        self.shared.ensure_listener();
+        let mut subscribed = self.shared.subscribed.subscribe();
+        match tokio::time::timeout(
+            self.shared.store.connect_timeout() * 2,
+            subscribed.wait_for(|up| *up),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(StoreError::new(
+                crate::store::Operation::Subscribe,
+                StoreErrorKind::NoConnection,
+                None,
+            )),
+        }
+    }
+
+    /// How many entries L1 holds (approximate: moka counts lazily).
+    pub fn l1_entries(&self) -> u64 {
+        self.shared.l1.entry_count()
+    }
+
+    /// How many bytes of entries L1 holds (approximate).
+    pub fn l1_bytes(&self) -> u64 {
+        self.shared.l1.weighted_size()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &RedisStore {
+        &self.shared.store
+    }
+}
+
+impl Shared {
+    /// Another instance wrote `key`: a refresh held off for it may go ahead (and will
+    /// adopt the new entry).
+    pub(crate) fn filled_elsewhere(&self, key: &str) {
+        let mut refreshing = self.refreshing.lock().expect("refreshing lock");
+        if let Some(Some(_)) = refreshing.get(key) {
+            refreshing.remove(key);
+        }
+    }
+
+    /// Starts the notice subscription on first use (a runtime is needed for it).
+    pub(crate) fn ensure_listener(self: &Arc<Self>) {
+        if self.listener.get().is_none() {
+            let weak = Arc::downgrade(self);
+            let subscribed = self.subscribed.clone();
+            let _ = self
+                .listener
+                .get_or_init(|| tokio::spawn(crate::notify::listen(weak, subscribed)));
+        }
+    }
+}
+
+/// Builds a [`StampedeGuard`].
+#[must_use]
+pub struct GuardBuilder {
+    store: RedisStore,
+    keys: KeySpace,
+    l1_capacity: u64,
+    instance_id: Option<String>,
+}
+
+impl fmt::Debug for GuardBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardBuilder")
+            .field("l1_capacity", &self.l1_capacity)
+            .field("instance_id", &self.instance_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuardBuilder {
+    /// How many bytes of entries L1 may hold (default 64 MiB). Entries are weighed by
+    /// body and header size; the least used go first.
+    pub fn l1_capacity(mut self, bytes: u64) -> Self {
+        self.l1_capacity = bytes;
+        self
+    }
+
+    /// The instance part of lease owner values (see
+    /// [`LeaseClientBuilder::instance_id`](crate::lease::LeaseClientBuilder::instance_id)).
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.instance_id = Some(id.into());
+        self
+    }
+
+    /// Checks the settings and builds the guard. Connects nothing.
+    pub fn build(self) -> Result<StampedeGuard, ConfigError> {
+        if self.l1_capacity == 0 {
+            return Err(ConfigError::Zero {
+                field: "l1_capacity",
+            });
+        }
+        let mut leases = LeaseClient::builder(self.store.clone(), &self.keys)
+            // Any valid TTL: every call passes the route's own.
+            .lease_ttl(
+                (self.store.command_timeout() * crate::lease::MIN_TTL_PER_COMMAND_TIMEOUT)
+                    .max(Duration::from_secs(1)),
+            );
+        if let Some(id) = self.instance_id {
+            leases = leases.instance_id(id);
+        }
+        let leases = leases.build()?;
+        let channel = self.keys.channel();
+        Ok(StampedeGuard {
+            shared: Arc::new(Shared {
+                store: self.store,
+                keys: self.keys,
+                leases,
+                l1: new_l1(self.l1_capacity),
+                waiters: Arc::default(),
+                channel,
+                refreshing: Mutex::default(),
+                listener: OnceLock::new(),
+                subscribed: watch::channel(false).0,
+            }),
+        })
+    }
+}

@@ -1,0 +1,452 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{AGE, HeaderValue, RETRY_AFTER};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use tower_service::Service;
+
+use super::body::ResponseBody;
+use super::fill::{self, Buffered, FillOutcome};
+use super::flight::{self, Flights};
+use super::future::ResponseFuture;
+use super::layer::Route;
+use crate::X_CACHE;
+use crate::cache::{Freshness, L2Read, Stored, l1_put, l2_read};
+use crate::keys::CacheKeys;
+use crate::lease::FencingToken;
+use crate::metrics::Event;
+use crate::policy::ColdMiss;
+use crate::rules::{self, Kind};
+
+/// The middleware of one route; see the [module docs](super) for the request path.
+///
+/// The inner service keeps its error type: a Redis failure never becomes an error of the
+/// guard, it only costs the cache.
+pub struct Guard<S> {
+    inner: S,
+    route: Arc<Route>,
+    flights: Arc<Flights>,
+}
+
+impl<S: Clone> Clone for Guard<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            route: self.route.clone(),
+            flights: self.flights.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Guard<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("inner", &self.inner)
+            .field("route", &self.route.policy.route)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Guard<S> {
+    pub(super) fn new(inner: S, route: Arc<Route>, flights: Arc<Flights>) -> Self {
+        Self {
+            inner,
+            route,
+            flights,
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Guard<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Default + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The clone may not be ready; the service that was polled ready goes with this
+        // request, and the clone stays for the next one.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::new(handle(
+            self.route.clone(),
+            self.flights.clone(),
+            inner,
+            request,
+        ))
+    }
+}
+
+async fn handle<S, ReqBody, ResBody>(
+    route: Arc<Route>,
+    flights: Arc<Flights>,
+    inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Default + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    route.shared.ensure_listener();
+    let kind = match rules::classify(&route.policy, &request) {
+        Ok(kind) => kind,
+        Err(reason) => {
+            route.stats.record(Event::Bypass);
+            tracing::trace!(reason = reason.as_str(), "not cacheable: bypass");
+            return passthrough(&route, inner, request, "bypass").await;
+        }
+    };
+    let Some(keys) = route.keys_for(&request) else {
+        route.stats.record(Event::Bypass);
+        return passthrough(&route, inner, request, "bypass").await;
+    };
+
+    let mut fallback: Option<Arc<Stored>> = None;
+    if let Some(stored) = route.l1().get(keys.entry()).await {
+        route.stats.record(Event::L1Hit);
+        match stored.freshness() {
+            Freshness::Fresh => {
+                route.stats.record(Event::Hit);
+                return Ok(serve(&stored, kind, "hit"));
+            }
+            Freshness::Stale => {
+                route.stats.record(Event::Stale);
+                spawn_refresh(&route, keys, stored.clone(), &request, inner);
+                return Ok(serve(&stored, kind, "stale"));
+            }
+            Freshness::Expired => fallback = Some(stored),
+        }
+    } else {
+        route.stats.record(Event::L1Miss);
+    }
+
+    match l2_read(&route.shared.store, keys.entry()).await {
+        Ok(L2Read::Found(stored)) => {
+            route.stats.record(Event::L2Hit);
+            l1_put(route.l1(), keys.entry().into(), stored.clone()).await;
+            match stored.freshness() {
+                Freshness::Fresh => {
+                    route.stats.record(Event::Hit);
+                    return Ok(serve(&stored, kind, "hit"));
+                }
+                Freshness::Stale => {
+                    route.stats.record(Event::Stale);
+                    spawn_refresh(&route, keys, stored.clone(), &request, inner);
+                    return Ok(serve(&stored, kind, "stale"));
+                }
+                Freshness::Expired => {
+                    if fallback
+                        .as_ref()
+                        .is_none_or(|f| f.response.token < stored.response.token)
+                    {
+                        fallback = Some(stored);
+                    }
+                }
+            }
+        }
+        Ok(L2Read::Miss) => route.stats.record(Event::L2Miss),
+        Ok(L2Read::Garbage(reason)) => {
+            route.stats.record(Event::DecodeFailure);
+            route.stats.record(Event::L2Miss);
+            tracing::debug!(entry = keys.entry(), reason, "garbage at an entry's key");
+        }
+        Err(error) => {
+            route.stats.record(Event::RedisError);
+            tracing::debug!(%error, "cache read failed; going on without Redis");
+        }
+    }
+
+    if kind == Kind::Head {
+        // A HEAD cannot fill the GET entry it would be answered from.
+        route.stats.record(Event::Miss);
+        return passthrough(&route, inner, request, "miss").await;
+    }
+    cold(route, flights, inner, request, keys, fallback).await
+}
+
+/// Nothing servable is cached: join (or lead) the key's fill, and answer from it.
+async fn cold<S, ReqBody, ResBody>(
+    route: Arc<Route>,
+    flights: Arc<Flights>,
+    inner: S,
+    request: Request<ReqBody>,
+    keys: CacheKeys,
+    fallback: Option<Arc<Stored>>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Default + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    let key: Arc<str> = keys.entry().into();
+    let (slot, lead) = flights.join(&key);
+    if let Some(lead) = lead {
+        let fill_request = rules::fill_request(&route.policy, &request);
+        let wait = route.shared.waiters.register(key.clone());
+        let local_token = fallback
+            .as_ref()
+            .map_or(FencingToken::new(1), |f| f.response.token);
+        // In a task of its own: a caller that goes away does not cancel the fill that
+        // every other caller of the key awaits.
+        tokio::spawn(fill_task(
+            route.clone(),
+            keys,
+            fill_request,
+            inner.clone(),
+            wait,
+            local_token,
+            lead,
+        ));
+    }
+    let policy = &route.policy;
+    let bound = policy.refresh_timeout
+        + policy.cold_wait
+        + route.shared.store.command_timeout() * 4
+        + Duration::from_millis(100);
+    let outcome = tokio::time::timeout(bound, flight::wait(slot))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|o| o.downcast::<FillOutcome<ResBody, S::Error>>().ok());
+    let Some(outcome) = outcome else {
+        return cold_miss(&route, inner, request, fallback).await;
+    };
+    match &*outcome {
+        FillOutcome::Stored(stored) => {
+            route.stats.record(Event::Miss);
+            Ok(serve(stored, Kind::Get, "miss"))
+        }
+        FillOutcome::Shared { response, failure } => {
+            if *failure && let Some(stale) = usable_on_error(&route, &fallback) {
+                return Ok(stale);
+            }
+            route.stats.record(Event::Miss);
+            Ok(serve_buffered(response))
+        }
+        FillOutcome::Handoff { slot, failure } => {
+            if *failure && let Some(stale) = usable_on_error(&route, &fallback) {
+                return Ok(stale);
+            }
+            let taken = slot.lock().expect("handoff lock").take();
+            match taken {
+                Some(Ok(mut response)) => {
+                    route.stats.record(Event::Miss);
+                    set_x_cache(response.headers_mut(), "miss");
+                    Ok(response)
+                }
+                Some(Err(error)) => Err(error),
+                // Private to the caller that took it: this one asks the origin itself.
+                None => {
+                    route.stats.record(Event::Passthrough);
+                    passthrough(&route, inner, request, "bypass").await
+                }
+            }
+        }
+        FillOutcome::TimedOut => match usable_on_error(&route, &fallback) {
+            Some(stale) => Ok(stale),
+            None => cold_miss(&route, inner, request, None).await,
+        },
+        FillOutcome::NoEntry => cold_miss(&route, inner, request, None).await,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn fill_task<S, ReqBody, ResBody>(
+    route: Arc<Route>,
+    keys: CacheKeys,
+    request: Request<ReqBody>,
+    inner: S,
+    wait: crate::notify::Wait,
+    local_token: FencingToken,
+    lead: flight::Lead,
+) where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    let outcome = fill::cold_fill(route, keys, request, inner, wait, local_token).await;
+    lead.finish(Arc::new(outcome));
+}
+
+/// The entry that may stand in for a failed origin, as a response.
+fn usable_on_error<B: Body>(
+    route: &Route,
+    fallback: &Option<Arc<Stored>>,
+) -> Option<Response<ResponseBody<B>>> {
+    let stored = fallback.as_ref()?;
+    if !stored.serves_on_error(route.policy.stale_if_error) {
+        return None;
+    }
+    route.stats.record(Event::StaleIfError);
+    route.stats.record(Event::Stale);
+    Some(serve(stored, Kind::Get, "stale"))
+}
+
+/// The cold wait is over with nothing to serve: the route's cold-miss behaviour.
+async fn cold_miss<S, ReqBody, ResBody>(
+    route: &Route,
+    inner: S,
+    request: Request<ReqBody>,
+    fallback: Option<Arc<Stored>>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+{
+    if let Some(stale) = usable_on_error(route, &fallback) {
+        return Ok(stale);
+    }
+    match route.policy.cold_miss {
+        ColdMiss::Reject { retry_after } => {
+            route.stats.record(Event::Rejected);
+            let mut response = Response::new(ResponseBody::empty());
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(seconds));
+            set_x_cache(response.headers_mut(), "miss");
+            Ok(response)
+        }
+        _ => {
+            route.stats.record(Event::Passthrough);
+            passthrough(route, inner, request, "bypass").await
+        }
+    }
+}
+
+fn spawn_refresh<S, ReqBody, ResBody>(
+    route: &Arc<Route>,
+    keys: CacheKeys,
+    current: Arc<Stored>,
+    request: &Request<ReqBody>,
+    inner: S,
+) where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Default + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    let key: Arc<str> = keys.entry().into();
+    {
+        let mut refreshing = route.shared.refreshing.lock().expect("refreshing lock");
+        match refreshing.get(&key) {
+            // One refresh per key per process.
+            Some(None) => return,
+            // Someone else has the lease; their notice, or its TTL, lifts the hold.
+            Some(Some(until)) if Instant::now() < *until => return,
+            _ => {}
+        }
+        refreshing.insert(key.clone(), None);
+    }
+    let done = Refreshing {
+        route: route.clone(),
+        key,
+        hold_off: None,
+    };
+    let request = rules::fill_request(&route.policy, request);
+    let route = route.clone();
+    tokio::spawn(async move {
+        // Moved in whole (not just the field written), so that it drops with the task.
+        let mut done = done;
+        done.hold_off = fill::refresh(route, keys, current, request, inner).await;
+    });
+}
+
+/// Marks a key as no longer refreshing, however the refresh ends (a panic included).
+struct Refreshing {
+    route: Arc<Route>,
+    key: Arc<str>,
+    /// How long to leave the key alone, when the refresh found the lease elsewhere.
+    hold_off: Option<Duration>,
+}
+
+impl Drop for Refreshing {
+    fn drop(&mut self) {
+        let mut refreshing = self
+            .route
+            .shared
+            .refreshing
+            .lock()
+            .expect("refreshing lock");
+        match self.hold_off {
+            Some(hold_off) => {
+                refreshing.insert(self.key.clone(), Some(Instant::now() + hold_off));
+            }
+            None => {
+                refreshing.remove(&self.key);
+            }
+        }
+    }
+}
+
+async fn passthrough<S, ReqBody, ResBody>(
+    route: &Route,
+    mut inner: S,
+    request: Request<ReqBody>,
+    x_cache: &'static str,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+{
+    route.stats.record(Event::OriginCall);
+    let response = inner.call(request).await?;
+    let mut response = response.map(ResponseBody::stream);
+    set_x_cache(response.headers_mut(), x_cache);
+    Ok(response)
+}
+
+fn serve<B: Body>(stored: &Stored, kind: Kind, x_cache: &'static str) -> Response<ResponseBody<B>> {
+    let cached = &stored.response;
+    let body = match kind {
+        Kind::Get => ResponseBody::full(cached.body.clone()),
+        Kind::Head => ResponseBody::empty(),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = cached.status;
+    *response.headers_mut() = cached.headers.clone();
+    let headers = response.headers_mut();
+    headers.insert(AGE, HeaderValue::from(stored.age().as_secs()));
+    set_x_cache(headers, x_cache);
+    response
+}
+
+fn serve_buffered<B: Body>(buffered: &Buffered) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::full(buffered.body.clone()));
+    *response.status_mut() = buffered.status;
+    *response.headers_mut() = buffered.headers.clone();
+    set_x_cache(response.headers_mut(), "miss");
+    response
+}
+
+fn set_x_cache(headers: &mut http::HeaderMap, value: &'static str) {
+    headers.insert(X_CACHE, HeaderValue::from_static(value));
+}

@@ -1,0 +1,560 @@
+//! Per-route settings: how long a response is fresh, how long it may be served stale,
+//! what a cold miss does, what is cacheable and what makes up the key.
+//!
+//! A [`Policy`] is built and checked on its own ([`PolicyBuilder::build`]), then checked
+//! again against the Redis store when a layer is made from it
+//! ([`StampedeGuard::layer`](crate::StampedeGuard::layer)): every refusal names the field.
+//!
+//! # The life of an entry
+//!
+//! ```text
+//! written        fresh_ttl             fresh_ttl + grace     fresh_ttl + stale_if_error
+//!   |── fresh: hit ──|── stale: served at once, ──|── kept only to be served ──|
+//!                    |   one refresh in the fleet |   when the origin fails    |
+//! ```
+//!
+//! Ages are measured with Redis's own TTLs and the local monotonic clock, never by
+//! comparing wall clocks of two machines.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::{HeaderName, StatusCode};
+
+use crate::error::ConfigError;
+
+/// What a caller that finds no entry at all does while someone else fills it, once the
+/// route's [`cold_wait`](PolicyBuilder::cold_wait) is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ColdMiss {
+    /// Call the origin itself, and do not cache what it gets (`x-cache: bypass`).
+    Passthrough,
+    /// Answer `503 Service Unavailable` with `Retry-After` (in whole seconds, at least 1).
+    Reject {
+        /// The `Retry-After` to send.
+        retry_after: Duration,
+    },
+}
+
+/// Which query parameters are part of the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyQuery {
+    /// All of them, sorted, so that `?a=1&b=2` and `?b=2&a=1` share an entry.
+    All,
+    /// Only these (others are ignored, and not passed to the origin on a fill).
+    Only(Vec<String>),
+    /// None: the query string is ignored, and not passed to the origin on a fill.
+    Ignore,
+}
+
+/// The settings of one route. Build one with [`Policy::builder`].
+#[derive(Clone)]
+pub struct Policy {
+    pub(crate) route: String,
+    pub(crate) fresh_ttl: Duration,
+    pub(crate) grace: Duration,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) refresh_timeout: Duration,
+    pub(crate) cold_wait: Duration,
+    pub(crate) cold_miss: ColdMiss,
+    pub(crate) stale_if_error: Duration,
+    pub(crate) error_backoff: Duration,
+    pub(crate) statuses: Vec<StatusCode>,
+    pub(crate) max_body: usize,
+    pub(crate) key_query: KeyQuery,
+    pub(crate) key_headers: Vec<HeaderName>,
+    pub(crate) forward_headers: Vec<HeaderName>,
+    pub(crate) key_host: bool,
+    pub(crate) allow_authorization: bool,
+    pub(crate) allow_cookies: bool,
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("route", &self.route)
+            .field("fresh_ttl", &self.fresh_ttl)
+            .field("grace", &self.grace)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("refresh_timeout", &self.refresh_timeout)
+            .field("cold_wait", &self.cold_wait)
+            .field("cold_miss", &self.cold_miss)
+            .field("stale_if_error", &self.stale_if_error)
+            .field("error_backoff", &self.error_backoff)
+            .field("cacheable_statuses", &self.statuses)
+            .field("max_body", &self.max_body)
+            .field("key_query", &self.key_query)
+            .field("key_headers", &self.key_headers)
+            .field("forward_headers", &self.forward_headers)
+            .field("key_host", &self.key_host)
+            .field("allow_authorization", &self.allow_authorization)
+            .field("allow_cookies", &self.allow_cookies)
+            .finish()
+    }
+}
+
+/// Defaults of [`PolicyBuilder`].
+pub mod defaults {
+    use std::time::Duration;
+
+    /// How long a response is fresh.
+    pub const FRESH_TTL: Duration = Duration::from_secs(10);
+    /// How long past freshness a response may be served while it is refreshed.
+    pub const GRACE: Duration = Duration::from_secs(60);
+    /// The TTL of the refresh lease.
+    pub const LEASE_TTL: Duration = Duration::from_secs(5);
+    /// How long a refresh may call the origin.
+    pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(4);
+    /// How long a caller with nothing to serve waits for someone else's fill.
+    pub const COLD_WAIT: Duration = Duration::from_secs(2);
+    /// How long past freshness a response may be served when the origin fails.
+    pub const STALE_IF_ERROR: Duration = Duration::from_secs(300);
+    /// How long the fleet leaves the origin alone after a failed refresh.
+    pub const ERROR_BACKOFF: Duration = Duration::from_secs(1);
+    /// The largest body that is cached; larger ones stream through.
+    pub const MAX_BODY: usize = 1024 * 1024;
+    /// The largest body that may be configured.
+    pub const MAX_BODY_LIMIT: usize = 64 * 1024 * 1024;
+}
+
+impl Policy {
+    /// Starts the policy of a route. The name is a metric label and a part of every key
+    /// of the route: 1 to 32 characters of `a-z`, `0-9`, `_` and `-`.
+    pub fn builder(route: impl Into<String>) -> PolicyBuilder {
+        PolicyBuilder {
+            policy: Policy {
+                route: route.into(),
+                fresh_ttl: defaults::FRESH_TTL,
+                grace: defaults::GRACE,
+                lease_ttl: defaults::LEASE_TTL,
+                refresh_timeout: defaults::REFRESH_TIMEOUT,
+                cold_wait: defaults::COLD_WAIT,
+                cold_miss: ColdMiss::Passthrough,
+                stale_if_error: defaults::STALE_IF_ERROR,
+                error_backoff: defaults::ERROR_BACKOFF,
+                statuses: vec![StatusCode::OK],
+                max_body: defaults::MAX_BODY,
+                key_query: KeyQuery::All,
+                key_headers: Vec::new(),
+                forward_headers: Vec::new(),
+                key_host: true,
+                allow_authorization: false,
+                allow_cookies: false,
+            },
+            header_error: None,
+        }
+    }
+
+    /// The route's name.
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+
+    /// How long a response is fresh.
+    pub fn fresh_ttl(&self) -> Duration {
+        self.fresh_ttl
+    }
+
+    /// How long past freshness a response is served stale while being refreshed.
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// How long past freshness a response is kept in the caches: the longer of the grace
+    /// window and the stale-if-error window.
+    pub fn stale_keep(&self) -> Duration {
+        self.grace.max(self.stale_if_error)
+    }
+
+    /// The whole time an entry is kept, from its write.
+    pub(crate) fn keep(&self) -> Duration {
+        self.fresh_ttl + self.stale_keep()
+    }
+
+    pub(crate) fn is_cacheable_status(&self, status: StatusCode) -> bool {
+        self.statuses.contains(&status)
+    }
+
+    /// Checks what can only be checked against the store: lease TTLs against its command
+    /// timeout.
+    pub(crate) fn check_against(&self, command_timeout: Duration) -> Result<(), ConfigError> {
+        let min = command_timeout * crate::lease::MIN_TTL_PER_COMMAND_TIMEOUT;
+        for (field, value) in [
+            ("lease_ttl", self.lease_ttl),
+            ("error_backoff", self.error_backoff),
+        ] {
+            if value < min {
+                return Err(ConfigError::TooShort {
+                    field,
+                    value,
+                    min,
+                    why: "it is a lease TTL, and a lease must last several Redis command timeouts",
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`Policy`].
+#[must_use]
+pub struct PolicyBuilder {
+    policy: Policy,
+    header_error: Option<ConfigError>,
+}
+
+impl fmt::Debug for PolicyBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyBuilder")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PolicyBuilder {
+    /// How long a response is fresh (default 10 s).
+    pub fn fresh_ttl(mut self, ttl: Duration) -> Self {
+        self.policy.fresh_ttl = ttl;
+        self
+    }
+
+    /// How long past freshness a response may be served, at once, while one caller in the
+    /// fleet refreshes it (default 60 s). Zero: never serve stale; an expired entry is a
+    /// cold miss.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.policy.grace = grace;
+        self
+    }
+
+    /// The TTL of the lease a refresh holds (default 5 s). At least 4 Redis command
+    /// timeouts; checked when the layer is made.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.policy.lease_ttl = ttl;
+        self
+    }
+
+    /// How long a refresh or a cold fill may wait on the origin (default 4 s). It must
+    /// end within the lease: at most the lease TTL.
+    pub fn refresh_timeout(mut self, timeout: Duration) -> Self {
+        self.policy.refresh_timeout = timeout;
+        self
+    }
+
+    /// How long a caller that has nothing to serve waits for a fill that another instance
+    /// is doing (default 2 s; zero: not at all). Then it follows
+    /// [`cold_miss`](Self::cold_miss).
+    pub fn cold_wait(mut self, wait: Duration) -> Self {
+        self.policy.cold_wait = wait;
+        self
+    }
+
+    /// What a caller does when its cold wait is over (default [`ColdMiss::Passthrough`]).
+    pub fn cold_miss(mut self, behaviour: ColdMiss) -> Self {
+        self.policy.cold_miss = behaviour;
+        self
+    }
+
+    /// How long past freshness a response is still served when the origin fails (an
+    /// error, a timeout or a 5xx) instead of the failure (default 5 min). Entries are
+    /// kept for the longer of this and the grace window.
+    pub fn stale_if_error(mut self, window: Duration) -> Self {
+        self.policy.stale_if_error = window;
+        self
+    }
+
+    /// After a failed refresh, the fleet leaves the origin alone this long: the lease is
+    /// shortened to it instead of released (default 1 s; at least 4 Redis command
+    /// timeouts, at most the lease TTL).
+    pub fn error_backoff(mut self, backoff: Duration) -> Self {
+        self.policy.error_backoff = backoff;
+        self
+    }
+
+    /// Which statuses are cached (default: 200 only). 1xx, 206 and 304 are refused.
+    pub fn cacheable_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.policy.statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// The largest body that is cached (default 1 MiB, at most 64 MiB). A larger
+    /// response is streamed through to its caller, uncached.
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.policy.max_body = bytes;
+        self
+    }
+
+    /// Which query parameters make up the key (default: all of them, sorted).
+    pub fn key_query(mut self, query: KeyQuery) -> Self {
+        self.policy.key_query = query;
+        self
+    }
+
+    /// Request headers that make up the key, besides `Host`. The origin sees only keyed
+    /// headers (and [`forward_headers`](Self::forward_headers)) when it fills the cache,
+    /// so no other header can change what another client is served. A response whose
+    /// `Vary` names a header that is not keyed is not stored.
+    pub fn key_headers<I, H>(mut self, headers: I) -> Self
+    where
+        I: IntoIterator<Item = H>,
+        H: AsRef<str>,
+    {
+        match parse_headers("key_headers", headers) {
+            Ok(parsed) => self.policy.key_headers = parsed,
+            Err(error) => self.header_error = Some(error),
+        }
+        self
+    }
+
+    /// Request headers passed to the origin on a fill without being part of the key
+    /// (trace context, say). Only name headers that cannot change the response.
+    pub fn forward_headers<I, H>(mut self, headers: I) -> Self
+    where
+        I: IntoIterator<Item = H>,
+        H: AsRef<str>,
+    {
+        match parse_headers("forward_headers", headers) {
+            Ok(parsed) => self.policy.forward_headers = parsed,
+            Err(error) => self.header_error = Some(error),
+        }
+        self
+    }
+
+    /// Whether the host (the `Host` header or the URI's authority) is part of the key
+    /// (default true). Turn it off only when every host serves the same content.
+    pub fn key_host(mut self, key_host: bool) -> Self {
+        self.policy.key_host = key_host;
+        self
+    }
+
+    /// Cache requests that carry `Authorization` (default false: they bypass). Only for
+    /// routes whose response is the same for every authorized caller; the origin then
+    /// gets the `Authorization` of whichever caller fills the entry.
+    pub fn allow_authorization(mut self, allow: bool) -> Self {
+        self.policy.allow_authorization = allow;
+        self
+    }
+
+    /// Cache requests that carry `Cookie` (default false: they bypass). The same caveat
+    /// as [`allow_authorization`](Self::allow_authorization).
+    pub fn allow_cookies(mut self, allow: bool) -> Self {
+        self.policy.allow_cookies = allow;
+        self
+    }
+
+    /// Checks the settings and builds the policy.
+    pub fn build(self) -> Result<Policy, ConfigError> {
+        if let Some(error) = self.header_error {
+            return Err(error);
+        }
+        let p = self.policy;
+        check_route(&p.route)?;
+        ConfigError::nonzero("fresh_ttl", p.fresh_ttl)?;
+        ConfigError::nonzero("lease_ttl", p.lease_ttl)?;
+        ConfigError::nonzero("refresh_timeout", p.refresh_timeout)?;
+        ConfigError::nonzero("error_backoff", p.error_backoff)?;
+        if p.refresh_timeout > p.lease_ttl {
+            return Err(ConfigError::invalid(
+                "refresh_timeout",
+                format!(
+                    "{:?} is longer than the lease TTL ({:?}): the refresh would outlive its lease",
+                    p.refresh_timeout, p.lease_ttl
+                ),
+            ));
+        }
+        if p.error_backoff > p.lease_ttl {
+            return Err(ConfigError::invalid(
+                "error_backoff",
+                format!(
+                    "{:?} is longer than the lease TTL ({:?})",
+                    p.error_backoff, p.lease_ttl
+                ),
+            ));
+        }
+        let day = Duration::from_secs(24 * 3600);
+        for (field, value) in [
+            ("fresh_ttl", p.fresh_ttl),
+            ("grace", p.grace),
+            ("stale_if_error", p.stale_if_error),
+            ("lease_ttl", p.lease_ttl),
+        ] {
+            if value > day {
+                return Err(ConfigError::invalid(field, "at most 24 hours"));
+            }
+        }
+        if p.cold_wait > Duration::from_secs(60) {
+            return Err(ConfigError::invalid(
+                "cold_wait",
+                "at most 60 s: a request should not wait longer than that for a cache",
+            ));
+        }
+        for (field, value) in [
+            ("fresh_ttl", p.fresh_ttl),
+            ("grace", p.grace),
+            ("stale_if_error", p.stale_if_error),
+            ("lease_ttl", p.lease_ttl),
+            ("error_backoff", p.error_backoff),
+        ] {
+            if !value.subsec_nanos().is_multiple_of(1_000_000) {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("{value:?} is not a whole number of milliseconds"),
+                ));
+            }
+        }
+        if let ColdMiss::Reject { retry_after } = p.cold_miss {
+            ConfigError::nonzero("cold_miss", retry_after)?;
+        }
+        if p.statuses.is_empty() {
+            return Err(ConfigError::invalid(
+                "cacheable_statuses",
+                "must name at least one status",
+            ));
+        }
+        if let Some(bad) = p.statuses.iter().find(|s| {
+            s.is_informational()
+                || **s == StatusCode::PARTIAL_CONTENT
+                || **s == StatusCode::NOT_MODIFIED
+        }) {
+            return Err(ConfigError::invalid(
+                "cacheable_statuses",
+                format!("{bad} cannot be served from a cache"),
+            ));
+        }
+        if p.max_body == 0 {
+            return Err(ConfigError::Zero { field: "max_body" });
+        }
+        if p.max_body > defaults::MAX_BODY_LIMIT {
+            return Err(ConfigError::invalid(
+                "max_body",
+                format!("at most {} bytes", defaults::MAX_BODY_LIMIT),
+            ));
+        }
+        if let KeyQuery::Only(names) = &p.key_query
+            && names.iter().any(String::is_empty)
+        {
+            return Err(ConfigError::invalid("key_query", "empty parameter name"));
+        }
+        Ok(p)
+    }
+}
+
+fn check_route(route: &str) -> Result<(), ConfigError> {
+    let ok = !route.is_empty()
+        && route.len() <= 32
+        && route
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::invalid(
+            "route",
+            format!("`{route}` must be 1 to 32 characters of a-z, 0-9, _ and -"),
+        ))
+    }
+}
+
+fn parse_headers<I, H>(field: &'static str, headers: I) -> Result<Vec<HeaderName>, ConfigError>
+where
+    I: IntoIterator<Item = H>,
+    H: AsRef<str>,
+{
+    let mut out: Vec<HeaderName> = Vec::new();
+    for header in headers {
+        let header = header.as_ref();
+        let name = HeaderName::from_bytes(header.as_bytes())
+            .map_err(|_| ConfigError::invalid(field, format!("`{header}` is not a header name")))?;
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    out.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_build() {
+        let p = Policy::builder("items").build().unwrap();
+        assert_eq!(p.keep(), defaults::FRESH_TTL + defaults::STALE_IF_ERROR);
+        assert!(p.check_against(Duration::from_millis(100)).is_ok());
+    }
+
+    #[test]
+    fn bad_settings_are_refused_naming_the_field() {
+        let b = || Policy::builder("items");
+        let ms = Duration::from_millis;
+        let cases: Vec<(PolicyBuilder, &str)> = vec![
+            (Policy::builder("Items"), "route"),
+            (Policy::builder(""), "route"),
+            (b().fresh_ttl(Duration::ZERO), "fresh_ttl"),
+            (b().lease_ttl(Duration::ZERO), "lease_ttl"),
+            (b().refresh_timeout(Duration::ZERO), "refresh_timeout"),
+            (
+                b().lease_ttl(ms(1000)).refresh_timeout(ms(1001)),
+                "refresh_timeout",
+            ),
+            (
+                b().lease_ttl(ms(1000))
+                    .refresh_timeout(ms(500))
+                    .error_backoff(ms(2000)),
+                "error_backoff",
+            ),
+            (b().grace(Duration::from_secs(2 * 86400)), "grace"),
+            (b().cold_wait(Duration::from_secs(61)), "cold_wait"),
+            (b().fresh_ttl(Duration::from_micros(1500)), "fresh_ttl"),
+            (
+                b().cold_miss(ColdMiss::Reject {
+                    retry_after: Duration::ZERO,
+                }),
+                "cold_miss",
+            ),
+            (b().cacheable_statuses([]), "cacheable_statuses"),
+            (
+                b().cacheable_statuses([StatusCode::PARTIAL_CONTENT]),
+                "cacheable_statuses",
+            ),
+            (b().max_body(0), "max_body"),
+            (b().max_body(defaults::MAX_BODY_LIMIT + 1), "max_body"),
+            (b().key_headers(["bad header"]), "key_headers"),
+            (b().forward_headers(["x\n"]), "forward_headers"),
+            (
+                b().key_query(KeyQuery::Only(vec![String::new()])),
+                "key_query",
+            ),
+        ];
+        for (builder, field) in cases {
+            let error = builder.build().unwrap_err();
+            assert_eq!(error.field(), field, "{error}");
+            assert!(error.to_string().contains(field), "{error}");
+        }
+    }
+
+    #[test]
+    fn lease_ttls_are_checked_against_the_command_timeout() {
+        let p = Policy::builder("items")
+            .lease_ttl(Duration::from_millis(300))
+            .refresh_timeout(Duration::from_millis(200))
+            .error_backoff(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let error = p.check_against(Duration::from_millis(100)).unwrap_err();
+        assert_eq!(error.field(), "lease_ttl");
+        assert!(p.check_against(Duration::from_millis(75)).is_ok());
+    }
+
+    #[test]
+    fn headers_are_normalized() {
+        let p = Policy::builder("items")
+            .key_headers(["X-Tenant", "accept-language", "x-tenant"])
+            .build()
+            .unwrap();
+        let names: Vec<&str> = p.key_headers.iter().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["accept-language", "x-tenant"]);
+    }
+}

@@ -1,0 +1,893 @@
+//! The guard layer against real Redis servers: stampedes, fencing, HTTP rules.
+
+mod support;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use redis::AsyncCommands;
+use stampede_guard::metrics::Event;
+use stampede_guard::{
+    ColdMiss, Guard, GuardLayer, KeySpace, Policy, RedisStore, ResponseBody, StampedeGuard,
+};
+use support::{RedisServer, eventually};
+use tokio::sync::{Barrier, Notify};
+use tower::{Layer, Service, ServiceExt};
+
+type Body = BoxBody<Bytes, Infallible>;
+type Req = Request<Empty<Bytes>>;
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+
+fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into()).boxed()
+}
+
+/// What the origin answers; `n` is its call number, from 1.
+type Answer = Arc<dyn Fn(u64, &Req) -> Response<Body> + Send + Sync>;
+
+/// A counting origin. Each call can be held at a gate until the test opens it.
+#[derive(Clone)]
+struct Origin {
+    calls: Arc<AtomicU64>,
+    delay: Duration,
+    answer: Answer,
+    /// Calls numbered in `held` wait for `gate` before they answer.
+    held: Arc<std::sync::Mutex<Vec<u64>>>,
+    gate: Arc<Notify>,
+    /// Woken when a call starts.
+    started: Arc<Notify>,
+    /// The sequence number (see `Seq`) at which each call returned.
+    returned: Arc<std::sync::Mutex<Vec<u64>>>,
+    seq: Seq,
+}
+
+/// One counter for ordering events of the origin and of the clients.
+#[derive(Clone, Default)]
+struct Seq(Arc<AtomicU64>);
+
+impl Seq {
+    fn next(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::SeqCst)
+    }
+}
+
+impl Origin {
+    fn new(
+        delay: Duration,
+        answer: impl Fn(u64, &Req) -> Response<Body> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            calls: Arc::default(),
+            delay,
+            answer: Arc::new(answer),
+            held: Arc::default(),
+            gate: Arc::new(Notify::new()),
+            started: Arc::new(Notify::new()),
+            returned: Arc::default(),
+            seq: Seq::default(),
+        }
+    }
+
+    /// Answers `v{n}` with status 200.
+    fn versions(delay: Duration) -> Self {
+        Self::new(delay, |n, _| Response::new(full(format!("v{n}"))))
+    }
+
+    fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn hold(&self, call: u64) {
+        self.held.lock().unwrap().push(call);
+    }
+
+    fn open(&self) {
+        self.gate.notify_waiters();
+        self.held.lock().unwrap().clear();
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<Req, Response = Response<Body>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + Sync
+    + 'static {
+        let origin = self.clone();
+        tower::service_fn(move |request: Req| {
+            let origin = origin.clone();
+            async move {
+                let n = origin.calls.fetch_add(1, Ordering::SeqCst) + 1;
+                origin.started.notify_waiters();
+                let gated = origin.held.lock().unwrap().contains(&n);
+                if gated {
+                    let opened = origin.gate.notified();
+                    // Re-check: the gate may have opened before `notified` was created.
+                    if origin.held.lock().unwrap().contains(&n) {
+                        opened.await;
+                    }
+                }
+                tokio::time::sleep(origin.delay).await;
+                let response = (origin.answer)(n, &request);
+                origin.returned.lock().unwrap().push(origin.seq.next());
+                Ok::<_, Infallible>(response)
+            }
+        })
+    }
+}
+
+fn keys() -> KeySpace {
+    KeySpace::builder()
+        .env("test")
+        .service("catalog")
+        .secret(b"a test secret of more than sixteen bytes".to_vec())
+        .build()
+        .unwrap()
+}
+
+fn guard(server: &RedisServer) -> StampedeGuard {
+    let store = RedisStore::builder(server.url())
+        .command_timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    StampedeGuard::builder(store, keys()).build().unwrap()
+}
+
+fn policy(route: &str) -> stampede_guard::policy::PolicyBuilder {
+    Policy::builder(route)
+        .fresh_ttl(Duration::from_millis(500))
+        .grace(Duration::from_secs(30))
+        .lease_ttl(Duration::from_secs(5))
+        .refresh_timeout(Duration::from_secs(5))
+        .cold_wait(Duration::from_secs(5))
+        .error_backoff(Duration::from_millis(400))
+}
+
+/// An instance: its own guard (own L1), one route.
+struct Instance<S> {
+    guard: StampedeGuard,
+    layer: GuardLayer,
+    service: Guard<S>,
+}
+
+async fn instance<S>(server: &RedisServer, policy: Policy, origin: S) -> Instance<S> {
+    let guard = guard(server);
+    guard.ready().await.expect("redis up for the test");
+    let layer = guard.layer(policy).unwrap();
+    let service = layer.layer(origin);
+    Instance {
+        guard,
+        layer,
+        service,
+    }
+}
+
+fn get(path: &str) -> Req {
+    Request::get(path)
+        .header("host", "shop.example")
+        .body(Empty::new())
+        .unwrap()
+}
+
+struct Got {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Got {
+    fn x_cache(&self) -> &str {
+        self.headers
+            .get("x-cache")
+            .map_or("", |v| v.to_str().unwrap())
+    }
+}
+
+async fn send<S: Clone>(service: &Guard<S>, request: Req) -> Got
+where
+    Guard<S>: Service<Req, Response = Response<ResponseBody<Body>>, Error = Infallible>,
+{
+    let response = service.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Got {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+fn total(instances: &[&GuardLayer], event: Event) -> u64 {
+    instances.iter().map(|l| l.stats().get(event)).sum()
+}
+
+/// 3 instances, an entry gone stale, 300 concurrent requests: one origin call for the
+/// fleet, everyone served the stale body, and no request waited for the origin (the
+/// refresh is held at a gate until every response is in: a request that waited for it
+/// would never finish).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_entry_is_refreshed_once_for_the_fleet_and_nobody_waits() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::from_millis(200));
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        fleet.push(instance(&server, policy("items").build().unwrap(), origin.service()).await);
+    }
+    // Warm every instance: one cold fill, the others read L2.
+    for i in &fleet {
+        assert_eq!(send(&i.service, get("/items/1")).await.body, "v1");
+    }
+    assert_eq!(origin.calls(), 1);
+    tokio::time::sleep(Duration::from_millis(600)).await; // past fresh_ttl
+
+    origin.hold(2);
+    let barrier = Arc::new(Barrier::new(300));
+    let mut tasks = Vec::new();
+    for n in 0..300 {
+        let service = fleet[n % 3].service.clone();
+        let (barrier, seq) = (barrier.clone(), origin.seq.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let got = send(&service, get("/items/1")).await;
+            (got, seq.next())
+        }));
+    }
+    let all = async {
+        let mut out = Vec::new();
+        for task in tasks {
+            out.push(task.await.unwrap());
+        }
+        out
+    };
+    let responses = tokio::time::timeout(Duration::from_secs(10), all)
+        .await
+        .expect("requests waited for the held origin");
+    origin.open();
+
+    assert_eq!(responses.len(), 300);
+    for (got, _) in &responses {
+        assert_eq!(got.status, StatusCode::OK);
+        assert_eq!(got.body, "v1");
+        assert_eq!(got.x_cache(), "stale");
+    }
+    // Once the refresh is written, exactly one origin call was made for it.
+    let layers: Vec<&GuardLayer> = fleet.iter().map(|i| &i.layer).collect();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            total(&layers, Event::RefreshWritten) == 1
+        })
+        .await
+    );
+    assert_eq!(origin.calls(), 2);
+    let returned = origin.returned.lock().unwrap().clone();
+    let refresh_returned = *returned.last().unwrap();
+    assert!(
+        responses.iter().all(|(_, seq)| *seq < refresh_returned),
+        "a response came after the origin returned"
+    );
+    assert_eq!(total(&layers, Event::Stale), 300);
+    // One refresh task per key per process: the other two instances' found the lease
+    // busy (or, later, adopted the new entry); nobody else tried.
+    assert!(total(&layers, Event::RefreshBusy) + total(&layers, Event::RefreshAdopted) <= 2);
+    // Every instance ends up serving the new entry, without another origin call.
+    for i in &fleet {
+        let (service, served) = (&i.service, Arc::new(std::sync::Mutex::new(String::new())));
+        assert!(
+            eventually(Duration::from_secs(3), || {
+                let served = served.clone();
+                async move {
+                    let got = send(service, get("/items/1")).await;
+                    *served.lock().unwrap() = got.body.clone();
+                    got.body == "v2"
+                }
+            })
+            .await,
+            "instance still serves {}",
+            served.lock().unwrap()
+        );
+    }
+    assert_eq!(origin.calls(), 2);
+    assert_eq!(total(&layers, Event::Passthrough), 0);
+}
+
+/// 3 instances, a cold key, 300 concurrent requests: one origin call; the other
+/// instances' fills find the lease busy and are woken by the filler's notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cold_key_is_filled_once_and_other_instances_are_woken_by_the_notice() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::from_millis(300));
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        // A cold wait far longer than the test: only a notice can end it in time.
+        let policy = policy("items")
+            .cold_wait(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        fleet.push(instance(&server, policy, origin.service()).await);
+    }
+    let barrier = Arc::new(Barrier::new(300));
+    let mut tasks = Vec::new();
+    for n in 0..300 {
+        let service = fleet[n % 3].service.clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            send(&service, get("/items/7")).await
+        }));
+    }
+    let all = async {
+        let mut out = Vec::new();
+        for task in tasks {
+            out.push(task.await.unwrap());
+        }
+        out
+    };
+    let responses = tokio::time::timeout(Duration::from_secs(10), all)
+        .await
+        .expect("cold followers were not woken");
+    assert_eq!(origin.calls(), 1);
+    for got in &responses {
+        assert_eq!(got.body, "v1");
+        assert_eq!(got.x_cache(), "miss");
+    }
+    let layers: Vec<&GuardLayer> = fleet.iter().map(|i| &i.layer).collect();
+    assert_eq!(total(&layers, Event::ColdFill), 1);
+    // One fill task per other instance waited, and each was ended by the entry.
+    assert_eq!(total(&layers, Event::ColdWaitNotified), 2);
+    assert_eq!(total(&layers, Event::ColdWaitTimedOut), 0);
+    assert_eq!(total(&layers, Event::Passthrough), 0);
+    assert_eq!(total(&layers, Event::Miss), 300);
+}
+
+/// Over many freshness windows, with bursts on every instance, the origin is called once
+/// per window (plus the first fill).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn origin_calls_equal_the_number_of_windows() {
+    const WINDOWS: u64 = 8;
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::from_millis(20));
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        let policy = policy("items")
+            .fresh_ttl(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        fleet.push(instance(&server, policy, origin.service()).await);
+    }
+    let layers: Vec<&GuardLayer> = fleet.iter().map(|i| &i.layer).collect();
+    assert_eq!(send(&fleet[0].service, get("/items/1")).await.body, "v1");
+    for window in 1..=WINDOWS {
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let mut tasks = Vec::new();
+        for n in 0..60 {
+            let service = fleet[n % 3].service.clone();
+            tasks.push(tokio::spawn(async move {
+                send(&service, get("/items/1")).await
+            }));
+        }
+        for task in tasks {
+            let got = task.await.unwrap();
+            assert_eq!(got.status, StatusCode::OK);
+        }
+        assert!(
+            eventually(Duration::from_secs(3), || async {
+                total(&layers, Event::RefreshWritten) == window
+            })
+            .await,
+            "window {window}: {} refreshes written",
+            total(&layers, Event::RefreshWritten)
+        );
+        // Bring every instance's L1 up to date before the next window.
+        for i in &fleet {
+            let want = format!("v{}", window + 1);
+            let service = &i.service;
+            assert!(
+                eventually(Duration::from_secs(3), || {
+                    let want = want.clone();
+                    async move { send(service, get("/items/1")).await.body == want }
+                })
+                .await
+            );
+        }
+        assert_eq!(origin.calls(), window + 1, "window {window}");
+    }
+    assert_eq!(origin.calls(), WINDOWS + 1);
+}
+
+/// A refresher that lost its lease mid-refresh (here: the lease key is deleted, as a
+/// failover or an eviction would) is overtaken by another instance; its late write is
+/// refused in Redis, counted, and it takes the newer entry into its L1 instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, _| {
+        Response::new(full(match n {
+            1 => "v1",
+            2 => "from-a-late",
+            _ => "from-b",
+        }))
+    });
+    let a = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    let b = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
+    assert_eq!(send(&b.service, get("/items/1")).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    origin.hold(2);
+    let started = origin.started.notified();
+    assert_eq!(send(&a.service, get("/items/1")).await.x_cache(), "stale");
+    started.await; // a's refresh is in the origin, holding the lease
+    let keys = a.layer.cache_keys(&get("/items/1")).unwrap();
+    let mut conn = server.conn().await;
+    let deleted: i64 = conn.del(keys.lease().key()).await.unwrap();
+    assert_eq!(deleted, 1, "a's lease was not there");
+
+    assert_eq!(send(&b.service, get("/items/1")).await.x_cache(), "stale");
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            b.layer.stats().get(Event::RefreshWritten) == 1
+        })
+        .await
+    );
+    origin.open();
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            a.layer.stats().get(Event::FencedWriteRefused) == 1
+        })
+        .await
+    );
+
+    let data: Vec<u8> = conn.hget(keys.entry(), "d").await.unwrap();
+    let stored = stampede_guard::entry::decode(&data).unwrap();
+    assert_eq!(stored.body, "from-b");
+    let got = send(&a.service, get("/items/1")).await;
+    assert_eq!((got.body.as_str(), got.x_cache()), ("from-b", "hit"));
+    assert_eq!(origin.calls(), 3);
+}
+
+#[tokio::test]
+async fn garbage_at_an_entry_key_is_a_counted_miss() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::ZERO);
+    let i = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    let valid = stampede_guard::entry::CachedResponse {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+        body: Bytes::from_static(b"planted"),
+        fresh_for: Duration::from_secs(60),
+        grace: Duration::ZERO,
+        keep: Duration::from_secs(60),
+        token: stampede_guard::lease::FencingToken::new(1),
+    }
+    .encode();
+    let mut truncated = valid.clone();
+    truncated.truncate(valid.len() - 3);
+    let mut other_version = valid.clone();
+    other_version[2] = 99;
+    let mut conn = server.conn().await;
+    let cases: Vec<(&str, Box<dyn Fn(&str) -> redis::Cmd>)> = vec![
+        (
+            "a string",
+            Box::new(|k| redis::cmd("SET").arg(k).arg("garbage").clone()),
+        ),
+        (
+            "a list",
+            Box::new(|k| redis::cmd("RPUSH").arg(k).arg("x").clone()),
+        ),
+        (
+            "a hash without data",
+            Box::new(|k| redis::cmd("HSET").arg(k).arg("t").arg("5").clone()),
+        ),
+        (
+            "garbage data",
+            Box::new(|k| {
+                redis::cmd("HSET")
+                    .arg(k)
+                    .arg("t")
+                    .arg("5")
+                    .arg("d")
+                    .arg("garbage")
+                    .clone()
+            }),
+        ),
+        (
+            "truncated",
+            Box::new({
+                let t = truncated.clone();
+                move |k| {
+                    redis::cmd("HSET")
+                        .arg(k)
+                        .arg("t")
+                        .arg("5")
+                        .arg("d")
+                        .arg(t.clone())
+                        .clone()
+                }
+            }),
+        ),
+        (
+            "another version",
+            Box::new({
+                let t = other_version.clone();
+                move |k| {
+                    redis::cmd("HSET")
+                        .arg(k)
+                        .arg("t")
+                        .arg("5")
+                        .arg("d")
+                        .arg(t.clone())
+                        .clone()
+                }
+            }),
+        ),
+    ];
+    for (n, (what, plant)) in cases.iter().enumerate() {
+        let path = format!("/items/{n}");
+        let keys = i.layer.cache_keys(&get(&path)).unwrap();
+        let _: () = plant(keys.entry()).query_async(&mut conn).await.unwrap();
+        let before = i.layer.stats().get(Event::DecodeFailure);
+        let got = send(&i.service, get(&path)).await;
+        assert_eq!(got.status, StatusCode::OK, "{what}");
+        assert_eq!(got.x_cache(), "miss", "{what}");
+        assert!(got.body.starts_with('v'), "{what}: {}", got.body);
+        assert_eq!(
+            i.layer.stats().get(Event::DecodeFailure),
+            before + 1,
+            "{what}"
+        );
+        // The fill replaced the garbage with a valid entry.
+        let data: Vec<u8> = conn.hget(keys.entry(), "d").await.unwrap();
+        assert_eq!(
+            stampede_guard::entry::decode(&data).unwrap().body,
+            got.body,
+            "{what}"
+        );
+    }
+    assert_eq!(origin.calls(), cases.len() as u64);
+}
+
+#[tokio::test]
+async fn private_responses_and_requests_with_credentials_are_never_stored() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, request| {
+        let mut response = Response::new(full(format!("private {n}")));
+        let headers = response.headers_mut();
+        match request.uri().path() {
+            "/set-cookie" => {
+                headers.insert("set-cookie", format!("session={n}").parse().unwrap());
+            }
+            "/private" => {
+                headers.insert("cache-control", "private, max-age=60".parse().unwrap());
+            }
+            "/no-store" => {
+                headers.insert("cache-control", "no-store".parse().unwrap());
+            }
+            "/vary-star" => {
+                headers.insert("vary", "*".parse().unwrap());
+            }
+            "/vary-unkeyed" => {
+                headers.insert("vary", "accept-encoding".parse().unwrap());
+            }
+            _ => {}
+        }
+        response
+    });
+    let i = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    let mut conn = server.conn().await;
+    for path in [
+        "/set-cookie",
+        "/private",
+        "/no-store",
+        "/vary-star",
+        "/vary-unkeyed",
+    ] {
+        let before = origin.calls();
+        let first = send(&i.service, get(path)).await;
+        let second = send(&i.service, get(path)).await;
+        assert_eq!(origin.calls(), before + 2, "{path} was served from a cache");
+        assert_ne!(first.body, second.body, "{path}");
+        assert_eq!(first.x_cache(), "miss", "{path}");
+        let keys = i.layer.cache_keys(&get(path)).unwrap();
+        let exists: bool = conn.exists(keys.entry()).await.unwrap();
+        assert!(!exists, "{path} reached Redis");
+    }
+    // Concurrent callers of a private response each get their own.
+    let before = origin.calls();
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let service = i.service.clone();
+        tasks.push(tokio::spawn(async move {
+            send(&service, get("/set-cookie")).await
+        }));
+    }
+    let mut cookies = std::collections::HashSet::new();
+    for task in tasks {
+        let got = task.await.unwrap();
+        cookies.insert(
+            got.headers
+                .get("set-cookie")
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    assert_eq!(
+        cookies.len(),
+        10,
+        "a Set-Cookie was handed to another caller"
+    );
+    assert_eq!(origin.calls(), before + 10);
+
+    // Requests with credentials bypass the cache.
+    for (name, value) in [("authorization", "Bearer secret"), ("cookie", "session=1")] {
+        let before = origin.calls();
+        for _ in 0..2 {
+            let mut request = get("/public");
+            request.headers_mut().insert(name, value.parse().unwrap());
+            let got = send(&i.service, request).await;
+            assert_eq!(got.x_cache(), "bypass", "{name}");
+        }
+        assert_eq!(origin.calls(), before + 2, "{name}");
+    }
+    let keys = i.layer.cache_keys(&get("/public")).unwrap();
+    let exists: bool = conn.exists(keys.entry()).await.unwrap();
+    assert!(!exists);
+}
+
+#[tokio::test]
+async fn vary_headers_are_keyed_and_unkeyed_headers_cannot_poison() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |_, request| {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .map_or("none".to_owned(), |v| v.to_str().unwrap().to_owned())
+        };
+        let mut response = Response::new(full(format!(
+            "lang={} host={}",
+            header("accept-language"),
+            header("x-forwarded-host")
+        )));
+        response
+            .headers_mut()
+            .insert("vary", "Accept-Language".parse().unwrap());
+        response
+    });
+    let policy = policy("items")
+        .key_headers(["accept-language"])
+        .build()
+        .unwrap();
+    let i = instance(&server, policy, origin.service()).await;
+    let with = |lang: &str| {
+        let mut request = get("/items/1");
+        request
+            .headers_mut()
+            .insert("accept-language", lang.parse().unwrap());
+        request
+    };
+    assert_eq!(send(&i.service, with("fr")).await.body, "lang=fr host=none");
+    assert_eq!(send(&i.service, with("de")).await.body, "lang=de host=none");
+    let again = send(&i.service, with("fr")).await;
+    assert_eq!(
+        (again.body.as_str(), again.x_cache()),
+        ("lang=fr host=none", "hit")
+    );
+    assert_eq!(origin.calls(), 2);
+
+    // An attacker's unkeyed header never reaches the origin through a fill, so it cannot
+    // shape what the next client gets.
+    let mut evil = get("/items/2");
+    evil.headers_mut()
+        .insert("x-forwarded-host", "evil.example".parse().unwrap());
+    let attacker = send(&i.service, evil).await;
+    assert_eq!(attacker.body, "lang=none host=none");
+    let victim = send(&i.service, get("/items/2")).await;
+    assert_eq!(
+        (victim.body.as_str(), victim.x_cache()),
+        ("lang=none host=none", "hit")
+    );
+}
+
+#[tokio::test]
+async fn oversized_responses_stream_through_uncached_and_head_is_served_from_get() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, request| {
+        if request.uri().path() == "/big" {
+            let chunks: Vec<Result<http_body::Frame<Bytes>, Infallible>> = (0..8)
+                .map(|i| Ok(http_body::Frame::data(Bytes::from(vec![b'a' + i; 512]))))
+                .collect();
+            Response::new(StreamBody::new(futures_util::stream::iter(chunks)).boxed())
+        } else {
+            let mut response = Response::new(full(format!("small {n}")));
+            response
+                .headers_mut()
+                .insert("content-type", "text/plain".parse().unwrap());
+            response
+        }
+    });
+    let policy = policy("items").max_body(1024).build().unwrap();
+    let i = instance(&server, policy, origin.service()).await;
+    let expected: String = (0..8u8)
+        .map(|i| String::from((b'a' + i) as char).repeat(512))
+        .collect();
+    for n in 1..=2 {
+        let got = send(&i.service, get("/big")).await;
+        assert_eq!(got.body.len(), 4096);
+        assert_eq!(got.body, expected);
+        assert_eq!(got.x_cache(), "miss");
+        assert_eq!(origin.calls(), n);
+    }
+    let mut conn = server.conn().await;
+    let keys = i.layer.cache_keys(&get("/big")).unwrap();
+    let exists: bool = conn.exists(keys.entry()).await.unwrap();
+    assert!(!exists);
+
+    let got = send(&i.service, get("/small")).await;
+    assert_eq!(got.x_cache(), "miss");
+    let head = Request::head("/small")
+        .header("host", "shop.example")
+        .body(Empty::new())
+        .unwrap();
+    let got_head = send(&i.service, head).await;
+    assert_eq!(got_head.x_cache(), "hit");
+    assert_eq!(got_head.status, StatusCode::OK);
+    assert_eq!(got_head.body, "");
+    assert_eq!(got_head.headers.get("content-type").unwrap(), "text/plain");
+    assert_eq!(origin.calls(), 3);
+}
+
+/// The origin fails from its second call on: the stale entry is served through the
+/// grace window (its refresh failing), then, past grace, instead of the failure until the
+/// stale-if-error window ends; after that the failure shows.
+#[tokio::test]
+async fn an_origin_error_keeps_serving_stale_until_stale_if_error_ends() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, _| {
+        if n == 1 {
+            Response::new(full("v1"))
+        } else {
+            let mut response = Response::new(full("boom"));
+            *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            response
+        }
+    });
+    let policy = policy("items")
+        .fresh_ttl(Duration::from_millis(300))
+        .grace(Duration::from_millis(700))
+        .stale_if_error(Duration::from_millis(2000))
+        .cold_wait(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let i = instance(&server, policy, origin.service()).await;
+    let start = tokio::time::Instant::now();
+    assert_eq!(send(&i.service, get("/items/1")).await.body, "v1");
+
+    // In grace (age 300-1000 ms): stale, and the refresh fails.
+    tokio::time::sleep_until(start + Duration::from_millis(500)).await;
+    let got = send(&i.service, get("/items/1")).await;
+    assert_eq!((got.body.as_str(), got.x_cache()), ("v1", "stale"));
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            i.layer.stats().get(Event::RefreshOriginError) == 1
+        })
+        .await
+    );
+
+    // Past grace, within stale-if-error (age 1000-2300 ms): stale instead of the 500.
+    tokio::time::sleep_until(start + Duration::from_millis(1500)).await;
+    let got = send(&i.service, get("/items/1")).await;
+    assert_eq!(
+        (got.status, got.body.as_str(), got.x_cache()),
+        (StatusCode::OK, "v1", "stale")
+    );
+    assert!(i.layer.stats().get(Event::StaleIfError) >= 1);
+
+    // Past stale-if-error: the entry is gone and the failure shows.
+    tokio::time::sleep_until(start + Duration::from_millis(2800)).await;
+    let got = send(&i.service, get("/items/1")).await;
+    assert_eq!(got.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(got.x_cache(), "miss");
+}
+
+#[tokio::test]
+async fn invalidation_removes_the_entry_from_every_instance() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::ZERO);
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        let policy = policy("items")
+            .fresh_ttl(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        fleet.push(instance(&server, policy, origin.service()).await);
+    }
+    for i in &fleet {
+        let got = send(&i.service, get("/items/1")).await;
+        assert_eq!(got.body, "v1");
+    }
+    assert_eq!(origin.calls(), 1);
+    let removed = fleet[0].layer.invalidate(&get("/items/1")).await.unwrap();
+    assert!(removed);
+    for i in &fleet {
+        let service = &i.service;
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                send(service, get("/items/1")).await.body == "v2"
+            })
+            .await,
+            "an instance kept the invalidated entry"
+        );
+    }
+    assert_eq!(origin.calls(), 2);
+    assert!(fleet[0].guard.l1_entries() <= 1);
+}
+
+#[tokio::test]
+async fn a_cold_miss_can_answer_503_when_the_filler_is_elsewhere() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::from_millis(800));
+    let policy = || {
+        policy("items")
+            .cold_wait(Duration::from_millis(100))
+            .cold_miss(ColdMiss::Reject {
+                retry_after: Duration::from_millis(1500),
+            })
+            .build()
+            .unwrap()
+    };
+    let a = instance(&server, policy(), origin.service()).await;
+    let b = instance(&server, policy(), origin.service()).await;
+    let filler = tokio::spawn({
+        let service = a.service.clone();
+        async move { send(&service, get("/items/1")).await }
+    });
+    let started = origin.started.notified();
+    started.await;
+    let got = send(&b.service, get("/items/1")).await;
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(got.headers.get("retry-after").unwrap(), "2");
+    assert_eq!(filler.await.unwrap().body, "v1");
+    assert_eq!(b.layer.stats().get(Event::Rejected), 1);
+    assert_eq!(origin.calls(), 1);
+}
+
+#[tokio::test]
+async fn invalid_policies_are_refused_when_the_layer_is_made() {
+    let server = RedisServer::start();
+    let guard = guard(&server); // command timeout 100 ms
+    let error = guard
+        .layer(
+            Policy::builder("items")
+                .lease_ttl(Duration::from_millis(300))
+                .refresh_timeout(Duration::from_millis(200))
+                .error_backoff(Duration::from_millis(300))
+                .build()
+                .unwrap(),
+        )
+        .unwrap_err();
+    assert_eq!(error.field(), "lease_ttl");
+    let error = guard
+        .layer(
+            Policy::builder("items")
+                .error_backoff(Duration::from_millis(100))
+                .build()
+                .unwrap(),
+        )
+        .unwrap_err();
+    assert_eq!(error.field(), "error_backoff");
+    let store = RedisStore::builder(server.url()).build().unwrap();
+    let error = StampedeGuard::builder(store, keys())
+        .l1_capacity(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(error.field(), "l1_capacity");
+}

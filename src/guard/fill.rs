@@ -408,6 +408,10 @@ async fn store(
     let (parts, ()) = head.into_parts();
     let mut headers = parts.headers;
     rules::strip_unstorable(&mut headers);
+    // So that a HEAD answered from the entry says how long the GET would be.
+    if !headers.contains_key(http::header::CONTENT_LENGTH) {
+        headers.insert(http::header::CONTENT_LENGTH, body.len().into());
+    }
     let response = CachedResponse {
         status: parts.status,
         headers,

@@ -364,6 +364,12 @@ fn spawn_refresh<S, ReqBody, ResBody>(
             Some(Some(until)) if Instant::now() < *until => return,
             _ => {}
         }
+        // Hold-offs of keys nobody asks for any more would pile up: sweep them now and
+        // then (amortized: only when the map has grown).
+        if refreshing.len() >= 1024 && refreshing.len().is_power_of_two() {
+            let now = Instant::now();
+            refreshing.retain(|_, hold| hold.is_none_or(|until| until > now));
+        }
         refreshing.insert(key.clone(), None);
     }
     let done = Refreshing {

@@ -36,10 +36,21 @@ pub const COLD_FILLS: &str = "stampede_guard_cold_fills_total";
 pub const COLD_WAITS: &str = "stampede_guard_cold_waits_total";
 /// Stale responses served because the origin failed.
 pub const STALE_IF_ERROR: &str = "stampede_guard_stale_if_error_total";
-/// Redis operations that failed on the request or refresh path.
-pub const REDIS_ERRORS: &str = "stampede_guard_redis_errors_total";
+/// Redis operations that failed, by operation and kind (counted by the store, for all
+/// routes together).
+pub const REDIS_ERRORS: &str = crate::store::REDIS_ERRORS;
+/// Requests and refreshes of a route that went on without Redis after a Redis error.
+pub const REDIS_FALLBACKS: &str = "stampede_guard_redis_fallbacks_total";
 /// Fills and refreshes done without Redis (no lease to be had).
 pub const LOCAL_ONLY: &str = "stampede_guard_local_only_total";
+/// Refreshes and fills stopped because their lease was lost or ran past its maximum.
+pub const EXPIRED_WHILE_WORKING: &str = "stampede_guard_expired_while_working_total";
+/// Lease acquires whose reply never came (outcome unknown).
+pub const UNCERTAIN_ACQUIRES: &str = "stampede_guard_uncertain_acquires_total";
+/// Fills that ran past the soft timeout while an expired entry could be served.
+pub const SOFT_TIMEOUTS: &str = "stampede_guard_soft_timeouts_total";
+/// Lease releases by result.
+pub const RELEASES: &str = "stampede_guard_lease_releases_total";
 /// Calls the layer made to the origin (fills, refreshes and pass-throughs).
 pub const ORIGIN_CALLS: &str = "stampede_guard_origin_calls_total";
 
@@ -91,9 +102,15 @@ events! {
     ColdWaitNotified => (COLD_WAITS, "result" => "notified"), "A wait for another instance's fill ended with the entry.";
     ColdWaitTimedOut => (COLD_WAITS, "result" => "timed_out"), "A wait for another instance's fill ran out.";
     StaleIfError => (STALE_IF_ERROR), "A stale entry stood in for a failed origin.";
-    RedisError => (REDIS_ERRORS), "A Redis operation failed.";
+    RedisError => (REDIS_FALLBACKS), "A Redis operation failed and the route went on without it.";
     LocalOnly => (LOCAL_ONLY), "A fill or refresh went ahead without Redis.";
     OriginCall => (ORIGIN_CALLS), "The layer called the origin.";
+    ExpiredWhileWorking => (EXPIRED_WHILE_WORKING), "A lease was lost (or reached its maximum) while its holder worked.";
+    UncertainAcquire => (UNCERTAIN_ACQUIRES), "An acquire timed out; it was treated as not acquired.";
+    Released => (RELEASES, "result" => "released"), "A lease was released by its holder.";
+    ReleaseNotOwner => (RELEASES, "result" => "not_owner"), "A release found the lease gone or someone else's.";
+    ReleaseFailed => (RELEASES, "result" => "error"), "A release failed in Redis; the lease ends by its TTL.";
+    SoftTimeout => (SOFT_TIMEOUTS), "A fill took longer than the soft timeout; an expired entry was served.";
 }
 
 /// The events of one route.

@@ -61,6 +61,8 @@ pub struct Policy {
     pub(crate) cold_miss: ColdMiss,
     pub(crate) stale_if_error: Duration,
     pub(crate) error_backoff: Duration,
+    pub(crate) watchdog: Option<Duration>,
+    pub(crate) soft_timeout: Option<Duration>,
     pub(crate) statuses: Vec<StatusCode>,
     pub(crate) max_body: usize,
     pub(crate) key_query: KeyQuery,
@@ -83,6 +85,8 @@ impl fmt::Debug for Policy {
             .field("cold_miss", &self.cold_miss)
             .field("stale_if_error", &self.stale_if_error)
             .field("error_backoff", &self.error_backoff)
+            .field("watchdog", &self.watchdog)
+            .field("soft_timeout", &self.soft_timeout)
             .field("cacheable_statuses", &self.statuses)
             .field("max_body", &self.max_body)
             .field("key_query", &self.key_query)
@@ -134,6 +138,8 @@ impl Policy {
                 cold_miss: ColdMiss::Passthrough,
                 stale_if_error: defaults::STALE_IF_ERROR,
                 error_backoff: defaults::ERROR_BACKOFF,
+                watchdog: None,
+                soft_timeout: None,
                 statuses: vec![StatusCode::OK],
                 max_body: defaults::MAX_BODY,
                 key_query: KeyQuery::All,
@@ -272,6 +278,25 @@ impl PolicyBuilder {
         self
     }
 
+    /// Renew the lease while the origin works, every third of its TTL, for at most
+    /// `max_total` from the acquire (default: no renewal). With it, the refresh timeout
+    /// may be longer than the lease TTL, up to `max_total`. When a renewal finds the
+    /// lease taken, or `max_total` is reached, the origin call is cancelled and nothing
+    /// is written.
+    pub fn watchdog(mut self, max_total: Duration) -> Self {
+        self.policy.watchdog = Some(max_total);
+        self
+    }
+
+    /// How long a caller waits for a fill when it has an expired entry it may serve
+    /// instead (within stale-if-error): past it, the caller gets the entry (`x-cache:
+    /// stale`) and the fill goes on in the background. Default: wait for the fill, up to
+    /// the refresh timeout (the hard timeout).
+    pub fn soft_timeout(mut self, timeout: Duration) -> Self {
+        self.policy.soft_timeout = Some(timeout);
+        self
+    }
+
     /// Which statuses are cached (default: 200 only). 1xx, 206 and 304 are refused.
     pub fn cacheable_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
         self.policy.statuses = statuses.into_iter().collect();
@@ -354,13 +379,43 @@ impl PolicyBuilder {
         ConfigError::nonzero("lease_ttl", p.lease_ttl)?;
         ConfigError::nonzero("refresh_timeout", p.refresh_timeout)?;
         ConfigError::nonzero("error_backoff", p.error_backoff)?;
-        if p.refresh_timeout > p.lease_ttl {
+        match p.watchdog {
+            None if p.refresh_timeout > p.lease_ttl => {
+                return Err(ConfigError::invalid(
+                    "refresh_timeout",
+                    format!(
+                        "{:?} is longer than the lease TTL ({:?}) and there is no watchdog: \
+                         the refresh would outlive its lease",
+                        p.refresh_timeout, p.lease_ttl
+                    ),
+                ));
+            }
+            Some(max) if max < p.lease_ttl || max > Duration::from_secs(3600) => {
+                return Err(ConfigError::invalid(
+                    "watchdog",
+                    format!(
+                        "{max:?} must be between the lease TTL ({:?}) and 1 hour",
+                        p.lease_ttl
+                    ),
+                ));
+            }
+            Some(max) if p.refresh_timeout > max => {
+                return Err(ConfigError::invalid(
+                    "refresh_timeout",
+                    format!(
+                        "{:?} is longer than the watchdog's maximum ({max:?})",
+                        p.refresh_timeout
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(soft) = p.soft_timeout
+            && (soft.is_zero() || soft > p.refresh_timeout)
+        {
             return Err(ConfigError::invalid(
-                "refresh_timeout",
-                format!(
-                    "{:?} is longer than the lease TTL ({:?}): the refresh would outlive its lease",
-                    p.refresh_timeout, p.lease_ttl
-                ),
+                "soft_timeout",
+                "must be above zero and at most the refresh timeout",
             ));
         }
         if p.error_backoff > p.lease_ttl {
@@ -506,6 +561,13 @@ mod tests {
                 "error_backoff",
             ),
             (b().grace(Duration::from_secs(2 * 86400)), "grace"),
+            (b().watchdog(ms(1000)), "watchdog"),
+            (
+                b().refresh_timeout(ms(20_000)).watchdog(ms(10_000)),
+                "refresh_timeout",
+            ),
+            (b().soft_timeout(Duration::ZERO), "soft_timeout"),
+            (b().soft_timeout(Duration::from_secs(5)), "soft_timeout"),
             (b().cold_wait(Duration::from_secs(61)), "cold_wait"),
             (b().fresh_ttl(Duration::from_micros(1500)), "fresh_ttl"),
             (
@@ -533,6 +595,13 @@ mod tests {
             assert_eq!(error.field(), field, "{error}");
             assert!(error.to_string().contains(field), "{error}");
         }
+    }
+
+    #[test]
+    fn a_watchdog_allows_refreshes_longer_than_the_lease() {
+        let long = || Policy::builder("items").refresh_timeout(Duration::from_secs(20));
+        assert_eq!(long().build().unwrap_err().field(), "refresh_timeout");
+        assert!(long().watchdog(Duration::from_secs(30)).build().is_ok());
     }
 
     #[test]

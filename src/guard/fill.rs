@@ -17,7 +17,7 @@ use super::layer::Route;
 use crate::cache::{Freshness, L2Read, Stored, l1_put, l2_read, l2_write};
 use crate::entry::CachedResponse;
 use crate::keys::CacheKeys;
-use crate::lease::{AcquireOutcome, FencingToken, Lease};
+use crate::lease::{AcquireOutcome, FencingToken, Lease, LeaseLost, ReleaseOutcome};
 use crate::metrics::Event;
 use crate::notify::Wait;
 use crate::rules::{self, NotStored};
@@ -173,28 +173,41 @@ pub(crate) async fn cold_fill<S, ReqBody, B>(
     inner: S,
     mut wait: Wait,
     local_token: FencingToken,
+    redis_ok: bool,
 ) -> FillOutcome<B, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<B>>,
     B: Body<Data = Bytes>,
 {
     let policy = &route.policy;
-    let lease = match route
-        .shared
-        .leases
-        .try_acquire(keys.lease(), policy.lease_ttl)
-        .await
-    {
-        AcquireOutcome::Acquired(lease) => Some(lease),
-        AcquireOutcome::Busy { .. } => return wait_for_remote(&route, &keys, &mut wait).await,
-        _ => {
-            route.stats.record(Event::RedisError);
-            route.stats.record(Event::LocalOnly);
-            None
+    // A request waits on Redis at most once: if its cache read failed, it does not also
+    // wait on the lease.
+    let mut lease = if redis_ok {
+        match route
+            .shared
+            .leases
+            .try_acquire(keys.lease(), policy.lease_ttl)
+            .await
+        {
+            AcquireOutcome::Acquired(lease) => Some(lease),
+            AcquireOutcome::Busy { .. } => return wait_for_remote(&route, &keys, &mut wait).await,
+            other => {
+                lease_unavailable(&route, other);
+                None
+            }
         }
+    } else {
+        None
     };
+    if lease.is_none() {
+        route.stats.record(Event::LocalOnly);
+    }
     route.stats.record(Event::ColdFill);
-    match call_origin(&route, inner, request).await {
+    let origin = match call_under_lease(&route, inner, request, &mut lease).await {
+        Some(origin) => origin,
+        None => return FillOutcome::TimedOut,
+    };
+    match origin {
         Origin::TimedOut => {
             back_off(&route, lease).await;
             FillOutcome::TimedOut
@@ -337,8 +350,8 @@ where
                 let ttl = policy.lease_ttl;
                 return Some(retry_after.map_or(ttl, |left| left.min(ttl)));
             }
-            _ => {
-                route.stats.record(Event::RedisError);
+            other => {
+                lease_unavailable(&route, other);
                 None
             }
         }
@@ -349,7 +362,11 @@ where
         route.stats.record(Event::LocalOnly);
     }
     let failed = Some(policy.error_backoff);
-    match call_origin(&route, inner, request).await {
+    let mut lease = lease;
+    let Some(origin) = call_under_lease(&route, inner, request, &mut lease).await else {
+        return failed;
+    };
+    match origin {
         Origin::TimedOut => {
             back_off(&route, lease).await;
             route.stats.record(Event::RefreshTimeout);
@@ -434,12 +451,22 @@ async fn store(
         .await
         {
             Ok(outcome) if outcome.written => {
+                route.stats.record(if outcome.released {
+                    Event::Released
+                } else {
+                    Event::ReleaseNotOwner
+                });
                 if !outcome.released {
                     // Written under a lease that had expired: fencing made it safe.
                     tracing::debug!(entry = keys.entry(), "entry written after its lease ended");
                 }
             }
-            Ok(_) => {
+            Ok(outcome) => {
+                route.stats.record(if outcome.released {
+                    Event::Released
+                } else {
+                    Event::ReleaseNotOwner
+                });
                 route.stats.record(Event::FencedWriteRefused);
                 tracing::debug!(
                     entry = keys.entry(),
@@ -452,11 +479,72 @@ async fn store(
                 }
                 // The newer entry is gone already: ours is better than nothing, locally.
             }
-            Err(_) => route.stats.record(Event::RedisError),
+            Err(_) => {
+                // Written or not, released or not: unknown. The lease ends by its TTL;
+                // the write is not retried.
+                route.stats.record(Event::RedisError);
+                route.stats.record(Event::ReleaseFailed);
+            }
         }
     }
     l1_put(route.l1(), keys.entry().into(), stored.clone()).await;
     stored
+}
+
+/// Calls the origin, under the route's watchdog when it has one and a lease is held.
+/// `None` when the watchdog stopped the call (the lease was lost or ran past its
+/// maximum): nothing may be written then.
+async fn call_under_lease<S, ReqBody, B>(
+    route: &Route,
+    inner: S,
+    request: Request<ReqBody>,
+    lease: &mut Option<Lease>,
+) -> Option<Origin<B, S::Error>>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>>,
+    B: Body<Data = Bytes>,
+{
+    let origin = match (lease.as_mut(), route.policy.watchdog) {
+        (Some(held), Some(max_total)) => {
+            match route
+                .shared
+                .leases
+                .hold_while(held, max_total, call_origin(route, inner, request))
+                .await
+            {
+                Ok(origin) => origin,
+                Err(lost) => {
+                    route.stats.record(Event::ExpiredWhileWorking);
+                    let lease = lease.take();
+                    if !matches!(lost, LeaseLost::NotOwner) {
+                        back_off(route, lease).await;
+                    }
+                    return None;
+                }
+            }
+        }
+        _ => call_origin(route, inner, request).await,
+    };
+    if lease.as_ref().is_some_and(|l| l.remaining().is_zero()) {
+        // No watchdog, and the origin outlasted the lease: the write that follows is
+        // fenced, so it cannot replace a newer entry; count it all the same.
+        route.stats.record(Event::ExpiredWhileWorking);
+    }
+    Some(origin)
+}
+
+/// The lease could not be had for another reason than `Busy`: go on without it. An
+/// acquire whose reply was lost may have set the lease after all: release it,
+/// best-effort and once, so that other instances need not wait out its TTL.
+fn lease_unavailable(route: &Route, outcome: AcquireOutcome) {
+    route.stats.record(Event::RedisError);
+    if let AcquireOutcome::TimedOut(attempt) = outcome {
+        route.stats.record(Event::UncertainAcquire);
+        let leases = route.shared.leases.clone();
+        tokio::spawn(async move {
+            let _ = leases.release_uncertain(attempt).await;
+        });
+    }
 }
 
 fn not_stored(route: &Route, why: NotStored) {
@@ -482,6 +570,12 @@ async fn back_off(route: &Route, lease: Option<Lease>) {
 
 async fn release(route: &Route, lease: Option<Lease>) {
     if let Some(lease) = lease {
-        let _ = route.shared.leases.release(lease).await;
+        route
+            .stats
+            .record(match route.shared.leases.release(lease).await {
+                ReleaseOutcome::Released => Event::Released,
+                ReleaseOutcome::NotOwner => Event::ReleaseNotOwner,
+                _ => Event::ReleaseFailed,
+            });
     }
 }

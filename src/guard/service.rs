@@ -139,6 +139,7 @@ where
         route.stats.record(Event::L1Miss);
     }
 
+    let mut redis_ok = true;
     match l2_read(&route.shared.store, keys.entry()).await {
         Ok(L2Read::Found(stored)) => {
             route.stats.record(Event::L2Hit);
@@ -170,6 +171,7 @@ where
             tracing::debug!(entry = keys.entry(), reason, "garbage at an entry's key");
         }
         Err(error) => {
+            redis_ok = false;
             route.stats.record(Event::RedisError);
             tracing::debug!(%error, "cache read failed; going on without Redis");
         }
@@ -180,7 +182,7 @@ where
         route.stats.record(Event::Miss);
         return passthrough(&route, inner, request, "miss").await;
     }
-    cold(route, flights, inner, request, keys, fallback).await
+    cold(route, flights, inner, request, keys, fallback, redis_ok).await
 }
 
 /// Nothing servable is cached: join (or lead) the key's fill, and answer from it.
@@ -191,6 +193,7 @@ async fn cold<S, ReqBody, ResBody>(
     request: Request<ReqBody>,
     keys: CacheKeys,
     fallback: Option<Arc<Stored>>,
+    redis_ok: bool,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -217,6 +220,7 @@ where
             inner.clone(),
             wait,
             local_token,
+            redis_ok,
             lead,
         ));
     }
@@ -225,11 +229,24 @@ where
         + policy.cold_wait
         + route.shared.store.command_timeout() * 4
         + Duration::from_millis(100);
-    let outcome = tokio::time::timeout(bound, flight::wait(slot))
-        .await
-        .ok()
-        .flatten()
-        .and_then(|o| o.downcast::<FillOutcome<ResBody, S::Error>>().ok());
+    let waited = match (policy.soft_timeout, &fallback) {
+        // Something may be served instead: wait only the soft timeout; the fill goes on.
+        (Some(soft), Some(stale)) if stale.serves_on_error(policy.stale_if_error) => {
+            match tokio::time::timeout(soft, flight::wait(slot)).await {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    route.stats.record(Event::SoftTimeout);
+                    route.stats.record(Event::Stale);
+                    return Ok(serve(stale, Kind::Get, "stale"));
+                }
+            }
+        }
+        _ => tokio::time::timeout(bound, flight::wait(slot))
+            .await
+            .ok()
+            .flatten(),
+    };
+    let outcome = waited.and_then(|o| o.downcast::<FillOutcome<ResBody, S::Error>>().ok());
     let Some(outcome) = outcome else {
         return cold_miss(&route, inner, request, fallback).await;
     };
@@ -280,6 +297,7 @@ async fn fill_task<S, ReqBody, ResBody>(
     inner: S,
     wait: crate::notify::Wait,
     local_token: FencingToken,
+    redis_ok: bool,
     lead: flight::Lead,
 ) where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -289,7 +307,7 @@ async fn fill_task<S, ReqBody, ResBody>(
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Send + 'static,
 {
-    let outcome = fill::cold_fill(route, keys, request, inner, wait, local_token).await;
+    let outcome = fill::cold_fill(route, keys, request, inner, wait, local_token, redis_ok).await;
     lead.finish(Arc::new(outcome));
 }
 

@@ -41,6 +41,9 @@
 //!   [`Owner`](crate::owner::Owner)); renewal and release are Lua scripts that act only
 //!   when the stored value is the caller's.
 //! * Scripts are sent by SHA and loaded again when Redis has forgotten them (`NOSCRIPT`).
+//! * Work that may outlast a lease can run under [`LeaseClient::hold_while`], which
+//!   renews it every third of its TTL, up to a maximum total duration, and cancels the
+//!   work when the lease is lost.
 //! * Every call is bounded by the store's command timeout and says what happened:
 //!   [`AcquireOutcome`], [`RenewOutcome`], [`ReleaseOutcome`]. An acquire that timed out
 //!   has an unknown outcome and must be treated as not acquired.
@@ -74,6 +77,7 @@
 
 mod client;
 mod outcome;
+mod watchdog;
 
 pub use self::client::{
     DEFAULT_FENCE_RETENTION, DEFAULT_LEASE_TTL, LeaseClient, LeaseClientBuilder, MAX_LEASE_TTL,
@@ -82,3 +86,4 @@ pub use self::client::{
 pub use self::outcome::{
     AcquireOutcome, FencingToken, Lease, ReleaseOutcome, RenewOutcome, UncertainAcquire,
 };
+pub use self::watchdog::LeaseLost;

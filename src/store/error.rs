@@ -62,6 +62,8 @@ pub enum StoreErrorKind {
     Server,
     /// Redis answered with something the crate could not understand.
     Response,
+    /// The circuit breaker is open after repeated failures: Redis was not asked.
+    CircuitOpen,
 }
 
 impl StoreErrorKind {
@@ -73,6 +75,7 @@ impl StoreErrorKind {
             Self::ConnectionLost => "connection_lost",
             Self::Server => "server",
             Self::Response => "response",
+            Self::CircuitOpen => "circuit_open",
         }
     }
 }
@@ -85,6 +88,7 @@ impl fmt::Display for StoreErrorKind {
             Self::ConnectionLost => "connection lost with the command in flight (outcome unknown)",
             Self::Server => "Redis answered with an error",
             Self::Response => "unexpected reply from Redis",
+            Self::CircuitOpen => "circuit breaker open, Redis not asked",
         })
     }
 }

@@ -15,6 +15,7 @@
 //! concurrency. A connection on which a command timed out or broke is marked and
 //! replaced; no `PING` is spent on checking connections out.
 
+mod breaker;
 mod error;
 mod manager;
 
@@ -28,6 +29,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{Client, FromRedisValue, ScriptInvocation};
 use tokio::time::{Instant, timeout_at};
 
+use self::breaker::Breaker;
+pub use self::breaker::{BreakerConfig, CIRCUIT_OPEN, CIRCUIT_OPENED};
 pub use self::error::{Operation, StoreError, StoreErrorKind};
 use self::manager::{Conn, Manager};
 use crate::error::ConfigError;
@@ -52,13 +55,18 @@ struct Inner {
     client: Client,
     command_timeout: Duration,
     connect_timeout: Duration,
+    breaker: Breaker,
 }
+
+/// Redis errors by operation and kind.
+pub const REDIS_ERRORS: &str = "stampede_guard_redis_errors_total";
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // No address: a URL may carry a password.
         f.debug_struct("RedisStore")
             .field("command_timeout", &self.inner.command_timeout)
+            .field("circuit_open", &self.inner.breaker.is_open())
             .finish()
     }
 }
@@ -81,6 +89,7 @@ impl RedisStore {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_size: DEFAULT_POOL_SIZE,
+            breaker: BreakerConfig::default(),
         }
     }
 
@@ -111,6 +120,13 @@ impl RedisStore {
         &self,
         connect_timeout: Duration,
     ) -> Result<redis::aio::PubSub, StoreError> {
+        if self.inner.breaker.is_open() {
+            return Err(StoreError::new(
+                Operation::Subscribe,
+                StoreErrorKind::CircuitOpen,
+                None,
+            ));
+        }
         match tokio::time::timeout(connect_timeout, self.inner.client.get_async_pubsub()).await {
             Ok(Ok(pubsub)) => Ok(pubsub),
             Ok(Err(error)) => Err(StoreError::from_redis(Operation::Subscribe, error)),
@@ -127,22 +143,88 @@ impl RedisStore {
         self.inner.connect_timeout
     }
 
-    /// Runs one request within the deadline.
+    /// Whether the circuit breaker is open: Redis is not being asked.
+    pub fn circuit_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+
+    /// Runs one request within the deadline, unless the breaker is open.
     pub(crate) async fn run<T: FromRedisValue>(
         &self,
         operation: Operation,
         request: Request<'_>,
     ) -> Result<T, StoreError> {
-        let deadline = Instant::now() + self.inner.command_timeout;
+        if self.inner.breaker.is_open() {
+            metrics::counter!(
+                REDIS_ERRORS,
+                "operation" => operation.as_str(),
+                "kind" => StoreErrorKind::CircuitOpen.as_str()
+            )
+            .increment(1);
+            return Err(StoreError::new(
+                operation,
+                StoreErrorKind::CircuitOpen,
+                None,
+            ));
+        }
+        let result = self.inner.execute(operation, &request).await;
+        match &result {
+            Ok(_) => self.inner.breaker.success(),
+            Err(error) => {
+                metrics::counter!(
+                    REDIS_ERRORS,
+                    "operation" => operation.as_str(),
+                    "kind" => error.kind().as_str()
+                )
+                .increment(1);
+                if self.inner.breaker.failure() {
+                    tokio::spawn(probe(Arc::downgrade(&self.inner)));
+                }
+            }
+        }
+        result
+    }
+}
+
+impl Inner {
+    async fn execute<T: FromRedisValue>(
+        &self,
+        operation: Operation,
+        request: &Request<'_>,
+    ) -> Result<T, StoreError> {
+        let deadline = Instant::now() + self.command_timeout;
         let Conn { mut conn, broken } =
-            checkout(&self.inner.pool, deadline, operation, |c| c.clone()).await?;
-        let result = execute(&mut conn, &request, deadline, operation).await;
+            checkout(&self.pool, deadline, operation, |c| c.clone()).await?;
+        let result = execute(&mut conn, request, deadline, operation).await;
         if let Err(error) = &result
             && error.breaks_connection()
         {
             broken.store(true, Ordering::Relaxed);
         }
         result
+    }
+}
+
+/// Pings Redis while the breaker is open; closes it at the first answer. Ends with the
+/// store.
+async fn probe(inner: std::sync::Weak<Inner>) {
+    loop {
+        let every = match inner.upgrade() {
+            Some(inner) => inner.breaker.probe_every(),
+            None => return,
+        };
+        tokio::time::sleep(every).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let ping = redis::cmd("PING");
+        let pong: Result<String, StoreError> = inner
+            .execute(Operation::Ping, &Request::Command(&ping))
+            .await;
+        if pong.is_ok_and(|p| p == "PONG") {
+            inner.breaker.close();
+            return;
+        }
     }
 }
 
@@ -197,6 +279,7 @@ pub struct RedisStoreBuilder {
     command_timeout: Duration,
     connect_timeout: Duration,
     pool_size: u32,
+    breaker: BreakerConfig,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -231,10 +314,17 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// When the circuit breaker opens and how often it probes (see [`BreakerConfig`]).
+    pub fn breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = config;
+        self
+    }
+
     /// Checks the settings and builds the store. Connects nothing.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         let command_timeout = ConfigError::nonzero("command_timeout", self.command_timeout)?;
         let connect_timeout = ConfigError::nonzero("connect_timeout", self.connect_timeout)?;
+        self.breaker.check()?;
         if self.pool_size == 0 {
             return Err(ConfigError::Zero { field: "pool_size" });
         }
@@ -256,6 +346,7 @@ impl RedisStoreBuilder {
                 client,
                 command_timeout,
                 connect_timeout,
+                breaker: Breaker::new(self.breaker),
             }),
         })
     }

@@ -25,7 +25,7 @@ if token >= stored then
   written = 1
 end
 local released = 0
-if redis.call('GET', KEYS[2]) == ARGV[2] then
+if redis.call('TYPE', KEYS[2]).ok == 'string' and redis.call('GET', KEYS[2]) == ARGV[2] then
   redis.call('DEL', KEYS[2])
   released = 1
 end

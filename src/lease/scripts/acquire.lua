@@ -17,8 +17,15 @@ if pttl ~= -2 then
 end
 local now = redis.call('TIME')
 local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
--- A counter that is missing or is not a number (garbage written by hand) counts as 0.
-local last = tonumber(redis.call('GET', KEYS[2])) or 0
+-- A counter that is missing, not a number or not even a string (garbage written by
+-- hand) counts as 0: the time floor still keeps tokens increasing.
+local last = 0
+local kind = redis.call('TYPE', KEYS[2]).ok
+if kind == 'string' then
+  last = tonumber(redis.call('GET', KEYS[2])) or 0
+elseif kind ~= 'none' then
+  redis.call('DEL', KEYS[2])
+end
 local token = last + 1
 if token < now_us then
   token = now_us

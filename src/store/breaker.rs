@@ -1,0 +1,107 @@
+//! The circuit breaker: after repeated Redis failures, stop asking Redis at all.
+//!
+//! While Redis is down or stalled, every operation would wait out its deadline; the
+//! breaker turns that into an immediate [`StoreErrorKind::CircuitOpen`], so the layer
+//! runs on L1 and its local single-flight without waiting on Redis. While open, one
+//! background task pings Redis every probe interval; the first answer closes the
+//! breaker. Each change of state is logged once and exported as the gauge
+//! `stampede_guard_redis_circuit_open`.
+//!
+//! [`StoreErrorKind::CircuitOpen`]: super::StoreErrorKind::CircuitOpen
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// The gauge of the breaker's state: 1 while open.
+pub const CIRCUIT_OPEN: &str = "stampede_guard_redis_circuit_open";
+/// Counter of breaker openings.
+pub const CIRCUIT_OPENED: &str = "stampede_guard_redis_circuit_opened_total";
+
+/// When the breaker opens, and how it looks for Redis coming back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerConfig {
+    /// Consecutive failed operations that open the breaker (default 5).
+    pub failures: u32,
+    /// How often an open breaker pings Redis (default 250 ms).
+    pub probe_every: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            probe_every: Duration::from_millis(250),
+        }
+    }
+}
+
+impl BreakerConfig {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.failures == 0 {
+            return Err(ConfigError::Zero {
+                field: "breaker.failures",
+            });
+        }
+        ConfigError::nonzero("breaker.probe_every", self.probe_every)?;
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    config: BreakerConfig,
+    open: AtomicBool,
+    failures: AtomicU32,
+}
+
+impl Breaker {
+    pub(crate) fn new(config: BreakerConfig) -> Self {
+        metrics::gauge!(CIRCUIT_OPEN).set(0.0);
+        Self {
+            config,
+            open: AtomicBool::new(false),
+            failures: AtomicU32::new(0),
+        }
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn probe_every(&self) -> Duration {
+        self.config.probe_every
+    }
+
+    pub(crate) fn success(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a failure; returns true when this one opened the breaker (the caller then
+    /// starts the probe).
+    pub(crate) fn failure(&self) -> bool {
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= self.config.failures && !self.open.swap(true, Ordering::AcqRel) {
+            metrics::gauge!(CIRCUIT_OPEN).set(1.0);
+            metrics::counter!(CIRCUIT_OPENED).increment(1);
+            tracing::warn!(
+                failures,
+                "Redis circuit breaker opened: running on the local cache until Redis answers"
+            );
+            true
+        } else {
+            false
+        }
+    }
+
+    pub(crate) fn close(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        if self.open.swap(false, Ordering::AcqRel) {
+            metrics::gauge!(CIRCUIT_OPEN).set(0.0);
+            tracing::info!("Redis circuit breaker closed: Redis answers again");
+        }
+    }
+}

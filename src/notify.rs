@@ -78,7 +78,14 @@ impl Drop for Wait {
     }
 }
 
+/// How often the subscription is checked with a `PING`: a connection to a stalled
+/// server stays open and silent, and would otherwise look subscribed forever.
+const PING_EVERY: Duration = Duration::from_secs(1);
+
 /// Keeps one subscription up for as long as the guard lives; reconnects with backoff.
+///
+/// Notices published while this instance is not subscribed are lost to it: entries
+/// invalidated then stay in its L1 until they expire.
 pub(crate) async fn listen(shared: Weak<Shared>, subscribed: watch::Sender<bool>) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -86,34 +93,55 @@ pub(crate) async fn listen(shared: Weak<Shared>, subscribed: watch::Sender<bool>
             Some(s) => (s.store.clone(), s.channel.clone()),
             None => return,
         };
-        if let Ok(mut pubsub) = store.pubsub(store.connect_timeout()).await {
-            let subscribe =
-                tokio::time::timeout(store.connect_timeout(), pubsub.subscribe(&channel)).await;
-            if let Ok(Ok(())) = subscribe {
-                backoff = Duration::from_millis(50);
-                subscribed.send_replace(true);
-                let mut messages = pubsub.into_on_message();
-                while let Some(message) = messages.next().await {
-                    let Some(shared) = shared.upgrade() else {
-                        return;
-                    };
-                    match parse_notice(message.get_payload_bytes()) {
-                        Some((Notice::Filled, key)) => {
-                            shared.waiters.wake(key);
-                            shared.filled_elsewhere(key);
+        let timeout = store.connect_timeout();
+        if let Ok(mut pubsub) = store.pubsub(timeout).await
+            && let Ok(Ok(())) = tokio::time::timeout(timeout, pubsub.subscribe(&channel)).await
+        {
+            drop(store);
+            backoff = Duration::from_millis(50);
+            subscribed.send_replace(true);
+            let (mut sink, mut messages) = pubsub.split();
+            let mut ping = tokio::time::interval(PING_EVERY);
+            ping.tick().await;
+            loop {
+                tokio::select! {
+                    message = messages.next() => {
+                        let Some(message) = message else { break };
+                        let Some(shared) = shared.upgrade() else { return };
+                        handle(&shared, message.get_payload_bytes()).await;
+                    }
+                    _ = ping.tick() => {
+                        if shared.strong_count() == 0 {
+                            return;
                         }
-                        Some((Notice::Invalidated, key)) => {
-                            shared.l1.invalidate(key).await;
-                            shared.waiters.wake(key);
+                        let pong = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
+                        if !matches!(pong, Ok(Ok(_))) {
+                            break;
                         }
-                        None => {}
                     }
                 }
-                subscribed.send_replace(false);
-                tracing::warn!("stampede-guard lost its notice subscription; reconnecting");
             }
+            subscribed.send_replace(false);
+            tracing::warn!("stampede-guard lost its notice subscription; reconnecting");
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+async fn handle(shared: &Shared, payload: &[u8]) {
+    match parse_notice(payload) {
+        Some((Notice::Filled, key, _)) => {
+            shared.waiters.wake(key);
+            shared.filled_elsewhere(key);
+        }
+        Some((Notice::Invalidated, key, token)) => {
+            if let Some(token) = token {
+                shared.tombstones.insert(key.into(), token).await;
+            }
+            shared.l1.invalidate(key).await;
+            shared.waiters.wake(key);
+        }
+        None => {}
     }
 }

@@ -356,6 +356,11 @@ impl PolicyBuilder {
     /// Cache requests that carry `Authorization` (default false: they bypass). Only for
     /// routes whose response is the same for every authorized caller; the origin then
     /// gets the `Authorization` of whichever caller fills the entry.
+    ///
+    /// The layer does not check credentials on a hit: authentication must run outside
+    /// (before) the guard, or an entry filled for an authorized caller is served to
+    /// anyone. Responses that are not stored are never shared between callers on such
+    /// a route.
     pub fn allow_authorization(mut self, allow: bool) -> Self {
         self.policy.allow_authorization = allow;
         self

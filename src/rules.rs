@@ -111,8 +111,9 @@ fn keyed_query<'a>(policy: &Policy, uri: &'a Uri) -> Vec<&'a str> {
 /// The request the origin gets when it fills an entry: a GET of the path and keyed
 /// query, carrying only the keyed headers (and the route's forwarded ones, and
 /// `Authorization`/`Cookie` where the route allows them), so that nothing outside the key
-/// can shape what is stored for everyone. Extensions are kept: routers put path
-/// parameters there.
+/// can shape what is stored for everyone. The host is the one that was keyed, in the
+/// Host header (none when the host is not keyed); the URI is relative. Extensions are
+/// kept: routers put path parameters there.
 pub(crate) fn fill_request<B, F: Default>(policy: &Policy, request: &Request<B>) -> Request<F> {
     let uri = request.uri();
     let query = keyed_query(policy, uri);
@@ -121,25 +122,24 @@ pub(crate) fn fill_request<B, F: Default>(policy: &Policy, request: &Request<B>)
     } else {
         format!("{}?{}", uri.path(), query.join("&"))
     };
-    let mut parts = Uri::builder();
-    if let Some(scheme) = uri.scheme() {
-        parts = parts.scheme(scheme.clone());
-    }
-    if let Some(authority) = uri.authority() {
-        parts = parts.authority(authority.clone());
-    }
-    let new_uri = parts
+    // Relative: the host, if any, travels in one place only, the Host header, and is the
+    // same value the key was made of.
+    let new_uri = Uri::builder()
         .path_and_query(path_and_query)
         .build()
-        .unwrap_or_else(|_| uri.clone());
+        .unwrap_or_else(|_| Uri::from_static("/"));
 
     let mut headers = HeaderMap::new();
+    if policy.key_host
+        && let Some(host) = host(request).and_then(|h| http::HeaderValue::from_str(h).ok())
+    {
+        headers.insert(header::HOST, host);
+    }
     let mut copy = |name: &HeaderName| {
         for value in request.headers().get_all(name) {
             headers.append(name.clone(), value.clone());
         }
     };
-    copy(&header::HOST);
     for name in policy.key_headers.iter().chain(&policy.forward_headers) {
         copy(name);
     }
@@ -349,6 +349,17 @@ mod tests {
         assert_eq!(fill.uri(), "/items?page=2");
         let names: Vec<&str> = fill.headers().keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["host", "accept-language", "traceparent"]);
+        // The host that was keyed is the host the origin sees, whatever the request line.
+        let absolute = Request::get("http://evil.example/items")
+            .header("host", "shop.example")
+            .body(())
+            .unwrap();
+        let fill: Request<()> = fill_request(&p, &absolute);
+        assert_eq!(fill.uri(), "/items");
+        assert_eq!(fill.headers()["host"], "shop.example");
+        let unkeyed = Policy::builder("items").key_host(false).build().unwrap();
+        let fill: Request<()> = fill_request(&unkeyed, &absolute);
+        assert!(fill.headers().get("host").is_none());
     }
 
     #[test]

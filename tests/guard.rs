@@ -4,133 +4,19 @@ mod support;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use http_body_util::{BodyExt, Empty, StreamBody};
 use redis::AsyncCommands;
 use stampede_guard::metrics::Event;
-use stampede_guard::{
-    ColdMiss, Guard, GuardLayer, KeySpace, Policy, RedisStore, ResponseBody, StampedeGuard,
-};
+use stampede_guard::{ColdMiss, GuardLayer, Policy, RedisStore, StampedeGuard};
+use support::web::{self, Instance, Origin, full, get, keys, send, total};
 use support::{RedisServer, eventually};
-use tokio::sync::{Barrier, Notify};
-use tower::{Layer, Service, ServiceExt};
-
-type Body = BoxBody<Bytes, Infallible>;
-type Req = Request<Empty<Bytes>>;
+use tokio::sync::Barrier;
 
 const TIMEOUT: Duration = Duration::from_millis(100);
-
-fn full(body: impl Into<Bytes>) -> Body {
-    Full::new(body.into()).boxed()
-}
-
-/// What the origin answers; `n` is its call number, from 1.
-type Answer = Arc<dyn Fn(u64, &Req) -> Response<Body> + Send + Sync>;
-
-/// A counting origin. Each call can be held at a gate until the test opens it.
-#[derive(Clone)]
-struct Origin {
-    calls: Arc<AtomicU64>,
-    delay: Duration,
-    answer: Answer,
-    /// Calls numbered in `held` wait for `gate` before they answer.
-    held: Arc<std::sync::Mutex<Vec<u64>>>,
-    gate: Arc<Notify>,
-    /// Woken when a call starts.
-    started: Arc<Notify>,
-    /// The sequence number (see `Seq`) at which each call returned.
-    returned: Arc<std::sync::Mutex<Vec<u64>>>,
-    seq: Seq,
-}
-
-/// One counter for ordering events of the origin and of the clients.
-#[derive(Clone, Default)]
-struct Seq(Arc<AtomicU64>);
-
-impl Seq {
-    fn next(&self) -> u64 {
-        self.0.fetch_add(1, Ordering::SeqCst)
-    }
-}
-
-impl Origin {
-    fn new(
-        delay: Duration,
-        answer: impl Fn(u64, &Req) -> Response<Body> + Send + Sync + 'static,
-    ) -> Self {
-        Self {
-            calls: Arc::default(),
-            delay,
-            answer: Arc::new(answer),
-            held: Arc::default(),
-            gate: Arc::new(Notify::new()),
-            started: Arc::new(Notify::new()),
-            returned: Arc::default(),
-            seq: Seq::default(),
-        }
-    }
-
-    /// Answers `v{n}` with status 200.
-    fn versions(delay: Duration) -> Self {
-        Self::new(delay, |n, _| Response::new(full(format!("v{n}"))))
-    }
-
-    fn calls(&self) -> u64 {
-        self.calls.load(Ordering::SeqCst)
-    }
-
-    fn hold(&self, call: u64) {
-        self.held.lock().unwrap().push(call);
-    }
-
-    fn open(&self) {
-        self.gate.notify_waiters();
-        self.held.lock().unwrap().clear();
-    }
-
-    fn service(
-        &self,
-    ) -> impl Service<Req, Response = Response<Body>, Error = Infallible, Future: Send>
-    + Clone
-    + Send
-    + Sync
-    + 'static {
-        let origin = self.clone();
-        tower::service_fn(move |request: Req| {
-            let origin = origin.clone();
-            async move {
-                let n = origin.calls.fetch_add(1, Ordering::SeqCst) + 1;
-                origin.started.notify_waiters();
-                let gated = origin.held.lock().unwrap().contains(&n);
-                if gated {
-                    let opened = origin.gate.notified();
-                    // Re-check: the gate may have opened before `notified` was created.
-                    if origin.held.lock().unwrap().contains(&n) {
-                        opened.await;
-                    }
-                }
-                tokio::time::sleep(origin.delay).await;
-                let response = (origin.answer)(n, &request);
-                origin.returned.lock().unwrap().push(origin.seq.next());
-                Ok::<_, Infallible>(response)
-            }
-        })
-    }
-}
-
-fn keys() -> KeySpace {
-    KeySpace::builder()
-        .env("test")
-        .service("catalog")
-        .secret(b"a test secret of more than sixteen bytes".to_vec())
-        .build()
-        .unwrap()
-}
 
 fn guard(server: &RedisServer) -> StampedeGuard {
     let store = RedisStore::builder(server.url())
@@ -150,62 +36,8 @@ fn policy(route: &str) -> stampede_guard::policy::PolicyBuilder {
         .error_backoff(Duration::from_millis(400))
 }
 
-/// An instance: its own guard (own L1), one route.
-struct Instance<S> {
-    guard: StampedeGuard,
-    layer: GuardLayer,
-    service: Guard<S>,
-}
-
 async fn instance<S>(server: &RedisServer, policy: Policy, origin: S) -> Instance<S> {
-    let guard = guard(server);
-    guard.ready().await.expect("redis up for the test");
-    let layer = guard.layer(policy).unwrap();
-    let service = layer.layer(origin);
-    Instance {
-        guard,
-        layer,
-        service,
-    }
-}
-
-fn get(path: &str) -> Req {
-    Request::get(path)
-        .header("host", "shop.example")
-        .body(Empty::new())
-        .unwrap()
-}
-
-struct Got {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Got {
-    fn x_cache(&self) -> &str {
-        self.headers
-            .get("x-cache")
-            .map_or("", |v| v.to_str().unwrap())
-    }
-}
-
-async fn send<S: Clone>(service: &Guard<S>, request: Req) -> Got
-where
-    Guard<S>: Service<Req, Response = Response<ResponseBody<Body>>, Error = Infallible>,
-{
-    let response = service.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    Got {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
-}
-
-fn total(instances: &[&GuardLayer], event: Event) -> u64 {
-    instances.iter().map(|l| l.stats().get(event)).sum()
+    web::instance(guard(server), policy, origin).await
 }
 
 /// 3 instances, an entry gone stale, 300 concurrent requests: one origin call for the
@@ -890,4 +722,43 @@ async fn invalid_policies_are_refused_when_the_layer_is_made() {
         .build()
         .unwrap_err();
     assert_eq!(error.field(), "l1_capacity");
+}
+
+/// A refresh that took its lease (and read the origin) before an invalidation must not
+/// bring the invalidated data back: its write meets the invalidation's tombstone, whose
+/// token is newer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_is_not_undone_by_a_refresh_that_began_before_it() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, _| {
+        Response::new(full(match n {
+            1 => "v1",
+            2 => "read-before-invalidation",
+            _ => "after",
+        }))
+    });
+    let a = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    let b = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
+    assert_eq!(send(&b.service, get("/items/1")).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    origin.hold(2);
+    let started = origin.started.notified();
+    assert_eq!(send(&a.service, get("/items/1")).await.x_cache(), "stale");
+    started.await; // a's refresh holds the lease and is in the origin
+    assert!(b.layer.invalidate(&get("/items/1")).await.unwrap());
+    origin.open();
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            a.layer.stats().get(Event::FencedWriteRefused) == 1
+        })
+        .await
+    );
+    // Neither instance serves the invalidated data, nor the refresh that predates it.
+    for i in [&a, &b] {
+        let got = send(&i.service, get("/items/1")).await;
+        assert_eq!(got.body, "after", "{}", got.x_cache());
+    }
+    assert_eq!(origin.calls(), 3);
 }

@@ -18,7 +18,7 @@ use redis::{Script, Value};
 
 use crate::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
-use crate::lease::Lease;
+use crate::lease::{FencingToken, Lease};
 use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
 
 static READ: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/read.lua")));
@@ -26,11 +26,13 @@ static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scri
 static INVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/invalidate.lua")));
 
-/// A cached response and when, on this process's monotonic clock, it was written.
+/// A cached response, and its age: how old it was when this process got it, and when
+/// that was on this process's monotonic clock.
 #[derive(Debug)]
 pub(crate) struct Stored {
     pub(crate) response: CachedResponse,
-    pub(crate) written_at: Instant,
+    got_at: Instant,
+    age_when_got: Duration,
 }
 
 /// Where an entry is in its life.
@@ -47,15 +49,15 @@ pub(crate) enum Freshness {
 impl Stored {
     /// An entry that is `age` old now.
     pub(crate) fn aged(response: CachedResponse, age: Duration) -> Self {
-        let now = Instant::now();
         Self {
             response,
-            written_at: now.checked_sub(age).unwrap_or(now),
+            got_at: Instant::now(),
+            age_when_got: age,
         }
     }
 
     pub(crate) fn age(&self) -> Duration {
-        self.written_at.elapsed()
+        self.age_when_got + self.got_at.elapsed()
     }
 
     pub(crate) fn freshness(&self) -> Freshness {
@@ -78,7 +80,7 @@ impl Stored {
     }
 
     fn expires_at(&self) -> Instant {
-        self.written_at + self.response.keep
+        self.got_at + self.response.keep.saturating_sub(self.age_when_got)
     }
 }
 
@@ -119,9 +121,33 @@ pub(crate) fn new_l1(capacity: u64) -> L1 {
         .build()
 }
 
-/// Puts an entry in L1 unless an entry with a higher token is there. Returns whether it
-/// was put.
-pub(crate) async fn l1_put(l1: &L1, key: Arc<str>, stored: Arc<Stored>) -> bool {
+/// Tokens of recent invalidations, per entry key: L1 refuses entries older than them
+/// (read from L2, or filled, before the invalidation but put after it).
+pub(crate) type Tombstones = Cache<Arc<str>, FencingToken>;
+
+pub(crate) fn new_tombstones() -> Tombstones {
+    Cache::builder()
+        .max_capacity(100_000)
+        // Longer than any fill can take (the watchdog's maximum is an hour at most).
+        .time_to_live(Duration::from_secs(3600))
+        .build()
+}
+
+/// Puts an entry in L1 unless an entry with a higher token is there, or the key was
+/// invalidated after the entry was made. Returns whether it was put.
+pub(crate) async fn l1_put(
+    l1: &L1,
+    tombstones: &Tombstones,
+    key: Arc<str>,
+    stored: Arc<Stored>,
+) -> bool {
+    if tombstones
+        .get(&key)
+        .await
+        .is_some_and(|tomb| stored.response.token < tomb)
+    {
+        return false;
+    }
     let result = l1
         .entry(key)
         .and_compute_with(|existing| {
@@ -147,14 +173,21 @@ pub(crate) enum L2Read {
     Garbage(&'static str),
 }
 
-pub(crate) async fn l2_read(store: &RedisStore, key: &str) -> Result<L2Read, StoreError> {
+/// Reads an entry of at most about `max_size` bytes.
+pub(crate) async fn l2_read(
+    store: &RedisStore,
+    key: &str,
+    max_size: usize,
+) -> Result<L2Read, StoreError> {
     let mut invocation = READ.prepare_invoke();
     invocation.key(key);
     let value: Value = store
-        .run(Operation::Read, Request::Script(&invocation))
+        .run_sized(Operation::Read, Request::Script(&invocation), max_size)
         .await?;
     Ok(match value {
-        Value::Nil => L2Read::Miss,
+        // (Nil and false: what older versions of the script and RESP3 would send.)
+        Value::Nil | Value::Boolean(false) => L2Read::Miss,
+        Value::Array(items) if items.is_empty() => L2Read::Miss,
         Value::Array(items) => match items.as_slice() {
             [Value::Int(pttl), Value::BulkString(data)] => {
                 if *pttl < 0 {
@@ -206,18 +239,20 @@ pub(crate) async fn l2_write(
     response: &CachedResponse,
     channel: &str,
 ) -> Result<WriteOutcome, StoreError> {
+    let encoded = response.encode();
+    let size = encoded.len();
     let mut invocation = WRITE.prepare_invoke();
     invocation
         .key(keys.entry())
         .key(keys.lease().key())
         .arg(lease.fencing_token().get())
         .arg(lease.owner().as_str())
-        .arg(response.encode())
+        .arg(encoded)
         .arg(u64::try_from(response.keep.as_millis()).unwrap_or(u64::MAX))
         .arg(channel)
-        .arg(notice(Notice::Filled, keys.entry()));
+        .arg(filled_notice(keys.entry()));
     let (written, released, _stored): (i64, i64, i64) = store
-        .run(Operation::Write, Request::Script(&invocation))
+        .run_sized(Operation::Write, Request::Script(&invocation), size)
         .await?;
     Ok(WriteOutcome {
         written: written == 1,
@@ -225,20 +260,31 @@ pub(crate) async fn l2_write(
     })
 }
 
+/// Replaces an entry by a tombstone for everyone (see the script). Returns whether an
+/// entry was there, and the tombstone's token.
 pub(crate) async fn l2_invalidate(
     store: &RedisStore,
-    key: &str,
+    keys: &CacheKeys,
     channel: &str,
-) -> Result<bool, StoreError> {
+    tombstone_for: Duration,
+) -> Result<(bool, FencingToken), StoreError> {
     let mut invocation = INVALIDATE.prepare_invoke();
     invocation
-        .key(key)
+        .key(keys.entry())
+        .key(keys.lease().fence_key())
         .arg(channel)
-        .arg(notice(Notice::Invalidated, key));
-    let deleted: i64 = store
+        .arg(millis(tombstone_for))
+        .arg(millis(
+            crate::lease::DEFAULT_FENCE_RETENTION.max(tombstone_for),
+        ));
+    let (existed, token): (i64, i64) = store
         .run(Operation::Invalidate, Request::Script(&invocation))
         .await?;
-    Ok(deleted == 1)
+    Ok((existed == 1, FencingToken::new(token.max(1) as u64)))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 /// What instances tell each other.
@@ -248,19 +294,24 @@ pub(crate) enum Notice {
     Invalidated,
 }
 
-pub(crate) fn notice(kind: Notice, key: &str) -> String {
-    match kind {
-        Notice::Filled => format!("f {key}"),
-        Notice::Invalidated => format!("i {key}"),
-    }
+/// The notice of a fill (`f {key}`). Invalidation notices (`i {token} {key}`) are
+/// written by the invalidation script itself.
+pub(crate) fn filled_notice(key: &str) -> String {
+    format!("f {key}")
 }
 
-pub(crate) fn parse_notice(payload: &[u8]) -> Option<(Notice, &str)> {
+/// A notice: what happened, to which entry key, and for an invalidation the token of its
+/// tombstone.
+pub(crate) fn parse_notice(payload: &[u8]) -> Option<(Notice, &str, Option<FencingToken>)> {
     let text = std::str::from_utf8(payload).ok()?;
-    let (kind, key) = text.split_once(' ')?;
+    let (kind, rest) = text.split_once(' ')?;
     match kind {
-        "f" => Some((Notice::Filled, key)),
-        "i" => Some((Notice::Invalidated, key)),
+        "f" => Some((Notice::Filled, rest, None)),
+        "i" => {
+            let (token, key) = rest.split_once(' ')?;
+            let token = token.parse().ok().map(FencingToken::new)?;
+            Some((Notice::Invalidated, key, Some(token)))
+        }
         _ => None,
     }
 }

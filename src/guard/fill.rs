@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::layer::Route;
-use crate::cache::{Freshness, L2Read, Stored, l1_put, l2_read, l2_write};
+use crate::cache::{Freshness, L2Read, Stored, l2_read, l2_write};
 use crate::entry::CachedResponse;
 use crate::keys::CacheKeys;
 use crate::lease::{AcquireOutcome, FencingToken, Lease, LeaseLost, ReleaseOutcome};
@@ -232,7 +232,10 @@ where
                     release(&route, lease).await;
                 }
                 let (parts, ()) = head.into_parts();
-                if why.is_private() {
+                // With credentials in fill requests, whatever is not stored (a 401 for
+                // the leader's token, say) is the leader's alone.
+                let credentials = policy.allow_authorization || policy.allow_cookies;
+                if why.is_private() || credentials {
                     let response = Response::from_parts(parts, ResponseBody::full(body));
                     FillOutcome::Handoff {
                         slot: Mutex::new(Some(Ok(response))),
@@ -282,10 +285,11 @@ async fn wait_for_remote<B: Body, E>(
     wait: &mut Wait,
 ) -> FillOutcome<B, E> {
     let deadline = tokio::time::Instant::now() + route.policy.cold_wait;
+    let mut last_look = false;
     loop {
-        match l2_read(&route.shared.store, keys.entry()).await {
+        match l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await {
             Ok(L2Read::Found(stored)) if stored.freshness() != Freshness::Expired => {
-                l1_put(route.l1(), keys.entry().into(), stored.clone()).await;
+                route.put_l1(keys.entry().into(), stored.clone()).await;
                 route.stats.record(Event::ColdWaitNotified);
                 return FillOutcome::Stored(stored);
             }
@@ -293,12 +297,24 @@ async fn wait_for_remote<B: Body, E>(
             Err(_) => route.stats.record(Event::RedisError),
             Ok(_) => {}
         }
-        if tokio::time::timeout_at(deadline, wait.notified())
-            .await
-            .is_err()
-        {
+        if last_look {
             route.stats.record(Event::ColdWaitTimedOut);
             return FillOutcome::NoEntry;
+        }
+        // Woken by the filler's notice; without a subscription (starting up,
+        // reconnecting) no notice can come, so look again every 100 ms.
+        let until = if *route.shared.subscribed.borrow() {
+            deadline
+        } else {
+            deadline.min(tokio::time::Instant::now() + Duration::from_millis(100))
+        };
+        if tokio::time::timeout_at(until, wait.notified())
+            .await
+            .is_err()
+            && tokio::time::Instant::now() >= deadline
+        {
+            // One last look: the notice may have been lost.
+            last_look = true;
         }
     }
 }
@@ -318,12 +334,12 @@ where
 {
     let policy = &route.policy;
     // Another instance may have refreshed already: take its entry rather than the lease.
-    let redis_up = match l2_read(&route.shared.store, keys.entry()).await {
+    let redis_up = match l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await {
         Ok(L2Read::Found(stored))
             if stored.response.token > current.response.token
                 || stored.freshness() == Freshness::Fresh =>
         {
-            l1_put(route.l1(), keys.entry().into(), stored).await;
+            route.put_l1(keys.entry().into(), stored).await;
             route.stats.record(Event::RefreshAdopted);
             return None;
         }
@@ -436,7 +452,12 @@ async fn store(
         fresh_for: policy.fresh_ttl,
         grace: policy.grace,
         keep: policy.keep(),
-        token: lease.as_ref().map_or(local_token, Lease::fencing_token),
+        token: match &lease {
+            Some(lease) => lease.fencing_token(),
+            // Without Redis, the entry stands in for the one it replaces, and for an
+            // invalidation seen since: it must not be refused by either.
+            None => local_token.max(route.tombstone(keys.entry()).await.unwrap_or(local_token)),
+        },
     };
     let stored = Arc::new(Stored::aged(response, Duration::ZERO));
     if let Some(lease) = lease {
@@ -473,11 +494,15 @@ async fn store(
                     token = lease.fencing_token().get(),
                     "fenced write refused: a newer entry is stored"
                 );
-                if let Ok(L2Read::Found(newer)) = l2_read(&shared.store, keys.entry()).await {
-                    l1_put(route.l1(), keys.entry().into(), newer.clone()).await;
+                if let Ok(L2Read::Found(newer)) =
+                    l2_read(&shared.store, keys.entry(), route.policy.max_body).await
+                {
+                    route.put_l1(keys.entry().into(), newer.clone()).await;
                     return newer;
                 }
-                // The newer entry is gone already: ours is better than nothing, locally.
+                // Refused for an invalidation (or the newer entry is gone already): ours
+                // answers the callers that waited for it, and goes no further.
+                return stored;
             }
             Err(_) => {
                 // Written or not, released or not: unknown. The lease ends by its TTL;
@@ -487,7 +512,7 @@ async fn store(
             }
         }
     }
-    l1_put(route.l1(), keys.entry().into(), stored.clone()).await;
+    route.put_l1(keys.entry().into(), stored.clone()).await;
     stored
 }
 
@@ -509,7 +534,7 @@ where
             match route
                 .shared
                 .leases
-                .hold_while(held, max_total, call_origin(route, inner, request))
+                .hold_while_reachable(held, max_total, call_origin(route, inner, request))
                 .await
             {
                 Ok(origin) => origin,

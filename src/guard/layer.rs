@@ -1,5 +1,6 @@
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Request;
 use tower_layer::Layer;
@@ -7,8 +8,9 @@ use tower_layer::Layer;
 use super::Shared;
 use super::flight::Flights;
 use super::service::Guard;
-use crate::cache::{L1, l2_invalidate};
+use crate::cache::{L1, Stored, l1_put, l2_invalidate};
 use crate::keys::CacheKeys;
+use crate::lease::FencingToken;
 use crate::metrics::{RouteStats, Stats};
 use crate::policy::Policy;
 use crate::rules;
@@ -37,6 +39,26 @@ impl Route {
 
     pub(crate) fn l1(&self) -> &L1 {
         &self.shared.l1
+    }
+
+    /// Puts an entry in L1, fenced against newer entries and invalidations.
+    pub(crate) async fn put_l1(&self, key: Arc<str>, stored: Arc<Stored>) -> bool {
+        l1_put(&self.shared.l1, &self.shared.tombstones, key, stored).await
+    }
+
+    /// The token of the key's last invalidation seen here, if any.
+    pub(crate) async fn tombstone(&self, key: &str) -> Option<FencingToken> {
+        self.shared.tombstones.get(key).await
+    }
+
+    /// How long a fill of this route can take at most: what an invalidation's tombstone
+    /// must outlive.
+    pub(crate) fn max_fill(&self) -> Duration {
+        let p = &self.policy;
+        p.lease_ttl
+            .max(p.refresh_timeout)
+            .max(p.watchdog.unwrap_or_default())
+            + self.shared.store.command_timeout() * 4
     }
 }
 
@@ -91,7 +113,11 @@ impl GuardLayer {
         };
         self.route.l1().invalidate(keys.entry()).await;
         let shared = &self.route.shared;
-        l2_invalidate(&shared.store, keys.entry(), &shared.channel).await
+        let (existed, token) =
+            l2_invalidate(&shared.store, &keys, &shared.channel, self.route.max_fill()).await?;
+        shared.tombstones.insert(keys.entry().into(), token).await;
+        self.route.l1().invalidate(keys.entry()).await;
+        Ok(existed)
     }
 }
 

@@ -77,7 +77,8 @@ mod service;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -87,7 +88,7 @@ pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::layer::GuardLayer;
 pub use self::service::Guard;
-use crate::cache::{L1, new_l1};
+use crate::cache::{L1, Tombstones, new_l1, new_tombstones};
 use crate::error::ConfigError;
 use crate::keys::KeySpace;
 use crate::lease::LeaseClient;
@@ -110,18 +111,21 @@ pub(crate) struct Shared {
     pub(crate) keys: KeySpace,
     pub(crate) leases: LeaseClient,
     pub(crate) l1: L1,
+    pub(crate) tombstones: Tombstones,
     pub(crate) waiters: Arc<Waiters>,
     pub(crate) channel: String,
-    /// Keys with a refresh running in this process (`None`), or held off until an
-    /// instant because another instance holds the lease (`Some`).
-    pub(crate) refreshing: Mutex<HashMap<Arc<str>, Option<Instant>>>,
-    listener: OnceLock<JoinHandle<()>>,
-    subscribed: watch::Sender<bool>,
+    /// Keys with a refresh running in this process, or held off because another
+    /// instance holds the lease.
+    pub(crate) refreshing: Mutex<HashMap<Arc<str>, Refresh>>,
+    /// The notice subscription's task, and whether it runs.
+    listener: Mutex<Option<JoinHandle<()>>>,
+    listening: AtomicBool,
+    pub(crate) subscribed: watch::Sender<bool>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        if let Some(listener) = self.listener.get() {
+        if let Some(listener) = self.listener.lock().expect("listener lock").take() {
             listener.abort();
         }
     }
@@ -203,21 +207,55 @@ impl Shared {
     /// adopt the new entry).
     pub(crate) fn filled_elsewhere(&self, key: &str) {
         let mut refreshing = self.refreshing.lock().expect("refreshing lock");
-        if let Some(Some(_)) = refreshing.get(key) {
-            refreshing.remove(key);
+        match refreshing.get_mut(key) {
+            Some(Refresh::HeldOff(_)) => {
+                refreshing.remove(key);
+            }
+            // Seen while the refresh runs: a hold-off it ends with is moot.
+            Some(state @ Refresh::Running) => *state = Refresh::RunningFilled,
+            _ => {}
         }
     }
 
-    /// Starts the notice subscription on first use (a runtime is needed for it).
+    /// Starts the notice subscription on first use (a runtime is needed for it), and
+    /// again if its task ended (its runtime went away). One atomic load when it runs.
     pub(crate) fn ensure_listener(self: &Arc<Self>) {
-        if self.listener.get().is_none() {
-            let weak = Arc::downgrade(self);
-            let subscribed = self.subscribed.clone();
-            let _ = self
-                .listener
-                .get_or_init(|| tokio::spawn(crate::notify::listen(weak, subscribed)));
+        if self.listening.load(Ordering::Acquire) {
+            return;
+        }
+        let mut listener = self.listener.lock().expect("listener lock");
+        if self.listening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (weak, subscribed) = (Arc::downgrade(self), self.subscribed.clone());
+        let running = Running(Arc::downgrade(self));
+        *listener = Some(tokio::spawn(async move {
+            let _running = running;
+            crate::notify::listen(weak, subscribed).await;
+        }));
+    }
+}
+
+/// Clears `listening` when the subscription's task ends, however it ends.
+struct Running(std::sync::Weak<Shared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.listening.store(false, Ordering::Release);
+            shared.subscribed.send_replace(false);
         }
     }
+}
+
+/// The refresh state of a key in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refresh {
+    Running,
+    /// Running, and another instance's fill notice came meanwhile.
+    RunningFilled,
+    /// Until then, the lease is someone else's: do not try.
+    HeldOff(Instant),
 }
 
 /// Builds a [`StampedeGuard`].
@@ -277,10 +315,12 @@ impl GuardBuilder {
                 keys: self.keys,
                 leases,
                 l1: new_l1(self.l1_capacity),
+                tombstones: new_tombstones(),
                 waiters: Arc::default(),
                 channel,
                 refreshing: Mutex::default(),
-                listener: OnceLock::new(),
+                listener: Mutex::default(),
+                listening: AtomicBool::new(false),
                 subscribed: watch::channel(false).0,
             }),
         })

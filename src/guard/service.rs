@@ -9,13 +9,14 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use tower_service::Service;
 
+use super::Refresh;
 use super::body::ResponseBody;
 use super::fill::{self, Buffered, FillOutcome};
 use super::flight::{self, Flights};
 use super::future::ResponseFuture;
 use super::layer::Route;
 use crate::X_CACHE;
-use crate::cache::{Freshness, L2Read, Stored, l1_put, l2_read};
+use crate::cache::{Freshness, L2Read, Stored, l2_read};
 use crate::keys::CacheKeys;
 use crate::lease::FencingToken;
 use crate::metrics::Event;
@@ -140,10 +141,10 @@ where
     }
 
     let mut redis_ok = true;
-    match l2_read(&route.shared.store, keys.entry()).await {
+    match l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await {
         Ok(L2Read::Found(stored)) => {
             route.stats.record(Event::L2Hit);
-            l1_put(route.l1(), keys.entry().into(), stored.clone()).await;
+            route.put_l1(keys.entry().into(), stored.clone()).await;
             match stored.freshness() {
                 Freshness::Fresh => {
                     route.stats.record(Event::Hit);
@@ -205,6 +206,7 @@ where
 {
     let key: Arc<str> = keys.entry().into();
     let (slot, lead) = flights.join(&key);
+    let is_leader = lead.is_some();
     if let Some(lead) = lead {
         let fill_request = rules::fill_request(&route.policy, &request);
         let wait = route.shared.waiters.register(key.clone());
@@ -266,7 +268,12 @@ where
             if *failure && let Some(stale) = usable_on_error(&route, &fallback) {
                 return Ok(stale);
             }
-            let taken = slot.lock().expect("handoff lock").take();
+            // Private (or the origin's error): only for the caller whose request made it.
+            let taken = if is_leader {
+                slot.lock().expect("handoff lock").take()
+            } else {
+                None
+            };
             match taken {
                 Some(Ok(mut response)) => {
                     route.stats.record(Event::Miss);
@@ -274,7 +281,7 @@ where
                     Ok(response)
                 }
                 Some(Err(error)) => Err(error),
-                // Private to the caller that took it: this one asks the origin itself.
+                // Private to the caller that made it: this one asks the origin itself.
                 None => {
                     route.stats.record(Event::Passthrough);
                     passthrough(&route, inner, request, "bypass").await
@@ -285,7 +292,7 @@ where
             Some(stale) => Ok(stale),
             None => cold_miss(&route, inner, request, None).await,
         },
-        FillOutcome::NoEntry => cold_miss(&route, inner, request, None).await,
+        FillOutcome::NoEntry => cold_miss(&route, inner, request, fallback).await,
     }
 }
 
@@ -377,18 +384,19 @@ fn spawn_refresh<S, ReqBody, ResBody>(
         let mut refreshing = route.shared.refreshing.lock().expect("refreshing lock");
         match refreshing.get(&key) {
             // One refresh per key per process.
-            Some(None) => return,
+            Some(Refresh::Running | Refresh::RunningFilled) => return,
             // Someone else has the lease; their notice, or its TTL, lifts the hold.
-            Some(Some(until)) if Instant::now() < *until => return,
+            Some(Refresh::HeldOff(until)) if Instant::now() < *until => return,
             _ => {}
         }
         // Hold-offs of keys nobody asks for any more would pile up: sweep them now and
         // then (amortized: only when the map has grown).
         if refreshing.len() >= 1024 && refreshing.len().is_power_of_two() {
             let now = Instant::now();
-            refreshing.retain(|_, hold| hold.is_none_or(|until| until > now));
+            refreshing
+                .retain(|_, state| !matches!(state, Refresh::HeldOff(until) if *until <= now));
         }
-        refreshing.insert(key.clone(), None);
+        refreshing.insert(key.clone(), Refresh::Running);
     }
     let done = Refreshing {
         route: route.clone(),
@@ -420,11 +428,15 @@ impl Drop for Refreshing {
             .refreshing
             .lock()
             .expect("refreshing lock");
+        let filled = refreshing.get(&self.key) == Some(&Refresh::RunningFilled);
         match self.hold_off {
-            Some(hold_off) => {
-                refreshing.insert(self.key.clone(), Some(Instant::now() + hold_off));
+            Some(hold_off) if !filled => {
+                refreshing.insert(
+                    self.key.clone(),
+                    Refresh::HeldOff(Instant::now() + hold_off),
+                );
             }
-            None => {
+            _ => {
                 refreshing.remove(&self.key);
             }
         }

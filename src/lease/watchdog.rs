@@ -49,6 +49,28 @@ impl LeaseClient {
         max_total: Duration,
         work: F,
     ) -> Result<F::Output, LeaseLost> {
+        self.hold(lease, max_total, work, true).await
+    }
+
+    /// As [`hold_while`](Self::hold_while), but when renewals fail because Redis cannot
+    /// be reached, the work goes on without the lease (for work whose result is fenced
+    /// anyway, and that would only be redone elsewhere).
+    pub(crate) async fn hold_while_reachable<F: Future>(
+        &self,
+        lease: &mut Lease,
+        max_total: Duration,
+        work: F,
+    ) -> Result<F::Output, LeaseLost> {
+        self.hold(lease, max_total, work, false).await
+    }
+
+    async fn hold<F: Future>(
+        &self,
+        lease: &mut Lease,
+        max_total: Duration,
+        work: F,
+        cancel_when_unreachable: bool,
+    ) -> Result<F::Output, LeaseLost> {
         let deadline = Instant::from_std(lease.acquired_at()) + max_total;
         let ttl = lease.ttl();
         let every = ttl / 3;
@@ -63,7 +85,11 @@ impl LeaseClient {
                     RenewOutcome::NotOwner => return LeaseLost::NotOwner,
                     RenewOutcome::Failed(error) => {
                         if lease.remaining().is_zero() {
-                            return LeaseLost::Unconfirmed(error);
+                            if cancel_when_unreachable {
+                                return LeaseLost::Unconfirmed(error);
+                            }
+                            // Stop renewing; let the work finish.
+                            std::future::pending::<()>().await;
                         }
                     }
                     // The TTL was valid when the lease was taken; it stays valid.

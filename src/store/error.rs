@@ -158,6 +158,18 @@ impl StoreError {
         )
     }
 
+    /// Whether it says Redis cannot be reached or understood (what opens the breaker),
+    /// as opposed to Redis answering with an error.
+    pub(crate) fn counts_against_redis(&self) -> bool {
+        matches!(
+            self.kind,
+            StoreErrorKind::NoConnection
+                | StoreErrorKind::Timeout
+                | StoreErrorKind::ConnectionLost
+                | StoreErrorKind::Response
+        )
+    }
+
     /// Whether the connection it happened on should be thrown away.
     pub(crate) fn breaks_connection(&self) -> bool {
         matches!(

@@ -154,6 +154,17 @@ impl RedisStore {
         operation: Operation,
         request: Request<'_>,
     ) -> Result<T, StoreError> {
+        self.run_sized(operation, request, 0).await
+    }
+
+    /// Runs one request that moves up to `payload` bytes: its deadline grows with the
+    /// payload (at 32 MiB/s), so that a large entry is not a timeout by nature.
+    pub(crate) async fn run_sized<T: FromRedisValue>(
+        &self,
+        operation: Operation,
+        request: Request<'_>,
+        payload: usize,
+    ) -> Result<T, StoreError> {
         if self.inner.breaker.is_open() {
             metrics::counter!(
                 REDIS_ERRORS,
@@ -167,7 +178,8 @@ impl RedisStore {
                 None,
             ));
         }
-        let result = self.inner.execute(operation, &request).await;
+        let slack = Duration::from_micros(payload as u64 / 32);
+        let result = self.inner.execute(operation, &request, slack).await;
         match &result {
             Ok(_) => self.inner.breaker.success(),
             Err(error) => {
@@ -177,7 +189,9 @@ impl RedisStore {
                     "kind" => error.kind().as_str()
                 )
                 .increment(1);
-                if self.inner.breaker.failure() {
+                // Error replies (OOM, NOPERM, READONLY...) come back fast: they cost no
+                // waiting, and a PING would close the breaker at once.
+                if error.counts_against_redis() && self.inner.breaker.failure() {
                     tokio::spawn(probe(Arc::downgrade(&self.inner)));
                 }
             }
@@ -191,8 +205,9 @@ impl Inner {
         &self,
         operation: Operation,
         request: &Request<'_>,
+        slack: Duration,
     ) -> Result<T, StoreError> {
-        let deadline = Instant::now() + self.command_timeout;
+        let deadline = Instant::now() + self.command_timeout + slack;
         let Conn { mut conn, broken } =
             checkout(&self.pool, deadline, operation, |c| c.clone()).await?;
         let result = execute(&mut conn, request, deadline, operation).await;
@@ -219,7 +234,7 @@ async fn probe(inner: std::sync::Weak<Inner>) {
         };
         let ping = redis::cmd("PING");
         let pong: Result<String, StoreError> = inner
-            .execute(Operation::Ping, &Request::Command(&ping))
+            .execute(Operation::Ping, &Request::Command(&ping), Duration::ZERO)
             .await;
         if pong.is_ok_and(|p| p == "PONG") {
             inner.breaker.close();

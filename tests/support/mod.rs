@@ -4,6 +4,7 @@
 
 pub(crate) mod proxy;
 pub(crate) mod server;
+pub(crate) mod web;
 
 use std::time::{Duration, Instant};
 

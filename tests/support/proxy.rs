@@ -3,13 +3,19 @@
 //!
 //! Modes apply at once to every connection, new and open:
 //! * `Pass`: bytes flow both ways;
+//! * `Delay(d)`: every chunk waits `d` before it is forwarded;
 //! * `Blackhole`: bytes are read and thrown away, both ways; connections stay open, so a
-//!   client sees a peer that never answers (like a partition, or a dead host);
-//! * `Delay(d)`: every chunk waits `d` before it is forwarded.
+//!   client sees a peer that never answers (a partition, a dead host);
+//! * `DropReplies`: commands reach Redis, replies are thrown away (the reply to an
+//!   acquire lost after Redis ran it);
+//! * `Garbage`: replies are replaced by bytes that are not RESP;
+//! * `Refuse`: new connections are reset at once (open ones keep their mode's last
+//!   behaviour; use `reset_all` to cut them).
 //!
-//! `reset_all` closes every open connection.
+//! `reset_all` resets (RST) every open connection.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,14 +26,24 @@ use tokio::task::JoinHandle;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
     Pass,
-    Blackhole,
     Delay(Duration),
+    Blackhole,
+    DropReplies,
+    Garbage,
+    Refuse,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Up,
+    Down,
 }
 
 pub(crate) struct Proxy {
     addr: SocketAddr,
     mode: Arc<Mutex<Mode>>,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accepted: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
 
@@ -37,18 +53,31 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(Mutex::new(Mode::Pass));
         let tasks: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let accepted = Arc::new(AtomicU64::new(0));
         let accept = tokio::spawn({
-            let mode = mode.clone();
-            let tasks = tasks.clone();
+            let (mode, tasks, accepted) = (mode.clone(), tasks.clone(), accepted.clone());
             async move {
                 while let Ok((client, _)) = listener.accept().await {
+                    accepted.fetch_add(1, Ordering::Relaxed);
+                    // Every close is a reset: what a crashed peer or a middlebox does.
+                    let _ = client.set_zero_linger();
+                    if *mode.lock().unwrap() == Mode::Refuse {
+                        continue; // dropped: reset
+                    }
                     let Ok(server) = TcpStream::connect(upstream).await else {
-                        continue; // dropping `client` closes it
+                        continue;
                     };
+                    let _ = server.set_zero_linger();
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
-                    let up = tokio::spawn(pump(client_read, server_write, mode.clone()));
-                    let down = tokio::spawn(pump(server_read, client_write, mode.clone()));
+                    let up =
+                        tokio::spawn(pump(client_read, server_write, mode.clone(), Direction::Up));
+                    let down = tokio::spawn(pump(
+                        server_read,
+                        client_write,
+                        mode.clone(),
+                        Direction::Down,
+                    ));
                     tasks.lock().unwrap().extend([up, down]);
                 }
             }
@@ -57,6 +86,7 @@ impl Proxy {
             addr,
             mode,
             tasks,
+            accepted,
             accept,
         }
     }
@@ -67,6 +97,11 @@ impl Proxy {
 
     pub(crate) fn set(&self, mode: Mode) {
         *self.mode.lock().unwrap() = mode;
+    }
+
+    /// How many connections the proxy has accepted.
+    pub(crate) fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     pub(crate) fn reset_all(&self) {
@@ -87,6 +122,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mode: Arc<Mutex<Mode>>,
+    direction: Direction,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -95,12 +131,18 @@ async fn pump(
             Ok(n) => n,
         };
         let current = *mode.lock().unwrap();
-        match current {
-            Mode::Pass => {}
-            Mode::Blackhole => continue,
-            Mode::Delay(d) => tokio::time::sleep(d).await,
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
+        let bytes: &[u8] = match (current, direction) {
+            (Mode::Pass | Mode::Refuse, _) => &buf[..n],
+            (Mode::Delay(d), _) => {
+                tokio::time::sleep(d).await;
+                &buf[..n]
+            }
+            (Mode::Blackhole, _) | (Mode::DropReplies, Direction::Down) => continue,
+            (Mode::DropReplies, Direction::Up) => &buf[..n],
+            (Mode::Garbage, Direction::Up) => &buf[..n],
+            (Mode::Garbage, Direction::Down) => b"\x00\xffnot resp at all\r\n",
+        };
+        if to.write_all(bytes).await.is_err() {
             return;
         }
     }

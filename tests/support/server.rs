@@ -109,6 +109,98 @@ impl RedisServer {
         signal(self.pid(), "CONT");
     }
 
+    /// A server on which `DEBUG SLEEP` works.
+    pub(crate) fn start_debuggable() -> Self {
+        Self::start_with(&["--enable-debug-command", "local"])
+    }
+
+    /// Runs a command on a direct connection and returns its reply.
+    pub(crate) async fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query_async(&mut self.conn().await)
+            .await
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    /// Turns the server into a replica of nothing: writes answer `READONLY`.
+    pub(crate) async fn make_readonly(&self) {
+        let _: () = self.cmd(&["REPLICAOF", "127.0.0.1", "1"]).await;
+    }
+
+    /// Undoes [`make_readonly`](Self::make_readonly).
+    pub(crate) async fn make_primary(&self) {
+        let _: () = self.cmd(&["REPLICAOF", "NO", "ONE"]).await;
+    }
+
+    /// Writes answer `OOM`.
+    pub(crate) async fn fill_memory(&self) {
+        let _: () = self
+            .cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+            .await;
+        let _: () = self.cmd(&["CONFIG", "SET", "maxmemory", "1"]).await;
+    }
+
+    /// Undoes [`fill_memory`](Self::fill_memory).
+    pub(crate) async fn free_memory(&self) {
+        let _: () = self.cmd(&["CONFIG", "SET", "maxmemory", "0"]).await;
+    }
+
+    /// A user that may do everything but run scripts: its URL.
+    pub(crate) async fn user_without_scripts(&self) -> String {
+        let _: () = self
+            .cmd(&[
+                "ACL",
+                "SETUSER",
+                "noscripts",
+                "on",
+                ">pw",
+                "~*",
+                "&*",
+                "+@all",
+                "-@scripting",
+            ])
+            .await;
+        format!("redis://noscripts:pw@127.0.0.1:{}", self.addr().port())
+    }
+
+    /// Every new connection must authenticate: unauthenticated commands answer `NOAUTH`.
+    pub(crate) async fn require_password(&self) {
+        let _: () = self
+            .cmd(&["CONFIG", "SET", "requirepass", "secret-pw"])
+            .await;
+    }
+
+    /// Runs a script that never ends, on a connection of its own, so that every other
+    /// command answers `BUSY` (after the server's busy threshold, set to 50 ms). Ended
+    /// by [`end_busy_script`](Self::end_busy_script).
+    pub(crate) async fn start_busy_script(&self) {
+        let _: () = self
+            .cmd(&["CONFIG", "SET", "busy-reply-threshold", "50"])
+            .await;
+        let url = self.url();
+        tokio::spawn(async move {
+            let mut conn = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            conn.set_response_timeout(Duration::from_secs(60));
+            let _: Result<(), _> = redis::cmd("EVAL")
+                .arg("while true do end")
+                .arg(0)
+                .query_async(&mut conn)
+                .await;
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    pub(crate) async fn end_busy_script(&self) {
+        let _: () = self.cmd(&["SCRIPT", "KILL"]).await;
+    }
+
     /// A direct connection, for looking at what the code under test left in Redis.
     pub(crate) async fn conn(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.url())

@@ -1,8 +1,37 @@
--- Deletes a cache entry and tells every instance to drop its local copy.
+-- Invalidates a cache entry for the whole fleet, in one step.
 --
--- KEYS[1]  the entry key    ARGV[1]  the notice channel    ARGV[2]  the notice
+-- KEYS[1]  the entry key    KEYS[2]  its fence counter (same hash slot)
+-- ARGV[1]  the notice channel    ARGV[2]  how long the tombstone lasts, ms
+-- ARGV[3]  how long the fence counter lasts, ms
 --
--- Returns how many keys were deleted (0 or 1).
-local deleted = redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[1], ARGV[2])
-return deleted
+-- The entry is replaced by a tombstone that carries a fresh fencing token (issued as
+-- the lease script issues them): a refresher that took its lease before the
+-- invalidation, and so read the origin before it, has a lower token and its write is
+-- refused; anyone who takes the lease afterwards gets a higher one. Readers see the
+-- tombstone as a miss. Every instance is told to drop its local copy.
+--
+-- Returns {existed (0/1), the tombstone's token}.
+local existed = 0
+if redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('HEXISTS', KEYS[1], 'd') == 1 then
+  existed = 1
+end
+local now = redis.call('TIME')
+local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local last = 0
+local kind = redis.call('TYPE', KEYS[2]).ok
+if kind == 'string' then
+  last = tonumber(redis.call('GET', KEYS[2])) or 0
+elseif kind ~= 'none' then
+  redis.call('DEL', KEYS[2])
+end
+local token = last + 1
+if token < now_us then
+  token = now_us
+end
+local token_s = string.format('%d', token)
+redis.call('SET', KEYS[2], token_s, 'PX', ARGV[3])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 't', token_s, 'x', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[1], 'i ' .. token_s .. ' ' .. KEYS[1])
+return {existed, token}

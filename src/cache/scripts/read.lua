@@ -2,14 +2,18 @@
 --
 -- KEYS[1]  the entry key (a hash: t = fencing token of its writer, d = the entry)
 --
--- Returns false when there is no entry, {-3} when the key holds something that is not
--- an entry of ours (another type, or a hash without data), {pttl, data} otherwise.
+-- Returns an empty array when there is no entry (or only an invalidation's tombstone),
+-- {-3} when the key holds something that is not an entry of ours (another type, or a
+-- hash without data), {pttl, data} otherwise.
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then
-  return false
+  return {}
 end
 if kind ~= 'hash' then
   return {-3}
+end
+if redis.call('HEXISTS', KEYS[1], 'x') == 1 then
+  return {}
 end
 local data = redis.call('HGET', KEYS[1], 'd')
 if not data then

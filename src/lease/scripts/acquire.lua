@@ -3,8 +3,7 @@
 -- KEYS[1]  the lease key       KEYS[2]  its fence counter (same hash slot)
 -- ARGV[1]  owner value         ARGV[2]  lease TTL, ms    ARGV[3]  fence counter TTL, ms
 --
--- Returns {1, token} when the lease was taken, {0, pttl} when it is held (pttl is -1
--- for a key someone wrote without a TTL).
+-- Returns {1, token} when the lease was taken, {0, pttl} when it is held.
 --
 -- The token is max(last token + 1, server time in microseconds). The +1 makes tokens
 -- strictly increase while the counter lives; the time floor keeps them increasing when
@@ -12,7 +11,9 @@
 -- the Redis server's clock does not step back. Lua numbers are doubles: exact up to 2^53,
 -- which microseconds since 1970 reach in the year 2255.
 local pttl = redis.call('PTTL', KEYS[1])
-if pttl ~= -2 then
+-- A key without a TTL (-1) is not a lease of ours (they always have one) but something
+-- written by hand or by a bug; left alone it would block the name forever.
+if pttl >= 0 then
   return {0, pttl}
 end
 local now = redis.call('TIME')

@@ -1,0 +1,202 @@
+//! An HTTP side for the guard tests: a counting origin that can be held or hung on
+//! command, guarded instances, and a client.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use stampede_guard::metrics::Event;
+use stampede_guard::{Guard, GuardLayer, KeySpace, Policy, ResponseBody, StampedeGuard};
+use tokio::sync::Notify;
+use tower::{Layer, Service, ServiceExt};
+
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+pub(crate) type Req = Request<Empty<Bytes>>;
+
+pub(crate) fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into()).boxed()
+}
+
+/// What the origin answers; `n` is its call number, from 1.
+pub(crate) type Answer = Arc<dyn Fn(u64, &Req) -> Response<Body> + Send + Sync>;
+
+/// A counting origin. Each call can be held at a gate until the test opens it.
+#[derive(Clone)]
+pub(crate) struct Origin {
+    pub(crate) calls: Arc<AtomicU64>,
+    pub(crate) delay: Duration,
+    pub(crate) answer: Answer,
+    /// Calls numbered in `held` wait for `gate` before they answer.
+    pub(crate) held: Arc<std::sync::Mutex<Vec<u64>>>,
+    pub(crate) gate: Arc<Notify>,
+    /// Woken when a call starts.
+    pub(crate) started: Arc<Notify>,
+    /// Calls numbered in `hung` never answer.
+    pub(crate) hung: Arc<std::sync::Mutex<Vec<u64>>>,
+    /// When each call started, and for which path.
+    pub(crate) log: Arc<std::sync::Mutex<Vec<(std::time::Instant, String)>>>,
+    /// The sequence number (see `Seq`) at which each call returned.
+    pub(crate) returned: Arc<std::sync::Mutex<Vec<u64>>>,
+    pub(crate) seq: Seq,
+}
+
+/// One counter for ordering events of the origin and of the clients.
+#[derive(Clone, Default)]
+pub(crate) struct Seq(Arc<AtomicU64>);
+
+impl Seq {
+    pub(crate) fn next(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::SeqCst)
+    }
+}
+
+impl Origin {
+    pub(crate) fn new(
+        delay: Duration,
+        answer: impl Fn(u64, &Req) -> Response<Body> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            calls: Arc::default(),
+            delay,
+            answer: Arc::new(answer),
+            held: Arc::default(),
+            gate: Arc::new(Notify::new()),
+            started: Arc::new(Notify::new()),
+            hung: Arc::default(),
+            log: Arc::default(),
+            returned: Arc::default(),
+            seq: Seq::default(),
+        }
+    }
+
+    /// Answers `v{n}` with status 200.
+    pub(crate) fn versions(delay: Duration) -> Self {
+        Self::new(delay, |n, _| Response::new(full(format!("v{n}"))))
+    }
+
+    pub(crate) fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn hold(&self, call: u64) {
+        self.held.lock().unwrap().push(call);
+    }
+
+    /// Call `call` never answers.
+    pub(crate) fn hang(&self, call: u64) {
+        self.hung.lock().unwrap().push(call);
+    }
+
+    pub(crate) fn open(&self) {
+        self.gate.notify_waiters();
+        self.held.lock().unwrap().clear();
+    }
+
+    pub(crate) fn service(
+        &self,
+    ) -> impl Service<Req, Response = Response<Body>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + Sync
+    + 'static {
+        let origin = self.clone();
+        tower::service_fn(move |request: Req| {
+            let origin = origin.clone();
+            async move {
+                let n = origin.calls.fetch_add(1, Ordering::SeqCst) + 1;
+                origin
+                    .log
+                    .lock()
+                    .unwrap()
+                    .push((std::time::Instant::now(), request.uri().path().to_owned()));
+                origin.started.notify_waiters();
+                if origin.hung.lock().unwrap().contains(&n) {
+                    std::future::pending::<()>().await;
+                }
+                let gated = origin.held.lock().unwrap().contains(&n);
+                if gated {
+                    let opened = origin.gate.notified();
+                    // Re-check: the gate may have opened before `notified` was created.
+                    if origin.held.lock().unwrap().contains(&n) {
+                        opened.await;
+                    }
+                }
+                tokio::time::sleep(origin.delay).await;
+                let response = (origin.answer)(n, &request);
+                origin.returned.lock().unwrap().push(origin.seq.next());
+                Ok::<_, Infallible>(response)
+            }
+        })
+    }
+}
+
+pub(crate) fn keys() -> KeySpace {
+    KeySpace::builder()
+        .env("test")
+        .service("catalog")
+        .secret(b"a test secret of more than sixteen bytes".to_vec())
+        .build()
+        .unwrap()
+}
+
+/// An instance: its own guard (own L1), one route.
+pub(crate) struct Instance<S> {
+    pub(crate) guard: StampedeGuard,
+    pub(crate) layer: GuardLayer,
+    pub(crate) service: Guard<S>,
+}
+
+pub(crate) async fn instance<S>(guard: StampedeGuard, policy: Policy, origin: S) -> Instance<S> {
+    guard.ready().await.expect("redis up for the test");
+    let layer = guard.layer(policy).unwrap();
+    let service = layer.layer(origin);
+    Instance {
+        guard,
+        layer,
+        service,
+    }
+}
+
+pub(crate) fn get(path: &str) -> Req {
+    Request::get(path)
+        .header("host", "shop.example")
+        .body(Empty::new())
+        .unwrap()
+}
+
+pub(crate) struct Got {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: String,
+}
+
+impl Got {
+    pub(crate) fn x_cache(&self) -> &str {
+        self.headers
+            .get("x-cache")
+            .map_or("", |v| v.to_str().unwrap())
+    }
+}
+
+pub(crate) async fn send<S: Clone>(service: &Guard<S>, request: Req) -> Got
+where
+    Guard<S>: Service<Req, Response = Response<ResponseBody<Body>>, Error = Infallible>,
+{
+    let response = service.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Got {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+pub(crate) fn total(instances: &[&GuardLayer], event: Event) -> u64 {
+    instances.iter().map(|l| l.stats().get(event)).sum()
+}

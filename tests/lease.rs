@@ -643,3 +643,144 @@ async fn a_bad_ttl_per_call_is_refused_without_asking_redis() {
     let left = pttl(&server, name.key()).await;
     assert!(left > 0 && left <= 800, "PTTL {left}");
 }
+
+/// `hold_while` renews the lease past its TTL while the work runs, stops at the maximum
+/// and cancels the work; the lease is gone within one TTL of that.
+#[tokio::test]
+async fn the_watchdog_renews_until_its_maximum_then_stops() {
+    let server = RedisServer::start();
+    let leases = client_at(&server.url(), Duration::from_millis(100));
+    let name = name("q-1");
+    let ttl = Duration::from_millis(400);
+    let max = Duration::from_millis(1200);
+    let mut lease = acquired(leases.try_acquire(&name, ttl).await);
+    let acquired_at = lease.acquired_at();
+    let key = name.key().to_owned();
+    let server_ref = &server;
+    let probe = async {
+        // Well past the first TTL, the lease is still there.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        server_ref.conn().await.pttl::<_, i64>(&key).await.unwrap()
+    };
+    let (outcome, pttl_at_900ms) = tokio::join!(
+        leases.hold_while(&mut lease, max, std::future::pending::<()>()),
+        probe
+    );
+    let stopped_after = acquired_at.elapsed();
+    assert!(
+        matches!(outcome, Err(stampede_guard::lease::LeaseLost::MaxDuration)),
+        "{outcome:?}"
+    );
+    assert!(pttl_at_900ms > 0, "not renewed: PTTL {pttl_at_900ms}");
+    assert!(
+        stopped_after >= max && stopped_after < max + MARGIN,
+        "{stopped_after:?}"
+    );
+    assert!(
+        gone(&server, name.key(), ttl + MARGIN).await,
+        "the lease outlived max + TTL"
+    );
+}
+
+#[tokio::test]
+async fn the_watchdog_cancels_the_work_when_the_lease_is_taken_over() {
+    let server = RedisServer::start();
+    let leases = client_at(&server.url(), Duration::from_millis(100));
+    let name = name("q-1");
+    let mut lease = acquired(leases.try_acquire(&name, Duration::from_millis(600)).await);
+    let _: () = server
+        .conn()
+        .await
+        .pset_ex(name.key(), "someone-else", 5000)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let outcome = leases
+        .hold_while(
+            &mut lease,
+            Duration::from_secs(10),
+            std::future::pending::<()>(),
+        )
+        .await;
+    assert!(
+        matches!(outcome, Err(stampede_guard::lease::LeaseLost::NotOwner)),
+        "{outcome:?}"
+    );
+    // Found at the first renewal, a third of the TTL in.
+    assert!(started.elapsed() < Duration::from_millis(200) + MARGIN);
+    assert_eq!(
+        get(&server, name.key()).await.as_deref(),
+        Some("someone-else")
+    );
+}
+
+/// 400 acquires dropped mid-flight (their replies never read) leave no lease key once
+/// three TTLs have passed: every lease that Redis did set carries its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_dropped_mid_flight_leave_no_lease_after_three_ttls() {
+    let server = RedisServer::start();
+    let leases = client(&server);
+    leases.store().ping().await.unwrap();
+    let ttl = Duration::from_millis(800);
+    let mut tasks = Vec::new();
+    for n in 0..400u64 {
+        let leases = leases.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = name(&format!("q-{n}"));
+            let budget = Duration::from_micros((n * 7919) % 3000);
+            tokio::time::timeout(budget, leases.try_acquire(&name, ttl))
+                .await
+                .is_ok()
+        }));
+    }
+    let mut completed = 0;
+    for task in tasks {
+        completed += u32::from(task.await.unwrap());
+    }
+    assert!(completed < 400, "no acquire was dropped mid-flight");
+    tokio::time::sleep(ttl * 3).await;
+    let left = server.scan("*:lease").await;
+    assert!(left.is_empty(), "{} leases left", left.len());
+}
+
+/// The reply to a successful acquire is lost: the caller sees a timeout, and the lease it
+/// did take blocks the name for one TTL at most.
+#[tokio::test]
+async fn a_reply_lost_after_a_successful_acquire_locks_for_at_most_one_ttl() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let leases = client_at(&proxy.url(), TIMEOUT);
+    let name = name("q-1");
+    // Load the script first (see the uncertain-acquire test).
+    let warm = acquired(leases.try_acquire(&name, Duration::from_secs(5)).await);
+    assert!(matches!(
+        leases.release(warm).await,
+        ReleaseOutcome::Released
+    ));
+    let ttl = Duration::from_millis(1000);
+    proxy.set(Mode::DropReplies);
+    let sent = Instant::now();
+    assert!(matches!(
+        leases.try_acquire(&name, ttl).await,
+        AcquireOutcome::TimedOut(_)
+    ));
+    proxy.set(Mode::Pass);
+    let left = pttl(&server, name.key()).await;
+    assert!(
+        left > 0 && left <= 1000,
+        "Redis did not set the lease: PTTL {left}"
+    );
+    let other = client(&server);
+    assert!(matches!(
+        other.try_acquire(&name, Duration::from_secs(5)).await,
+        AcquireOutcome::Busy { .. }
+    ));
+    assert!(gone(&server, name.key(), ttl + MARGIN).await);
+    assert!(sent.elapsed() < ttl + MARGIN * 2);
+    assert!(
+        other
+            .try_acquire(&name, Duration::from_secs(5))
+            .await
+            .is_acquired()
+    );
+}

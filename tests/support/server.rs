@@ -201,6 +201,20 @@ impl RedisServer {
         let _: () = self.cmd(&["SCRIPT", "KILL"]).await;
     }
 
+    /// The keys matching `pattern`, by `SCAN` (never `KEYS`).
+    pub(crate) async fn scan(&self, pattern: &str) -> Vec<String> {
+        let mut conn = self.conn().await;
+        let mut keys = Vec::new();
+        let mut iter: redis::AsyncIter<'_, String> =
+            redis::AsyncCommands::scan_match(&mut conn, pattern)
+                .await
+                .unwrap();
+        while let Some(key) = iter.next_item().await {
+            keys.push(key.unwrap());
+        }
+        keys
+    }
+
     /// A direct connection, for looking at what the code under test left in Redis.
     pub(crate) async fn conn(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.url())

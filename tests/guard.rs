@@ -762,3 +762,40 @@ async fn an_invalidation_is_not_undone_by_a_refresh_that_began_before_it() {
     }
     assert_eq!(origin.calls(), 3);
 }
+
+/// Past grace, with an entry that may still stand in (stale-if-error), a caller waits at
+/// most the soft timeout for the fill, then gets the entry; the fill goes on and lands.
+#[tokio::test]
+async fn the_soft_timeout_serves_the_expired_entry_while_the_fill_goes_on() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, _| Response::new(full(format!("v{n}"))));
+    let policy = policy("items")
+        .fresh_ttl(Duration::from_millis(200))
+        .grace(Duration::from_millis(200))
+        .stale_if_error(Duration::from_secs(10))
+        .soft_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let i = instance(&server, policy, origin.service()).await;
+    assert_eq!(send(&i.service, get("/items/1")).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(500)).await; // past fresh + grace
+    origin.hold(2);
+    let started = tokio::time::Instant::now();
+    let got = send(&i.service, get("/items/1")).await;
+    let waited = started.elapsed();
+    assert_eq!((got.body.as_str(), got.x_cache()), ("v1", "stale"));
+    assert!(
+        waited >= Duration::from_millis(100) && waited < Duration::from_millis(500),
+        "{waited:?}"
+    );
+    assert_eq!(i.layer.stats().get(Event::SoftTimeout), 1);
+    origin.open();
+    let service = &i.service;
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            send(service, get("/items/1")).await.body == "v2"
+        })
+        .await
+    );
+    assert_eq!(origin.calls(), 2);
+}

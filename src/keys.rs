@@ -151,6 +151,7 @@ impl KeySpace {
         Ok(LeaseName {
             lease: format!("{base}:lease"),
             fence: format!("{base}:fence"),
+            operation: operation.to_owned().into(),
         })
     }
 
@@ -164,6 +165,7 @@ impl KeySpace {
             lease: LeaseName {
                 lease: format!("{base}:lease"),
                 fence: format!("{base}:fence"),
+                operation: metrics::SharedString::const_str("fill"),
             },
         })
     }
@@ -274,6 +276,7 @@ impl fmt::Debug for Scope<'_> {
 pub struct LeaseName {
     lease: String,
     fence: String,
+    operation: metrics::SharedString,
 }
 
 impl LeaseName {
@@ -285,6 +288,15 @@ impl LeaseName {
     /// The fence counter's key.
     pub fn fence_key(&self) -> &str {
         &self.fence
+    }
+
+    /// The operation the lease protects: the label of its metrics.
+    pub fn operation(&self) -> &str {
+        &self.operation
+    }
+
+    pub(crate) fn operation_label(&self) -> metrics::SharedString {
+        self.operation.clone()
     }
 }
 

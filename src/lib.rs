@@ -14,7 +14,8 @@
 //! * [`keys`]: every Redis key, identifiers replaced by a keyed hash;
 //! * [`store`]: the Redis connection, every operation bounded by a deadline;
 //! * [`entry`]: the cached response and its versioned encoding;
-//! * [`metrics`]: what is counted, and the metric names.
+//! * [`metrics`]: what is counted, and the metric names; `prometheus` (feature of the
+//!   same name): the exporter with the crate's buckets.
 
 mod cache;
 pub mod entry;
@@ -26,6 +27,8 @@ pub mod metrics;
 mod notify;
 pub mod owner;
 pub mod policy;
+#[cfg(feature = "prometheus")]
+pub mod prometheus;
 mod rules;
 pub mod store;
 

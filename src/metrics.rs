@@ -11,7 +11,9 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use metrics::{Counter, counter};
+use std::time::Duration;
+
+use metrics::{Counter, Histogram, SharedString, counter, histogram};
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "stampede_guard";
@@ -49,8 +51,28 @@ pub const EXPIRED_WHILE_WORKING: &str = "stampede_guard_expired_while_working_to
 pub const UNCERTAIN_ACQUIRES: &str = "stampede_guard_uncertain_acquires_total";
 /// Fills that ran past the soft timeout while an expired entry could be served.
 pub const SOFT_TIMEOUTS: &str = "stampede_guard_soft_timeouts_total";
-/// Lease releases by result.
-pub const RELEASES: &str = "stampede_guard_lease_releases_total";
+/// Lease acquisitions by operation and result (acquired, busy, timed_out, unavailable).
+pub const LEASE_ACQUISITIONS: &str = "stampede_guard_lease_acquisitions_total";
+/// How long acquires take, by operation.
+pub const LEASE_ACQUIRE_SECONDS: &str = "stampede_guard_lease_acquire_seconds";
+/// How long leases are held, from acquire to release, by operation.
+pub const LEASE_HOLD_SECONDS: &str = "stampede_guard_lease_hold_seconds";
+/// Lease renewals by operation and result (renewed, not_owner, error).
+pub const LEASE_RENEWALS: &str = "stampede_guard_lease_renewals_total";
+/// Lease releases by operation and result (released, not_owner, error).
+pub const LEASE_RELEASES: &str = "stampede_guard_lease_releases_total";
+/// Renewals and releases that found the lease someone else's, by operation.
+pub const LEASE_OWNER_MISMATCHES: &str = "stampede_guard_lease_owner_mismatches_total";
+/// How long refreshes take, by route.
+pub const REFRESH_SECONDS: &str = "stampede_guard_refresh_seconds";
+/// How long callers wait for another instance's fill, by route.
+pub const COLD_WAIT_SECONDS: &str = "stampede_guard_cold_wait_seconds";
+/// The lease TTL of each route, for comparing hold times against.
+pub const LEASE_TTL_SECONDS: &str = "stampede_guard_lease_ttl_seconds";
+/// Entries in L1.
+pub const L1_ENTRIES: &str = "stampede_guard_l1_entries";
+/// Bytes of entries in L1 (weighed).
+pub const L1_BYTES: &str = "stampede_guard_l1_bytes";
 /// Calls the layer made to the origin (fills, refreshes and pass-throughs).
 pub const ORIGIN_CALLS: &str = "stampede_guard_origin_calls_total";
 
@@ -107,9 +129,6 @@ events! {
     OriginCall => (ORIGIN_CALLS), "The layer called the origin.";
     ExpiredWhileWorking => (EXPIRED_WHILE_WORKING), "A lease was lost (or reached its maximum) while its holder worked.";
     UncertainAcquire => (UNCERTAIN_ACQUIRES), "An acquire timed out; it was treated as not acquired.";
-    Released => (RELEASES, "result" => "released"), "A lease was released by its holder.";
-    ReleaseNotOwner => (RELEASES, "result" => "not_owner"), "A release found the lease gone or someone else's.";
-    ReleaseFailed => (RELEASES, "result" => "error"), "A release failed in Redis; the lease ends by its TTL.";
     SoftTimeout => (SOFT_TIMEOUTS), "A fill took longer than the soft timeout; an expired entry was served.";
 }
 
@@ -117,6 +136,8 @@ events! {
 pub(crate) struct RouteStats {
     counts: Vec<AtomicU64>,
     counters: Vec<Counter>,
+    pub(crate) refresh_seconds: Histogram,
+    pub(crate) cold_wait_seconds: Histogram,
 }
 
 impl RouteStats {
@@ -133,6 +154,8 @@ impl RouteStats {
         Self {
             counts: Event::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
             counters,
+            refresh_seconds: histogram!(REFRESH_SECONDS, "route" => route.to_owned()),
+            cold_wait_seconds: histogram!(COLD_WAIT_SECONDS, "route" => route.to_owned()),
         }
     }
 
@@ -156,6 +179,178 @@ impl RouteStats {
 /// Variants are declared in the order of [`Event::ALL`].
 fn index(event: Event) -> usize {
     event as usize
+}
+
+/// Lease metrics, by operation (the lease client's; the fenced write releases too).
+pub(crate) fn lease_acquired(operation: SharedString, result: &'static str, took: Duration) {
+    counter!(LEASE_ACQUISITIONS, "operation" => operation.clone(), "result" => result).increment(1);
+    histogram!(LEASE_ACQUIRE_SECONDS, "operation" => operation).record(took);
+}
+
+pub(crate) fn lease_renewed(operation: SharedString, result: &'static str) {
+    if result == "not_owner" {
+        counter!(LEASE_OWNER_MISMATCHES, "operation" => operation.clone()).increment(1);
+    }
+    counter!(LEASE_RENEWALS, "operation" => operation, "result" => result).increment(1);
+}
+
+pub(crate) fn lease_released(operation: SharedString, result: &'static str, held: Duration) {
+    if result == "not_owner" {
+        counter!(LEASE_OWNER_MISMATCHES, "operation" => operation.clone()).increment(1);
+    }
+    counter!(LEASE_RELEASES, "operation" => operation.clone(), "result" => result).increment(1);
+    histogram!(LEASE_HOLD_SECONDS, "operation" => operation).record(held);
+}
+
+/// Every metric the crate emits, with its kind and help text: for descriptions, and for
+/// checking that dashboards and alert rules only use what exists.
+pub const ALL: &[(&str, MetricKind, &str)] = &[
+    (
+        REQUESTS,
+        MetricKind::Counter,
+        "Requests by how they were answered.",
+    ),
+    (L1_LOOKUPS, MetricKind::Counter, "L1 lookups by result."),
+    (L2_LOOKUPS, MetricKind::Counter, "L2 lookups by result."),
+    (
+        DECODE_FAILURES,
+        MetricKind::Counter,
+        "Values at entry keys that did not decode (treated as misses).",
+    ),
+    (
+        REFRESHES,
+        MetricKind::Counter,
+        "Background refreshes by result.",
+    ),
+    (
+        FENCED_WRITES_REFUSED,
+        MetricKind::Counter,
+        "Writes refused because a newer entry (or an invalidation) was stored.",
+    ),
+    (
+        NOT_STORED,
+        MetricKind::Counter,
+        "Origin responses that were not stored.",
+    ),
+    (
+        COLD_FILLS,
+        MetricKind::Counter,
+        "Cold misses this process filled.",
+    ),
+    (
+        COLD_WAITS,
+        MetricKind::Counter,
+        "Waits for another instance's fill, by how they ended.",
+    ),
+    (
+        STALE_IF_ERROR,
+        MetricKind::Counter,
+        "Stale entries served because the origin failed.",
+    ),
+    (
+        REDIS_FALLBACKS,
+        MetricKind::Counter,
+        "Route operations that went on without Redis after an error.",
+    ),
+    (
+        LOCAL_ONLY,
+        MetricKind::Counter,
+        "Fills and refreshes done without a lease.",
+    ),
+    (
+        ORIGIN_CALLS,
+        MetricKind::Counter,
+        "Calls the layer made to the origin.",
+    ),
+    (
+        EXPIRED_WHILE_WORKING,
+        MetricKind::Counter,
+        "Refreshes stopped because their lease was lost or ran past its maximum.",
+    ),
+    (
+        UNCERTAIN_ACQUIRES,
+        MetricKind::Counter,
+        "Acquires whose reply never came.",
+    ),
+    (
+        SOFT_TIMEOUTS,
+        MetricKind::Counter,
+        "Fills that ran past the soft timeout.",
+    ),
+    (
+        LEASE_ACQUISITIONS,
+        MetricKind::Counter,
+        "Lease acquisitions by operation and result.",
+    ),
+    (
+        LEASE_ACQUIRE_SECONDS,
+        MetricKind::Histogram,
+        "Lease acquire latency.",
+    ),
+    (
+        LEASE_HOLD_SECONDS,
+        MetricKind::Histogram,
+        "How long leases are held.",
+    ),
+    (
+        LEASE_RENEWALS,
+        MetricKind::Counter,
+        "Lease renewals by result.",
+    ),
+    (
+        LEASE_RELEASES,
+        MetricKind::Counter,
+        "Lease releases by result.",
+    ),
+    (
+        LEASE_OWNER_MISMATCHES,
+        MetricKind::Counter,
+        "Renewals and releases that found the lease someone else's.",
+    ),
+    (
+        REFRESH_SECONDS,
+        MetricKind::Histogram,
+        "How long refreshes take.",
+    ),
+    (
+        COLD_WAIT_SECONDS,
+        MetricKind::Histogram,
+        "How long callers wait for another instance's fill.",
+    ),
+    (
+        LEASE_TTL_SECONDS,
+        MetricKind::Gauge,
+        "The lease TTL of each route.",
+    ),
+    (L1_ENTRIES, MetricKind::Gauge, "Entries in L1."),
+    (L1_BYTES, MetricKind::Gauge, "Bytes of entries in L1."),
+    (
+        crate::store::REDIS_ERRORS,
+        MetricKind::Counter,
+        "Redis operations that failed, by operation and kind.",
+    ),
+    (
+        crate::store::CIRCUIT_OPEN,
+        MetricKind::Gauge,
+        "1 while the Redis circuit breaker is open.",
+    ),
+    (
+        crate::store::CIRCUIT_OPENED,
+        MetricKind::Counter,
+        "Times the Redis circuit breaker opened.",
+    ),
+];
+
+/// What kind of metric a name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MetricKind {
+    /// A counter (`_total`).
+    Counter,
+    /// A gauge.
+    Gauge,
+    /// A histogram (`_seconds`; rendered as `_bucket`, `_sum`, `_count`).
+    Histogram,
 }
 
 /// A snapshot of a route's event counts.

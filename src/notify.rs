@@ -111,9 +111,11 @@ pub(crate) async fn listen(shared: Weak<Shared>, subscribed: watch::Sender<bool>
                         handle(&shared, message.get_payload_bytes()).await;
                     }
                     _ = ping.tick() => {
-                        if shared.strong_count() == 0 {
-                            return;
-                        }
+                        let Some(alive) = shared.upgrade() else { return };
+                        // A second's tick is as good a time as any to report L1.
+                        metrics::gauge!(crate::metrics::L1_ENTRIES).set(alive.l1.entry_count() as f64);
+                        metrics::gauge!(crate::metrics::L1_BYTES).set(alive.l1.weighted_size() as f64);
+                        drop(alive);
                         let pong = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
                         if !matches!(pong, Ok(Ok(_))) {
                             break;

@@ -17,7 +17,7 @@ use super::layer::Route;
 use crate::cache::{Freshness, L2Read, Stored, l2_read, l2_write};
 use crate::entry::CachedResponse;
 use crate::keys::CacheKeys;
-use crate::lease::{AcquireOutcome, FencingToken, Lease, LeaseLost, ReleaseOutcome};
+use crate::lease::{AcquireOutcome, FencingToken, Lease, LeaseLost};
 use crate::metrics::Event;
 use crate::notify::Wait;
 use crate::rules::{self, NotStored};
@@ -221,7 +221,7 @@ where
         }
         Origin::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
             Ok(()) => {
-                FillOutcome::Stored(store(&route, &keys, head, body, lease, local_token).await)
+                FillOutcome::Stored(store(&route, &keys, head, body, lease, local_token).await.0)
             }
             Err(why) => {
                 not_stored(&route, why);
@@ -284,13 +284,15 @@ async fn wait_for_remote<B: Body, E>(
     keys: &CacheKeys,
     wait: &mut Wait,
 ) -> FillOutcome<B, E> {
-    let deadline = tokio::time::Instant::now() + route.policy.cold_wait;
+    let started = tokio::time::Instant::now();
+    let deadline = started + route.policy.cold_wait;
     let mut last_look = false;
     loop {
         match l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await {
             Ok(L2Read::Found(stored)) if stored.freshness() != Freshness::Expired => {
                 route.put_l1(keys.entry().into(), stored.clone()).await;
                 route.stats.record(Event::ColdWaitNotified);
+                route.stats.cold_wait_seconds.record(started.elapsed());
                 return FillOutcome::Stored(stored);
             }
             Ok(L2Read::Garbage(_)) => route.stats.record(Event::DecodeFailure),
@@ -299,6 +301,7 @@ async fn wait_for_remote<B: Body, E>(
         }
         if last_look {
             route.stats.record(Event::ColdWaitTimedOut);
+            route.stats.cold_wait_seconds.record(started.elapsed());
             return FillOutcome::NoEntry;
         }
         // Woken by the filler's notice; without a subscription (starting up,
@@ -395,8 +398,11 @@ where
         }
         Origin::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
             Ok(()) => {
-                store(&route, &keys, head, body, lease, current.response.token).await;
-                route.stats.record(Event::RefreshWritten);
+                let (_, written) =
+                    store(&route, &keys, head, body, lease, current.response.token).await;
+                if written {
+                    route.stats.record(Event::RefreshWritten);
+                }
                 None
             }
             Err(_) if rules::is_failure(head.status()) => {
@@ -436,7 +442,7 @@ async fn store(
     body: Bytes,
     lease: Option<Lease>,
     local_token: FencingToken,
-) -> Arc<Stored> {
+) -> (Arc<Stored>, bool) {
     let policy = &route.policy;
     let (parts, ()) = head.into_parts();
     let mut headers = parts.headers;
@@ -472,22 +478,16 @@ async fn store(
         .await
         {
             Ok(outcome) if outcome.written => {
-                route.stats.record(if outcome.released {
-                    Event::Released
-                } else {
-                    Event::ReleaseNotOwner
-                });
+                written_release(&lease, outcome.released);
                 if !outcome.released {
                     // Written under a lease that had expired: fencing made it safe.
                     tracing::debug!(entry = keys.entry(), "entry written after its lease ended");
                 }
+                route.put_l1(keys.entry().into(), stored.clone()).await;
+                return (stored, true);
             }
             Ok(outcome) => {
-                route.stats.record(if outcome.released {
-                    Event::Released
-                } else {
-                    Event::ReleaseNotOwner
-                });
+                written_release(&lease, outcome.released);
                 route.stats.record(Event::FencedWriteRefused);
                 tracing::debug!(
                     entry = keys.entry(),
@@ -498,22 +498,26 @@ async fn store(
                     l2_read(&shared.store, keys.entry(), route.policy.max_body).await
                 {
                     route.put_l1(keys.entry().into(), newer.clone()).await;
-                    return newer;
+                    return (newer, false);
                 }
                 // Refused for an invalidation (or the newer entry is gone already): ours
                 // answers the callers that waited for it, and goes no further.
-                return stored;
+                return (stored, false);
             }
             Err(_) => {
                 // Written or not, released or not: unknown. The lease ends by its TTL;
                 // the write is not retried.
                 route.stats.record(Event::RedisError);
-                route.stats.record(Event::ReleaseFailed);
+                crate::metrics::lease_released(
+                    lease.name().operation_label(),
+                    "error",
+                    lease.held_for(),
+                );
             }
         }
     }
     route.put_l1(keys.entry().into(), stored.clone()).await;
-    stored
+    (stored, false)
 }
 
 /// Calls the origin, under the route's watchdog when it has one and a lease is held.
@@ -595,12 +599,15 @@ async fn back_off(route: &Route, lease: Option<Lease>) {
 
 async fn release(route: &Route, lease: Option<Lease>) {
     if let Some(lease) = lease {
-        route
-            .stats
-            .record(match route.shared.leases.release(lease).await {
-                ReleaseOutcome::Released => Event::Released,
-                ReleaseOutcome::NotOwner => Event::ReleaseNotOwner,
-                _ => Event::ReleaseFailed,
-            });
+        let _ = route.shared.leases.release(lease).await;
     }
+}
+
+/// The fenced write released the lease (or found it gone): counted as a release.
+fn written_release(lease: &Lease, released: bool) {
+    crate::metrics::lease_released(
+        lease.name().operation_label(),
+        if released { "released" } else { "not_owner" },
+        lease.held_for(),
+    );
 }

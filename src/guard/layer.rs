@@ -73,6 +73,8 @@ impl fmt::Debug for GuardLayer {
 impl GuardLayer {
     pub(super) fn new(shared: Arc<Shared>, policy: Policy) -> Self {
         let stats = RouteStats::new(&policy.route);
+        metrics::gauge!(crate::metrics::LEASE_TTL_SECONDS, "route" => policy.route.clone())
+            .set(policy.lease_ttl.as_secs_f64());
         Self {
             route: Arc::new(Route {
                 shared,

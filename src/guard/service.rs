@@ -8,6 +8,7 @@ use http::header::{AGE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use tower_service::Service;
+use tracing::Instrument;
 
 use super::Refresh;
 use super::body::ResponseBody;
@@ -215,16 +216,20 @@ where
             .map_or(FencingToken::new(1), |f| f.response.token);
         // In a task of its own: a caller that goes away does not cancel the fill that
         // every other caller of the key awaits.
-        tokio::spawn(fill_task(
-            route.clone(),
-            keys,
-            fill_request,
-            inner.clone(),
-            wait,
-            local_token,
-            redis_ok,
-            lead,
-        ));
+        let span = tracing::info_span!("stampede_guard.fill", route = %route.policy.route, entry = keys.entry());
+        tokio::spawn(
+            fill_task(
+                route.clone(),
+                keys,
+                fill_request,
+                inner.clone(),
+                wait,
+                local_token,
+                redis_ok,
+                lead,
+            )
+            .instrument(span),
+        );
     }
     let policy = &route.policy;
     let bound = policy.refresh_timeout
@@ -405,11 +410,19 @@ fn spawn_refresh<S, ReqBody, ResBody>(
     };
     let request = rules::fill_request(&route.policy, request);
     let route = route.clone();
-    tokio::spawn(async move {
-        // Moved in whole (not just the field written), so that it drops with the task.
-        let mut done = done;
-        done.hold_off = fill::refresh(route, keys, current, request, inner).await;
-    });
+    // The span follows the refresh into its task; it names the route and the hashed
+    // key, nothing that came with the request.
+    let span = tracing::info_span!("stampede_guard.refresh", route = %route.policy.route, entry = keys.entry());
+    tokio::spawn(
+        async move {
+            // Moved in whole (not just the field written), so that it drops with the task.
+            let mut done = done;
+            let started = Instant::now();
+            done.hold_off = fill::refresh(route.clone(), keys, current, request, inner).await;
+            route.stats.refresh_seconds.record(started.elapsed());
+        }
+        .instrument(span),
+    );
 }
 
 /// Marks a key as no longer refreshing, however the refresh ends (a panic included).

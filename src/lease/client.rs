@@ -130,6 +130,13 @@ impl LeaseClient {
             Err(error) => AcquireOutcome::Unavailable(error),
         };
         log_acquire(name, &outcome);
+        if !matches!(outcome, AcquireOutcome::Invalid(_)) {
+            crate::metrics::lease_acquired(
+                name.operation_label(),
+                outcome.as_str(),
+                sent_at.elapsed(),
+            );
+        }
         outcome
     }
 
@@ -160,6 +167,9 @@ impl LeaseClient {
             outcome = outcome.as_str(),
             "lease renew"
         );
+        if !matches!(outcome, RenewOutcome::Invalid(_)) {
+            crate::metrics::lease_renewed(lease.name.operation_label(), outcome.as_str());
+        }
         outcome
     }
 
@@ -167,6 +177,11 @@ impl LeaseClient {
     /// someone else is left alone ([`ReleaseOutcome::NotOwner`]).
     pub async fn release(&self, lease: Lease) -> ReleaseOutcome {
         let outcome = self.release_owned(&lease.name, &lease.owner).await;
+        crate::metrics::lease_released(
+            lease.name.operation_label(),
+            outcome.as_str(),
+            lease.held_for(),
+        );
         tracing::debug!(
             lease = lease.key(),
             token = lease.token.get(),

@@ -1,0 +1,196 @@
+//! The Prometheus exporter after a scripted scenario: exact counter values.
+//!
+//! A process has one global recorder, so this file holds one test.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use stampede_guard::lease::{AcquireOutcome, LeaseClient};
+use stampede_guard::metrics::Event;
+use stampede_guard::{Policy, RedisStore, StampedeGuard};
+use support::web::{Origin, get, instance, keys, send};
+use support::{RedisServer, eventually};
+
+/// `name{labels}` → value, labels sorted, from the text format.
+fn parse(rendered: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in rendered
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let key = match series.split_once('{') {
+            Some((name, labels)) => {
+                let mut labels: Vec<&str> = labels.trim_end_matches('}').split(',').collect();
+                labels.sort_unstable();
+                format!("{name}{{{}}}", labels.join(","))
+            }
+            None => series.to_owned(),
+        };
+        out.insert(key, value.parse().unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
+    let handle = stampede_guard::prometheus::install().unwrap();
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .command_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let policy = Policy::builder("items")
+        .fresh_ttl(Duration::from_millis(300))
+        .grace(Duration::from_secs(30))
+        .lease_ttl(Duration::from_secs(2))
+        .refresh_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let origin = Origin::versions(Duration::ZERO);
+    let i = instance(
+        StampedeGuard::builder(store.clone(), keys())
+            .build()
+            .unwrap(),
+        policy,
+        origin.service(),
+    )
+    .await;
+
+    // A cold fill, then a hit.
+    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "miss");
+    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "hit");
+    // A stale entry, refreshed.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            i.layer.stats().get(Event::RefreshWritten) == 1
+        })
+        .await
+    );
+    // A stale entry whose lease someone else holds.
+    let keys_of_1 = i.layer.cache_keys(&get("/items/1")).unwrap();
+    let other = LeaseClient::builder(store.clone(), &keys())
+        .build()
+        .unwrap();
+    let held = match other
+        .try_acquire(keys_of_1.lease(), Duration::from_millis(600))
+        .await
+    {
+        AcquireOutcome::Acquired(lease) => lease,
+        outcome => panic!("{outcome:?}"),
+    };
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            i.layer.stats().get(Event::RefreshBusy) == 1
+        })
+        .await
+    );
+    let _ = other.release(held).await;
+    // A refused fenced write: a refresh that began before an invalidation. (Past the
+    // hold-off the busy lease left, at most its TTL.)
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    origin.hold(origin.calls() + 1);
+    let started = origin.started.notified();
+    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
+    started.await;
+    assert!(i.layer.invalidate(&get("/items/1")).await.unwrap());
+    origin.open();
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            i.layer.stats().get(Event::FencedWriteRefused) == 1
+        })
+        .await
+    );
+    // Redis killed: a cold key is served by the origin, without Redis.
+    server.kill();
+    assert_eq!(send(&i.service, get("/items/2")).await.x_cache(), "miss");
+
+    let rendered = handle.render();
+    let got = parse(&rendered);
+    let value = |series: &str| got.get(series).copied().unwrap_or(0.0);
+    let expect = [
+        (
+            "stampede_guard_requests_total{outcome=\"miss\",route=\"items\"}",
+            2.0,
+        ),
+        (
+            "stampede_guard_requests_total{outcome=\"hit\",route=\"items\"}",
+            1.0,
+        ),
+        (
+            "stampede_guard_requests_total{outcome=\"stale\",route=\"items\"}",
+            3.0,
+        ),
+        (
+            "stampede_guard_refreshes_total{result=\"written\",route=\"items\"}",
+            1.0,
+        ),
+        (
+            "stampede_guard_refreshes_total{result=\"busy\",route=\"items\"}",
+            1.0,
+        ),
+        (
+            "stampede_guard_fenced_writes_refused_total{route=\"items\"}",
+            1.0,
+        ),
+        ("stampede_guard_cold_fills_total{route=\"items\"}", 2.0),
+        ("stampede_guard_local_only_total{route=\"items\"}", 1.0),
+        ("stampede_guard_redis_fallbacks_total{route=\"items\"}", 1.0),
+        // The fill, the refresh, the refused refresh (its write released the lease),
+        // and the other client's lease.
+        (
+            "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"acquired\"}",
+            4.0,
+        ),
+        (
+            "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"busy\"}",
+            1.0,
+        ),
+        (
+            "stampede_guard_lease_releases_total{operation=\"fill\",result=\"released\"}",
+            4.0,
+        ),
+        (
+            "stampede_guard_lease_acquire_seconds_count{operation=\"fill\"}",
+            5.0,
+        ),
+        ("stampede_guard_origin_calls_total{route=\"items\"}", 4.0),
+        ("stampede_guard_redis_circuit_open", 0.0),
+    ];
+    let mut wrong = Vec::new();
+    for (series, want) in expect {
+        if value(series) != want {
+            wrong.push(format!("{series}: {} (want {want})", value(series)));
+        }
+    }
+    // The read that found Redis dead, whichever way it failed.
+    let read_errors: f64 = got
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("stampede_guard_redis_errors_total{") && k.contains("operation=\"read\"")
+        })
+        .map(|(_, v)| v)
+        .sum();
+    if read_errors != 1.0 {
+        wrong.push(format!("read errors: {read_errors} (want 1)"));
+    }
+    // Histograms render with the crate's buckets.
+    assert!(
+        rendered.contains(
+            "stampede_guard_lease_acquire_seconds_bucket{operation=\"fill\",le=\"0.0005\"}"
+        ),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("# HELP stampede_guard_requests_total"),
+        "{rendered}"
+    );
+    eprintln!("{rendered}");
+    assert!(wrong.is_empty(), "{wrong:#?}\n{rendered}");
+}

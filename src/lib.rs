@@ -21,6 +21,7 @@ mod cache;
 pub mod entry;
 pub mod error;
 pub mod guard;
+pub mod inspect;
 pub mod keys;
 pub mod lease;
 pub mod metrics;

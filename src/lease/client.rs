@@ -31,8 +31,10 @@ pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Default TTL of [`LeaseClientBuilder::lease_ttl`].
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
 
-/// Default TTL of the fence counter keys.
-pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default TTL of the fence counter keys: an hour. Tokens do not depend on the counter
+/// living (see the module docs); a short life keeps keys of names never used again,
+/// such as one-off cache keys, from piling up.
+pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(60 * 60);
 
 /// Takes, renews and releases leases in Redis. Cheap to clone.
 ///
@@ -338,7 +340,7 @@ impl LeaseClientBuilder {
         self
     }
 
-    /// How long a fence counter outlives the last lease taken on its name (default 24 h,
+    /// How long a fence counter outlives the last lease taken on its name (default 1 h,
     /// and never less than twice the lease's TTL). Tokens stay increasing when the counter
     /// expires (see the [module docs](super)); the counter only guards against a server
     /// clock that steps back, so it need not live forever.

@@ -20,6 +20,8 @@ pub enum Operation {
     Invalidate,
     /// Telling other instances about a fill or an invalidation.
     Subscribe,
+    /// Looking at keys, for debugging.
+    Inspect,
 }
 
 impl Operation {
@@ -34,6 +36,7 @@ impl Operation {
             Self::Write => "write",
             Self::Invalidate => "invalidate",
             Self::Subscribe => "subscribe",
+            Self::Inspect => "inspect",
         }
     }
 }

@@ -1,0 +1,192 @@
+//! The cost of an L1 hit: the guarded service against the bare inner service returning
+//! the same bytes, in process (`oneshot`), without and then with a metrics recorder
+//! installed; and, in the same run, what moka's own lookup and the key hash cost.
+//!
+//! ```text
+//! cargo bench --bench l1_hit --features prometheus
+//! ```
+//!
+//! Rounds of each variant are interleaved and the median per request is reported, so
+//! machine noise falls on all of them alike. A hit makes no Redis round trip: the bench
+//! counts commands on the server across the measured hits and reports them.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty, Full};
+use stampede_guard::{KeySpace, Policy, RedisStore, StampedeGuard};
+use support::RedisServer;
+use tower::{Layer, Service, ServiceExt};
+
+const BATCH: u32 = 20_000;
+const ROUNDS: usize = 15;
+const BODY: &[u8] = &[b'x'; 512];
+
+type Req = Request<Empty<Bytes>>;
+
+fn request() -> Req {
+    Request::get("/items/42?page=1")
+        .header("host", "shop.example")
+        .body(Empty::new())
+        .unwrap()
+}
+
+fn bare()
+-> impl Service<Req, Response = Response<Full<Bytes>>, Error = std::convert::Infallible, Future: Send>
++ Clone
++ Send
++ Sync
++ 'static {
+    tower::service_fn(|_req: Req| async { Ok(Response::new(Full::new(Bytes::from_static(BODY)))) })
+}
+
+async fn per_request<S, B>(service: &S) -> Duration
+where
+    S: Service<Req, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let start = Instant::now();
+    for _ in 0..BATCH {
+        let response = service.clone().oneshot(request()).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        black_box(body);
+    }
+    start.elapsed() / BATCH
+}
+
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn ns(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e9
+}
+
+async fn guarded(
+    server: &RedisServer,
+) -> impl Service<
+    Req,
+    Response = Response<stampede_guard::ResponseBody<Full<Bytes>>>,
+    Error = std::convert::Infallible,
+> + Clone {
+    let keys = KeySpace::builder()
+        .env("bench")
+        .service("bench")
+        .secret(b"bench secret, sixteen bytes or more".to_vec())
+        .build()
+        .unwrap();
+    let guard = StampedeGuard::builder(RedisStore::builder(server.url()).build().unwrap(), keys)
+        .build()
+        .unwrap();
+    guard.ready().await.unwrap();
+    let layer = guard
+        .layer(
+            Policy::builder("items")
+                .fresh_ttl(Duration::from_secs(3600))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let service = layer.layer(bare());
+    // Fill L1 (from the origin, or from L2 in the second phase).
+    let _first = service.clone().oneshot(request()).await.unwrap();
+    let second = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(second.headers()["x-cache"], "hit");
+    service
+}
+
+async fn commands(server: &RedisServer) -> u64 {
+    let stats: String = server.cmd(&["INFO", "commandstats"]).await;
+    stats
+        .lines()
+        .filter_map(|l| l.split_once(":calls="))
+        .map(|(_, rest)| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+async fn phase(server: &RedisServer, label: &str) {
+    let bare = bare();
+    let guarded = guarded(server).await;
+    let moka: moka::future::Cache<Arc<str>, Arc<Bytes>> = moka::future::Cache::new(1000);
+    let key: Arc<str> =
+        Arc::from("sg:bench:bench:{items:req_0123456789abcdef0123456789abcdef}:fill:entry");
+    moka.insert(key.clone(), Arc::new(Bytes::from_static(BODY)))
+        .await;
+    let keys = KeySpace::builder()
+        .env("bench")
+        .service("bench")
+        .secret(b"bench secret, sixteen bytes or more".to_vec())
+        .build()
+        .unwrap();
+
+    let before = commands(server).await;
+    let (mut b, mut g, mut m, mut h) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        b.push(per_request(&bare).await);
+        g.push(per_request(&guarded).await);
+        let start = Instant::now();
+        for _ in 0..BATCH {
+            black_box(moka.get(&*key).await);
+        }
+        m.push(start.elapsed() / BATCH);
+        let start = Instant::now();
+        for _ in 0..BATCH {
+            black_box(keys.cache("items", b"\x02\x00\x00\x00v1\x0c\x00\x00\x00shop.example\x09\x00\x00\x00/items/42\x06\x00\x00\x00page=1").unwrap());
+        }
+        h.push(start.elapsed() / BATCH);
+    }
+    // Less the INFO that took the first count.
+    let during = commands(server).await - before - 1;
+    let (b, g, m, h) = (
+        median(&mut b),
+        median(&mut g),
+        median(&mut m),
+        median(&mut h),
+    );
+    println!(
+        "L1 hit, {label}: {ROUNDS} interleaved rounds of {BATCH} requests, median per request"
+    );
+    println!("  bare service                {:>9.0} ns", ns(b));
+    println!("  guarded, L1 hit             {:>9.0} ns", ns(g));
+    println!(
+        "  overhead                    {:>9.0} ns ({:.2}x the bare service)",
+        ns(g) - ns(b),
+        ns(g) / ns(b)
+    );
+    println!(
+        "  of which moka get (alone)   {:>9.0} ns ({:.0}% of the overhead)",
+        ns(m),
+        100.0 * ns(m) / (ns(g) - ns(b)).max(1.0)
+    );
+    println!(
+        "  of which key hash (alone)   {:>9.0} ns ({:.0}% of the overhead)",
+        ns(h),
+        100.0 * ns(h) / (ns(g) - ns(b)).max(1.0)
+    );
+    println!(
+        "  Redis commands during {} hits: {during}",
+        u64::from(BATCH) * ROUNDS as u64
+    );
+}
+
+fn main() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        phase(&server, "no metrics recorder").await;
+        let _handle = stampede_guard::prometheus::install().unwrap();
+        phase(&server, "Prometheus recorder installed").await;
+    });
+}

@@ -93,6 +93,9 @@ pub(crate) async fn listen(shared: Weak<Shared>, subscribed: watch::Sender<bool>
             Some(s) => (s.store.clone(), s.channel.clone()),
             None => return,
         };
+        if store.is_local_only() {
+            return; // nobody to hear, nobody to tell
+        }
         let timeout = store.connect_timeout();
         if let Ok(mut pubsub) = store.pubsub(timeout).await
             && let Ok(Ok(())) = tokio::time::timeout(timeout, pubsub.subscribe(&channel)).await

@@ -799,3 +799,46 @@ async fn the_soft_timeout_serves_the_expired_entry_while_the_fill_goes_on() {
     );
     assert_eq!(origin.calls(), 2);
 }
+
+/// Without Redis at all, the guard still coalesces: one origin call per key per process,
+/// stale served while refreshing, and no Redis errors counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_only_guard_coalesces_without_redis() {
+    let origin = Origin::versions(Duration::from_millis(100));
+    let guard = StampedeGuard::builder(RedisStore::local_only(), keys())
+        .build()
+        .unwrap();
+    let i = web::instance(
+        guard,
+        policy("items")
+            .fresh_ttl(Duration::from_millis(300))
+            .build()
+            .unwrap(),
+        origin.service(),
+    )
+    .await;
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let service = i.service.clone();
+        tasks.push(tokio::spawn(async move {
+            send(&service, get("/items/1")).await
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap().body, "v1");
+    }
+    assert_eq!(origin.calls(), 1);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
+    let service = &i.service;
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            send(service, get("/items/1")).await.body == "v2"
+        })
+        .await
+    );
+    assert_eq!(origin.calls(), 2);
+    let stats = i.layer.stats();
+    assert_eq!(stats.get(Event::RedisError), 0, "{stats:?}");
+    assert_eq!(stats.get(Event::LocalOnly), 2, "{stats:?}");
+}

@@ -337,7 +337,14 @@ where
 {
     let policy = &route.policy;
     // Another instance may have refreshed already: take its entry rather than the lease.
-    let redis_up = match l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await {
+    let read = if route.shared.store.is_local_only() {
+        Err(())
+    } else {
+        l2_read(&route.shared.store, keys.entry(), route.policy.max_body)
+            .await
+            .map_err(|_| route.stats.record(Event::RedisError))
+    };
+    let redis_up = match read {
         Ok(L2Read::Found(stored))
             if stored.response.token > current.response.token
                 || stored.freshness() == Freshness::Fresh =>
@@ -351,10 +358,7 @@ where
             true
         }
         Ok(_) => true,
-        Err(_) => {
-            route.stats.record(Event::RedisError);
-            false
-        }
+        Err(()) => false,
     };
     let lease = if redis_up {
         match route

@@ -168,6 +168,9 @@ impl StampedeGuard {
     /// service start warm, and lets tests know other instances will hear this one's
     /// notices.
     pub async fn ready(&self) -> Result<(), StoreError> {
+        if self.shared.store.is_local_only() {
+            return Ok(());
+        }
         self.shared.store.ping().await?;
         self.shared.ensure_listener();
         let mut subscribed = self.shared.subscribed.subscribe();
@@ -220,7 +223,7 @@ impl Shared {
     /// Starts the notice subscription on first use (a runtime is needed for it), and
     /// again if its task ended (its runtime went away). One atomic load when it runs.
     pub(crate) fn ensure_listener(self: &Arc<Self>) {
-        if self.listening.load(Ordering::Acquire) {
+        if self.listening.load(Ordering::Acquire) || self.store.is_local_only() {
             return;
         }
         let mut listener = self.listener.lock().expect("listener lock");

@@ -141,8 +141,13 @@ where
         route.stats.record(Event::L1Miss);
     }
 
-    let mut redis_ok = true;
-    match l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await {
+    let mut redis_ok = !route.shared.store.is_local_only();
+    let read = if redis_ok {
+        l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await
+    } else {
+        Ok(L2Read::Miss)
+    };
+    match read {
         Ok(L2Read::Found(stored)) => {
             route.stats.record(Event::L2Hit);
             route.put_l1(keys.entry().into(), stored.clone()).await;
@@ -166,7 +171,8 @@ where
                 }
             }
         }
-        Ok(L2Read::Miss) => route.stats.record(Event::L2Miss),
+        Ok(L2Read::Miss) if redis_ok => route.stats.record(Event::L2Miss),
+        Ok(L2Read::Miss) => {}
         Ok(L2Read::Garbage(reason)) => {
             route.stats.record(Event::DecodeFailure);
             route.stats.record(Event::L2Miss);

@@ -66,6 +66,15 @@ impl Breaker {
         }
     }
 
+    /// A breaker that is open for good and never probes: a store without Redis.
+    pub(crate) fn always_open() -> Self {
+        Self {
+            config: BreakerConfig::default(),
+            open: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+        }
+    }
+
     pub(crate) fn is_open(&self) -> bool {
         self.open.load(Ordering::Relaxed)
     }

@@ -159,14 +159,11 @@ impl KeySpace {
     /// guard its refresh, all in one hash slot. `identity` is everything that tells the
     /// request apart (host, path, keyed query and headers); it is hashed.
     pub fn cache(&self, route: &str, identity: &[u8]) -> Result<CacheKeys, ConfigError> {
-        let base = self.base(&[Scope::label(route), Scope::id("req", identity)], "fill")?;
+        let mut entry = self.base(&[Scope::label(route), Scope::id("req", identity)], "fill")?;
+        entry.push_str(":entry");
         Ok(CacheKeys {
-            entry: format!("{base}:entry"),
-            lease: LeaseName {
-                lease: format!("{base}:lease"),
-                fence: format!("{base}:fence"),
-                operation: metrics::SharedString::const_str("fill"),
-            },
+            entry,
+            lease: std::sync::OnceLock::new(),
         })
     }
 
@@ -301,11 +298,22 @@ impl LeaseName {
 }
 
 /// The keys of one cached response (see [`KeySpace::cache`]).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+///
+/// Only the entry key is built up front (it is all an L1 hit needs); the lease's keys are
+/// derived from it the first time they are asked for.
+#[derive(Clone, Debug)]
 pub struct CacheKeys {
     entry: String,
-    lease: LeaseName,
+    lease: std::sync::OnceLock<LeaseName>,
 }
+
+impl PartialEq for CacheKeys {
+    fn eq(&self, other: &Self) -> bool {
+        self.entry == other.entry
+    }
+}
+
+impl Eq for CacheKeys {}
 
 impl CacheKeys {
     /// The entry's key.
@@ -315,7 +323,14 @@ impl CacheKeys {
 
     /// The refresh lease of the entry.
     pub fn lease(&self) -> &LeaseName {
-        &self.lease
+        self.lease.get_or_init(|| {
+            let base = self.entry.strip_suffix(":entry").unwrap_or(&self.entry);
+            LeaseName {
+                lease: format!("{base}:lease"),
+                fence: format!("{base}:fence"),
+                operation: metrics::SharedString::const_str("fill"),
+            }
+        })
     }
 }
 

@@ -55,6 +55,11 @@ impl Waiters {
 }
 
 impl Wait {
+    /// Whether a notice for the key came since registration (or the last wait).
+    pub(crate) fn has_notice(&self) -> bool {
+        self.rx.has_changed().unwrap_or(false)
+    }
+
     /// Resolves at the next notice for the key after registration (or the previous
     /// call).
     pub(crate) async fn notified(&mut self) {

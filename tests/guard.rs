@@ -795,7 +795,10 @@ async fn the_soft_timeout_serves_the_expired_entry_while_the_fill_goes_on() {
         eventually(Duration::from_secs(2), || async {
             send(service, get("/items/1")).await.body == "v2"
         })
-        .await
+        .await,
+        "{:?}, {} origin calls",
+        i.layer.stats(),
+        origin.calls()
     );
     assert_eq!(origin.calls(), 2);
 }

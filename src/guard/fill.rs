@@ -180,6 +180,11 @@ where
     B: Body<Data = Bytes>,
 {
     let policy = &route.policy;
+    // The caller looked in the caches before this fill began; another fill may have
+    // landed since (here, or elsewhere: its notice then came). Take that instead.
+    if let Some(stored) = landed_meanwhile(&route, &keys, local_token, false).await {
+        return FillOutcome::Stored(stored);
+    }
     // A request waits on Redis at most once: if its cache read failed, it does not also
     // wait on the lease.
     let mut lease = if redis_ok {
@@ -189,7 +194,15 @@ where
             .try_acquire(keys.lease(), policy.lease_ttl)
             .await
         {
-            AcquireOutcome::Acquired(lease) => Some(lease),
+            AcquireOutcome::Acquired(lease) => {
+                if let Some(stored) =
+                    landed_meanwhile(&route, &keys, local_token, wait.has_notice()).await
+                {
+                    release(&route, Some(lease)).await;
+                    return FillOutcome::Stored(stored);
+                }
+                Some(lease)
+            }
             AcquireOutcome::Busy { .. } => return wait_for_remote(&route, &keys, &mut wait).await,
             other => {
                 lease_unavailable(&route, other);
@@ -275,6 +288,31 @@ where
             }
         }
     }
+}
+
+/// An entry newer than what the caller found (`seen`), that landed while it looked: in
+/// L1 (free to check), or in L2 when `notified` says another instance wrote one.
+async fn landed_meanwhile(
+    route: &Route,
+    keys: &CacheKeys,
+    seen: FencingToken,
+    notified: bool,
+) -> Option<Arc<Stored>> {
+    let usable = |s: &Stored| s.freshness() != Freshness::Expired && s.response.token > seen;
+    if let Some(stored) = route.l1().get(keys.entry()).await
+        && usable(&stored)
+    {
+        return Some(stored);
+    }
+    if notified
+        && let Ok(L2Read::Found(stored)) =
+            l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await
+        && usable(&stored)
+    {
+        route.put_l1(keys.entry().into(), stored.clone()).await;
+        return Some(stored);
+    }
+    None
 }
 
 /// Another instance holds the lease: wait for its entry, woken by its notice, at most the

@@ -126,7 +126,9 @@ impl Origin {
                         opened.await;
                     }
                 }
-                tokio::time::sleep(origin.delay).await;
+                if !origin.delay.is_zero() {
+                    tokio::time::sleep(origin.delay).await;
+                }
                 let response = (origin.answer)(n, &request);
                 origin.returned.lock().unwrap().push(origin.seq.next());
                 Ok::<_, Infallible>(response)

@@ -116,11 +116,10 @@ async fn commands(server: &RedisServer) -> u64 {
 async fn phase(server: &RedisServer, label: &str) {
     let bare = bare();
     let guarded = guarded(server).await;
-    let moka: moka::future::Cache<Arc<str>, Arc<Bytes>> = moka::future::Cache::new(1000);
+    let moka: moka::sync::Cache<Arc<str>, Arc<Bytes>> = moka::sync::Cache::new(1000);
     let key: Arc<str> =
         Arc::from("sg:bench:bench:{items:req_0123456789abcdef0123456789abcdef}:fill:entry");
-    moka.insert(key.clone(), Arc::new(Bytes::from_static(BODY)))
-        .await;
+    moka.insert(key.clone(), Arc::new(Bytes::from_static(BODY)));
     let keys = KeySpace::builder()
         .env("bench")
         .service("bench")
@@ -135,7 +134,7 @@ async fn phase(server: &RedisServer, label: &str) {
         g.push(per_request(&guarded).await);
         let start = Instant::now();
         for _ in 0..BATCH {
-            black_box(moka.get(&*key).await);
+            black_box(moka.get(&*key));
         }
         m.push(start.elapsed() / BATCH);
         let start = Instant::now();

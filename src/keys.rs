@@ -136,8 +136,20 @@ impl KeySpace {
         let mut out = String::with_capacity(kind.len() + 1 + HASH_BYTES * 2);
         out.push_str(kind);
         out.push('_');
-        out.push_str(&hex::encode(&digest[..HASH_BYTES]));
+        push_hex(&mut out, &digest[..HASH_BYTES]);
         out
+    }
+
+    /// Writes `{kind}_{hex}` onto `key`, without a String of its own.
+    fn push_hash(&self, key: &mut String, kind: &str, value: &[u8]) {
+        let mut mac = self.inner.mac.clone();
+        mac.update(kind.as_bytes());
+        mac.update(&[0x1f]);
+        mac.update(value);
+        let digest = mac.finalize().into_bytes();
+        key.push_str(kind);
+        key.push('_');
+        push_hex(key, &digest[..HASH_BYTES]);
     }
 
     /// The keys of a lease on `scope` for `operation`: the lease itself and its fence
@@ -202,7 +214,7 @@ impl KeySpace {
                 }
                 Scope::Id { kind, value } => {
                     check_label("scope", kind, 32, false)?;
-                    key.push_str(&self.hash_unchecked(kind, value));
+                    self.push_hash(&mut key, kind, value);
                 }
             }
         }
@@ -415,6 +427,13 @@ impl KeySpaceBuilder {
             }),
         })
     }
+}
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    let mut buf = [0u8; HASH_BYTES * 2];
+    let hex = &mut buf[..bytes.len() * 2];
+    hex::encode_to_slice(bytes, hex).expect("the buffer fits the digest");
+    out.push_str(std::str::from_utf8(hex).expect("hex is ASCII"));
 }
 
 /// Checks a name that is written into keys as it is.

@@ -147,9 +147,9 @@ async fn handle(shared: &Shared, payload: &[u8]) {
         }
         Some((Notice::Invalidated, key, token)) => {
             if let Some(token) = token {
-                shared.tombstones.insert(key.into(), token).await;
+                shared.tombstones.insert(key.into(), token);
             }
-            shared.l1.invalidate(key).await;
+            shared.l1.invalidate(key);
             shared.waiters.wake(key);
         }
         None => {}

@@ -12,8 +12,8 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use moka::Expiry;
-use moka::future::Cache;
 use moka::ops::compute::{CompResult, Op};
+use moka::sync::Cache;
 use redis::{Script, Value};
 
 use crate::entry::{self, CachedResponse};
@@ -135,29 +135,20 @@ pub(crate) fn new_tombstones() -> Tombstones {
 
 /// Puts an entry in L1 unless an entry with a higher token is there, or the key was
 /// invalidated after the entry was made. Returns whether it was put.
-pub(crate) async fn l1_put(
-    l1: &L1,
-    tombstones: &Tombstones,
-    key: Arc<str>,
-    stored: Arc<Stored>,
-) -> bool {
+///
+/// L1 is moka's synchronous cache: its operations do not wait, so the request path can
+/// answer a hit without an `await` (and without allocating a future).
+pub(crate) fn l1_put(l1: &L1, tombstones: &Tombstones, key: Arc<str>, stored: Arc<Stored>) -> bool {
     if tombstones
         .get(&key)
-        .await
         .is_some_and(|tomb| stored.response.token < tomb)
     {
         return false;
     }
-    let result = l1
-        .entry(key)
-        .and_compute_with(|existing| {
-            let op = match existing {
-                Some(e) if e.value().response.token > stored.response.token => Op::Nop,
-                _ => Op::Put(stored.clone()),
-            };
-            std::future::ready(op)
-        })
-        .await;
+    let result = l1.entry(key).and_compute_with(|existing| match existing {
+        Some(e) if e.value().response.token > stored.response.token => Op::Nop,
+        _ => Op::Put(stored.clone()),
+    });
     matches!(
         result,
         CompResult::Inserted(_) | CompResult::ReplacedWith(_)

@@ -299,7 +299,7 @@ async fn landed_meanwhile(
     notified: bool,
 ) -> Option<Arc<Stored>> {
     let usable = |s: &Stored| s.freshness() != Freshness::Expired && s.response.token > seen;
-    if let Some(stored) = route.l1().get(keys.entry()).await
+    if let Some(stored) = route.l1().get(keys.entry())
         && usable(&stored)
     {
         return Some(stored);

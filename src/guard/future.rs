@@ -12,10 +12,17 @@ type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>,
 
 /// The response future of [`Guard`](super::Guard).
 ///
-/// The request path awaits the caches (and, on a cold miss, a fill), so it is one boxed
-/// future rather than a state machine spelled out by hand.
+/// A hit in L1 is answered when the service is called, and the future is ready at once.
+/// Past L1 the request path awaits Redis (and, on a cold miss, a fill): that part is one
+/// boxed future rather than a state machine spelled out by hand.
 pub struct ResponseFuture<B: Body, E> {
-    inner: Boxed<B, E>,
+    inner: Inner<B, E>,
+}
+
+enum Inner<B: Body, E> {
+    /// Answered from L1 when called: nothing to wait for, nothing allocated.
+    Ready(Option<Response<ResponseBody<B>>>),
+    Boxed(Boxed<B, E>),
 }
 
 impl<B: Body, E> ResponseFuture<B, E> {
@@ -23,7 +30,13 @@ impl<B: Body, E> ResponseFuture<B, E> {
         future: impl Future<Output = Result<Response<ResponseBody<B>>, E>> + Send + 'static,
     ) -> Self {
         Self {
-            inner: Box::pin(future),
+            inner: Inner::Boxed(Box::pin(future)),
+        }
+    }
+
+    pub(crate) fn ready(response: Response<ResponseBody<B>>) -> Self {
+        Self {
+            inner: Inner::Ready(Some(response)),
         }
     }
 }
@@ -31,8 +44,14 @@ impl<B: Body, E> ResponseFuture<B, E> {
 impl<B: Body, E> Future for ResponseFuture<B, E> {
     type Output = Result<Response<ResponseBody<B>>, E>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Unpin: both variants are (a response, a boxed future).
+        match &mut self.get_mut().inner {
+            Inner::Ready(response) => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
+            Inner::Boxed(future) => future.as_mut().poll(cx),
+        }
     }
 }
 

@@ -43,12 +43,12 @@ impl Route {
 
     /// Puts an entry in L1, fenced against newer entries and invalidations.
     pub(crate) async fn put_l1(&self, key: Arc<str>, stored: Arc<Stored>) -> bool {
-        l1_put(&self.shared.l1, &self.shared.tombstones, key, stored).await
+        l1_put(&self.shared.l1, &self.shared.tombstones, key, stored)
     }
 
     /// The token of the key's last invalidation seen here, if any.
     pub(crate) async fn tombstone(&self, key: &str) -> Option<FencingToken> {
-        self.shared.tombstones.get(key).await
+        self.shared.tombstones.get(key)
     }
 
     /// How long a fill of this route can take at most: what an invalidation's tombstone
@@ -113,12 +113,12 @@ impl GuardLayer {
         let Some(keys) = self.route.keys_for(request) else {
             return Ok(false);
         };
-        self.route.l1().invalidate(keys.entry()).await;
+        self.route.l1().invalidate(keys.entry());
         let shared = &self.route.shared;
         let (existed, token) =
             l2_invalidate(&shared.store, &keys, &shared.channel, self.route.max_fill()).await?;
-        shared.tombstones.insert(keys.entry().into(), token).await;
-        self.route.l1().invalidate(keys.entry()).await;
+        shared.tombstones.insert(keys.entry().into(), token);
+        self.route.l1().invalidate(keys.entry());
         Ok(existed)
     }
 }

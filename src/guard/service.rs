@@ -85,20 +85,70 @@ where
         // request, and the clone stays for the next one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
+        let route = &self.route;
+        route.shared.ensure_listener();
+        let kind = match rules::classify(&route.policy, &request) {
+            Ok(kind) => kind,
+            Err(reason) => {
+                route.stats.record(Event::Bypass);
+                tracing::trace!(reason = reason.as_str(), "not cacheable: bypass");
+                let route = route.clone();
+                return ResponseFuture::new(async move {
+                    passthrough(&route, inner, request, "bypass").await
+                });
+            }
+        };
+        let Some(keys) = route.keys_for(&request) else {
+            route.stats.record(Event::Bypass);
+            let route = route.clone();
+            return ResponseFuture::new(async move {
+                passthrough(&route, inner, request, "bypass").await
+            });
+        };
+        // L1 answers fresh and stale entries here, without a future to allocate: the
+        // common case costs a hash, a lookup and the response.
+        let fallback = match route.l1().get(keys.entry()) {
+            Some(stored) => {
+                route.stats.record(Event::L1Hit);
+                match stored.freshness() {
+                    Freshness::Fresh => {
+                        route.stats.record(Event::Hit);
+                        return ResponseFuture::ready(serve(&stored, kind, "hit"));
+                    }
+                    Freshness::Stale => {
+                        route.stats.record(Event::Stale);
+                        spawn_refresh(route, keys, stored.clone(), &request, inner);
+                        return ResponseFuture::ready(serve(&stored, kind, "stale"));
+                    }
+                    Freshness::Expired => Some(stored),
+                }
+            }
+            None => {
+                route.stats.record(Event::L1Miss);
+                None
+            }
+        };
         ResponseFuture::new(handle(
-            self.route.clone(),
+            route.clone(),
             self.flights.clone(),
             inner,
             request,
+            kind,
+            keys,
+            fallback,
         ))
     }
 }
 
+/// Past L1: L2, then a cold fill.
 async fn handle<S, ReqBody, ResBody>(
     route: Arc<Route>,
     flights: Arc<Flights>,
     inner: S,
     request: Request<ReqBody>,
+    kind: Kind,
+    keys: CacheKeys,
+    mut fallback: Option<Arc<Stored>>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -108,39 +158,6 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Send + 'static,
 {
-    route.shared.ensure_listener();
-    let kind = match rules::classify(&route.policy, &request) {
-        Ok(kind) => kind,
-        Err(reason) => {
-            route.stats.record(Event::Bypass);
-            tracing::trace!(reason = reason.as_str(), "not cacheable: bypass");
-            return passthrough(&route, inner, request, "bypass").await;
-        }
-    };
-    let Some(keys) = route.keys_for(&request) else {
-        route.stats.record(Event::Bypass);
-        return passthrough(&route, inner, request, "bypass").await;
-    };
-
-    let mut fallback: Option<Arc<Stored>> = None;
-    if let Some(stored) = route.l1().get(keys.entry()).await {
-        route.stats.record(Event::L1Hit);
-        match stored.freshness() {
-            Freshness::Fresh => {
-                route.stats.record(Event::Hit);
-                return Ok(serve(&stored, kind, "hit"));
-            }
-            Freshness::Stale => {
-                route.stats.record(Event::Stale);
-                spawn_refresh(&route, keys, stored.clone(), &request, inner);
-                return Ok(serve(&stored, kind, "stale"));
-            }
-            Freshness::Expired => fallback = Some(stored),
-        }
-    } else {
-        route.stats.record(Event::L1Miss);
-    }
-
     let mut redis_ok = !route.shared.store.is_local_only();
     let read = if redis_ok {
         l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await

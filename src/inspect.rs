@@ -148,8 +148,10 @@ pub async fn describe(store: &RedisStore, key: &str) -> Result<Item, StoreError>
     Ok(item)
 }
 
-/// Deletes a lease key, and only a lease key. Returns what it was, or `None` if it was
-/// gone already. Refused (an error of kind `Response`) for any other key.
+/// Deletes a lease key, and only a lease key, and only while it is held by the owner it
+/// had when it was looked at: a lease taken by someone else in between is left alone
+/// (`Ok(None)`). Returns what was deleted. Refused (an error of kind `Response`) for any
+/// other key.
 pub async fn delete_lease(store: &RedisStore, key: &str) -> Result<Option<Item>, StoreError> {
     if !key.ends_with(":lease") {
         return Err(StoreError::new(
@@ -159,11 +161,15 @@ pub async fn delete_lease(store: &RedisStore, key: &str) -> Result<Option<Item>,
         ));
     }
     let item = describe(store, key).await?;
-    if item.pttl_ms == -2 {
+    let owner: Option<String> = run(store, redis::cmd("GET").arg(key)).await.ok().flatten();
+    let Some(owner) = owner else {
         return Ok(None);
+    };
+    if crate::lease::release_if_owner(store, key, &owner).await? {
+        Ok(Some(item))
+    } else {
+        Ok(None)
     }
-    let _: i64 = run(store, redis::cmd("DEL").arg(key)).await?;
-    Ok(Some(item))
 }
 
 async fn run<T: redis::FromRedisValue>(

@@ -106,7 +106,6 @@ pub(crate) async fn listen(shared: Weak<Shared>, subscribed: watch::Sender<bool>
             && let Ok(Ok(())) = tokio::time::timeout(timeout, pubsub.subscribe(&channel)).await
         {
             drop(store);
-            backoff = Duration::from_millis(50);
             subscribed.send_replace(true);
             let (mut sink, mut messages) = pubsub.split();
             let mut ping = tokio::time::interval(PING_EVERY);
@@ -128,6 +127,9 @@ pub(crate) async fn listen(shared: Weak<Shared>, subscribed: watch::Sender<bool>
                         if !matches!(pong, Ok(Ok(_))) {
                             break;
                         }
+                        // Healthy for a ping: only now is a reconnect quick again (a
+                        // server that takes SUBSCRIBE and drops us is not retried at 20/s).
+                        backoff = Duration::from_millis(50);
                     }
                 }
             }

@@ -190,6 +190,12 @@ async fn outage_under_load(outage: Outage) {
         .map(|s| s.latency)
         .max()
         .unwrap_or_default();
+    let mut outage_latencies: Vec<Duration> = in_outage.iter().map(|s| s.latency).collect();
+    outage_latencies.sort();
+    let p999_in_outage = outage_latencies
+        .get(outage_latencies.len().saturating_sub(1) * 999 / 1000)
+        .copied()
+        .unwrap_or_default();
     let worst_overall = samples.iter().map(|s| s.latency).max().unwrap_or_default();
     let log = origin.log.lock().unwrap().clone();
     let warm_calls_between = |from: Duration, to: Duration| -> Vec<&String> {
@@ -214,8 +220,9 @@ async fn outage_under_load(outage: Outage) {
     eprintln!(
         "outage {outage:?}: {} requests ({} during the outage), {fives} 5xx; warm-key origin \
          calls during the outage {} (bound {}), after recovery {} over {windows_after:.1} \
-         windows for {KEYS} keys (max per key {}); worst latency during the outage \
-         {worst_in_outage:?}, overall {worst_overall:?}; breaker open at 7 s: {breaker_opened}; \
+         windows for {KEYS} keys (max per key {}); latency during the outage p99.9 \
+         {p999_in_outage:?}, worst {worst_in_outage:?}, overall {worst_overall:?}; breaker \
+         open at 7 s: {breaker_opened}; \
          closed again {recovered_after:?} after Redis came back",
         samples.len(),
         in_outage.len(),
@@ -258,8 +265,15 @@ async fn outage_under_load(outage: Outage) {
             .values()
             .all(|&n| n <= windows_after.ceil() as usize + 1)
     );
+    // The 99.9th percentile against the Redis timeout; the very worst against a bound
+    // that a stalled 2-core machine cannot blur into a pass for a request that really
+    // waited on a dead Redis (which would be seconds: the connect timeout and more).
     assert!(
-        worst_in_outage < TIMEOUT + MARGIN,
+        p999_in_outage < TIMEOUT + MARGIN,
+        "p99.9 {p999_in_outage:?} during the outage"
+    );
+    assert!(
+        worst_in_outage < Duration::from_secs(1),
         "a request waited {worst_in_outage:?} during the outage"
     );
     if outage == Outage::Pause {
@@ -579,17 +593,21 @@ async fn stored_token(server: &RedisServer, entry: &str) -> String {
     server.conn().await.hget(entry, "t").await.unwrap()
 }
 
-/// 400 requests dropped while their fills take leases leave no lease key behind after
-/// three TTLs (fills run in tasks of their own, and release; what they could not release
-/// expires).
+/// 400 requests dropped while their fills take leases: the fills go on without their
+/// callers, and release their leases when they write, so no lease key is left, long
+/// before any lease could have ended by its TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_cancelled_mid_fill_leave_no_lease_behind() {
     let server = RedisServer::start();
     let origin = Origin::versions(Duration::from_millis(50));
-    let ttl = Duration::from_millis(400);
+    let ttl = Duration::from_secs(5);
     let i = instance(
         guard_at(&server.url(), BreakerConfig::default()),
-        policy().lease_ttl(ttl).build().unwrap(),
+        policy()
+            .lease_ttl(ttl)
+            .refresh_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap(),
         origin.service(),
     )
     .await;
@@ -600,23 +618,25 @@ async fn requests_cancelled_mid_fill_leave_no_lease_behind() {
             send(&service, get(&format!("/items/{}", n % 40))).await
         }));
     }
-    tokio::time::sleep(Duration::from_millis(2)).await;
+    // Long enough for every fill to have started (and taken its lease), far shorter
+    // than the origin's 50 ms.
+    assert!(eventually(Duration::from_secs(2), || async { origin.calls() == 40 }).await);
     for task in &tasks {
         task.abort();
     }
-    tokio::time::sleep(ttl * 3).await;
+    let fills_done = eventually(Duration::from_secs(2), || async {
+        i.layer.stats().get(Event::ColdFill) == 40 && server.scan("*:entry").await.len() == 40
+    })
+    .await;
+    assert!(fills_done, "{:?}", i.layer.stats());
     let leases = server.scan("*:lease").await;
     assert!(
         leases.is_empty(),
         "{} lease keys left: {leases:?}",
         leases.len()
     );
-    // The fills went on without their callers.
-    assert!(
-        origin.calls() <= 40,
-        "{} origin calls for 40 keys",
-        origin.calls()
-    );
+    // One fill per key, whatever happened to the callers.
+    assert_eq!(origin.calls(), 40);
 }
 
 /// Randomized trials: a refresher takes its lease and reads the origin; then Redis

@@ -43,7 +43,7 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
         .build()
         .unwrap();
     let policy = Policy::builder("items")
-        .fresh_ttl(Duration::from_millis(300))
+        .fresh_ttl(Duration::from_millis(500))
         .grace(Duration::from_secs(30))
         .lease_ttl(Duration::from_secs(2))
         .refresh_timeout(Duration::from_secs(2))
@@ -63,7 +63,7 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
     assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "miss");
     assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "hit");
     // A stale entry, refreshed.
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    tokio::time::sleep(Duration::from_millis(550)).await;
     assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
     assert!(
         eventually(Duration::from_secs(2), || async {
@@ -83,7 +83,7 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
         AcquireOutcome::Acquired(lease) => lease,
         outcome => panic!("{outcome:?}"),
     };
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    tokio::time::sleep(Duration::from_millis(550)).await;
     assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
     assert!(
         eventually(Duration::from_secs(2), || async {
@@ -93,8 +93,8 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
     );
     let _ = other.release(held).await;
     // A refused fenced write: a refresh that began before an invalidation. (Past the
-    // hold-off the busy lease left, at most its TTL.)
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // hold-off the busy lease left: at most its TTL.)
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     origin.hold(origin.calls() + 1);
     let started = origin.started.notified();
     assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
@@ -107,6 +107,8 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
         })
         .await
     );
+    // Let the refused refresh's last look at L2 end before Redis goes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     // Redis killed: a cold key is served by the origin, without Redis.
     server.kill();
     assert_eq!(send(&i.service, get("/items/2")).await.x_cache(), "miss");

@@ -139,15 +139,21 @@ pub(crate) fn new_tombstones() -> Tombstones {
 /// L1 is moka's synchronous cache: its operations do not wait, so the request path can
 /// answer a hit without an `await` (and without allocating a future).
 pub(crate) fn l1_put(l1: &L1, tombstones: &Tombstones, key: Arc<str>, stored: Arc<Stored>) -> bool {
-    if tombstones
-        .get(&key)
-        .is_some_and(|tomb| stored.response.token < tomb)
-    {
+    let refused = |tombstones: &Tombstones| {
+        tombstones
+            .get(&key)
+            .is_some_and(|tomb| stored.response.token < tomb)
+    };
+    if refused(tombstones) {
         return false;
     }
-    let result = l1.entry(key).and_compute_with(|existing| match existing {
-        Some(e) if e.value().response.token > stored.response.token => Op::Nop,
-        _ => Op::Put(stored.clone()),
+    let result = l1.entry(key.clone()).and_compute_with(|existing| {
+        match existing {
+            Some(e) if e.value().response.token > stored.response.token => Op::Nop,
+            // Again, under the entry's lock: an invalidation may have come since.
+            _ if refused(tombstones) => Op::Nop,
+            _ => Op::Put(stored.clone()),
+        }
     });
     matches!(
         result,
@@ -164,16 +170,17 @@ pub(crate) enum L2Read {
     Garbage(&'static str),
 }
 
-/// Reads an entry of at most about `max_size` bytes.
+/// Reads an entry, within the command timeout (reads are on the request path: they get
+/// no slack for size; an entry too large to read in time is a miss).
 pub(crate) async fn l2_read(
     store: &RedisStore,
     key: &str,
-    max_size: usize,
+    _max_size: usize,
 ) -> Result<L2Read, StoreError> {
     let mut invocation = READ.prepare_invoke();
     invocation.key(key);
     let value: Value = store
-        .run_sized(Operation::Read, Request::Script(&invocation), max_size)
+        .run(Operation::Read, Request::Script(&invocation))
         .await?;
     Ok(match value {
         // (Nil and false: what older versions of the script and RESP3 would send.)

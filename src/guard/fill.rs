@@ -412,6 +412,7 @@ where
                 return Some(retry_after.map_or(ttl, |left| left.min(ttl)));
             }
             other => {
+                route.stats.record(Event::RefreshRedisError);
                 lease_unavailable(&route, other);
                 None
             }

@@ -113,10 +113,23 @@ impl GuardLayer {
         let Some(keys) = self.route.keys_for(request) else {
             return Ok(false);
         };
-        self.route.l1().invalidate(keys.entry());
         let shared = &self.route.shared;
+        // Locally first, and whatever Redis says: a fill in flight here must not put the
+        // old entry back. A local tombstone outranks every token issued so far.
+        let local = crate::lease::FencingToken::new(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
+        );
+        shared.tombstones.insert(keys.entry().into(), local);
+        self.route.l1().invalidate(keys.entry());
+        if shared.store.is_local_only() {
+            return Ok(true);
+        }
         let (existed, token) =
             l2_invalidate(&shared.store, &keys, &shared.channel, self.route.max_fill()).await?;
+        // Redis's token from now on: it orders against the fills' tokens, which come from
+        // the same clock (the local one only covered the round trip).
         shared.tombstones.insert(keys.entry().into(), token);
         self.route.l1().invalidate(keys.entry());
         Ok(existed)

@@ -158,6 +158,9 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Send + 'static,
 {
+    // Registered before looking in L2: a fill notice that comes between the look and this
+    // request's own fill is then seen, and the fill takes that entry instead.
+    let wait = route.shared.waiters.register(keys.entry().into());
     let mut redis_ok = !route.shared.store.is_local_only();
     let read = if redis_ok {
         l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await
@@ -207,10 +210,14 @@ where
         route.stats.record(Event::Miss);
         return passthrough(&route, inner, request, "miss").await;
     }
-    cold(route, flights, inner, request, keys, fallback, redis_ok).await
+    cold(
+        route, flights, inner, request, keys, fallback, redis_ok, wait,
+    )
+    .await
 }
 
 /// Nothing servable is cached: join (or lead) the key's fill, and answer from it.
+#[allow(clippy::too_many_arguments)]
 async fn cold<S, ReqBody, ResBody>(
     route: Arc<Route>,
     flights: Arc<Flights>,
@@ -219,6 +226,7 @@ async fn cold<S, ReqBody, ResBody>(
     keys: CacheKeys,
     fallback: Option<Arc<Stored>>,
     redis_ok: bool,
+    wait: crate::notify::Wait,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -233,7 +241,6 @@ where
     let is_leader = lead.is_some();
     if let Some(lead) = lead {
         let fill_request = rules::fill_request(&route.policy, &request);
-        let wait = route.shared.waiters.register(key.clone());
         let local_token = fallback
             .as_ref()
             .map_or(FencingToken::new(1), |f| f.response.token);
@@ -255,9 +262,12 @@ where
         );
     }
     let policy = &route.policy;
+    // The fill's own waits: the origin, a wait for another instance, and its Redis
+    // round trips (the write's deadline grows with the entry's size).
     let bound = policy.refresh_timeout
         + policy.cold_wait
         + route.shared.store.command_timeout() * 4
+        + Duration::from_micros(policy.max_body as u64 / 32)
         + Duration::from_millis(100);
     let waited = match (policy.soft_timeout, &fallback) {
         // Something may be served instead: wait only the soft timeout; the fill goes on.

@@ -21,6 +21,21 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scri
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
 
+/// Releases the lease at `key` if its owner value is still `owner` (for the inspection
+/// tool, which read the value itself and shows only its holder).
+pub(crate) async fn release_if_owner(
+    store: &RedisStore,
+    key: &str,
+    owner: &str,
+) -> Result<bool, StoreError> {
+    let mut invocation = RELEASE.prepare_invoke();
+    invocation.key(key).arg(owner);
+    let released: i64 = store
+        .run(Operation::Release, Request::Script(&invocation))
+        .await?;
+    Ok(released == 1)
+}
+
 /// A lease must last at least this many command timeouts: long enough for an acquire, a
 /// renewal and a release to each time out once and still leave the holder time to work.
 pub const MIN_TTL_PER_COMMAND_TIMEOUT: u32 = 4;

@@ -79,6 +79,7 @@ mod client;
 mod outcome;
 mod watchdog;
 
+pub(crate) use self::client::release_if_owner;
 pub use self::client::{
     DEFAULT_FENCE_RETENTION, DEFAULT_LEASE_TTL, LeaseClient, LeaseClientBuilder, MAX_LEASE_TTL,
     MIN_TTL_PER_COMMAND_TIMEOUT,

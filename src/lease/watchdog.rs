@@ -76,7 +76,11 @@ impl LeaseClient {
         let every = ttl / 3;
         let watchdog = async {
             loop {
-                tokio::time::sleep_until((Instant::now() + every).min(deadline)).await;
+                // Wake for the next renewal, the maximum, or the moment the lease may have
+                // expired (after failed renewals), whichever comes first.
+                let valid_until = Instant::from_std(lease.valid_until());
+                tokio::time::sleep_until((Instant::now() + every).min(deadline).min(valid_until))
+                    .await;
                 if Instant::now() >= deadline {
                     return LeaseLost::MaxDuration;
                 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 
-/// The gauge of the breaker's state: 1 while open.
+/// The gauge of the breakers' state: how many are open in this process (one per store).
 pub const CIRCUIT_OPEN: &str = "stampede_guard_redis_circuit_open";
 /// Counter of breaker openings.
 pub const CIRCUIT_OPENED: &str = "stampede_guard_redis_circuit_opened_total";
@@ -54,15 +54,20 @@ pub(crate) struct Breaker {
     config: BreakerConfig,
     open: AtomicBool,
     failures: AtomicU32,
+    /// Whether a probe task runs; cleared by the task however it ends, so that a probe
+    /// lost with its runtime is started again.
+    pub(crate) probing: AtomicBool,
 }
 
 impl Breaker {
     pub(crate) fn new(config: BreakerConfig) -> Self {
-        metrics::gauge!(CIRCUIT_OPEN).set(0.0);
+        // Counted up and down by each store's breaker: other stores leave it alone.
+        metrics::gauge!(CIRCUIT_OPEN).increment(0.0);
         Self {
             config,
             open: AtomicBool::new(false),
             failures: AtomicU32::new(0),
+            probing: AtomicBool::new(false),
         }
     }
 
@@ -72,6 +77,7 @@ impl Breaker {
             config: BreakerConfig::default(),
             open: AtomicBool::new(true),
             failures: AtomicU32::new(0),
+            probing: AtomicBool::new(false),
         }
     }
 
@@ -94,7 +100,7 @@ impl Breaker {
     pub(crate) fn failure(&self) -> bool {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures >= self.config.failures && !self.open.swap(true, Ordering::AcqRel) {
-            metrics::gauge!(CIRCUIT_OPEN).set(1.0);
+            metrics::gauge!(CIRCUIT_OPEN).increment(1.0);
             metrics::counter!(CIRCUIT_OPENED).increment(1);
             tracing::warn!(
                 failures,
@@ -109,7 +115,7 @@ impl Breaker {
     pub(crate) fn close(&self) {
         self.failures.store(0, Ordering::Relaxed);
         if self.open.swap(false, Ordering::AcqRel) {
-            metrics::gauge!(CIRCUIT_OPEN).set(0.0);
+            metrics::gauge!(CIRCUIT_OPEN).decrement(1.0);
             tracing::info!("Redis circuit breaker closed: Redis answers again");
         }
     }

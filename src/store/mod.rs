@@ -201,6 +201,7 @@ impl RedisStore {
             ));
         }
         if self.inner.breaker.is_open() {
+            self.start_probe();
             metrics::counter!(
                 REDIS_ERRORS,
                 "operation" => operation.as_str(),
@@ -227,11 +228,20 @@ impl RedisStore {
                 // Error replies (OOM, NOPERM, READONLY...) come back fast: they cost no
                 // waiting, and a PING would close the breaker at once.
                 if error.counts_against_redis() && self.inner.breaker.failure() {
-                    tokio::spawn(probe(Arc::downgrade(&self.inner)));
+                    self.start_probe();
                 }
             }
         }
         result
+    }
+}
+
+impl RedisStore {
+    /// Starts the probe of an open breaker unless one runs.
+    fn start_probe(&self) {
+        if !self.inner.breaker.probing.swap(true, Ordering::AcqRel) {
+            tokio::spawn(probe(Arc::downgrade(&self.inner)));
+        }
     }
 }
 
@@ -258,6 +268,16 @@ impl Inner {
 /// Pings Redis while the breaker is open; closes it at the first answer. Ends with the
 /// store.
 async fn probe(inner: std::sync::Weak<Inner>) {
+    /// Clears `probing` however the probe ends (closed, store gone, runtime gone).
+    struct Probing(std::sync::Weak<Inner>);
+    impl Drop for Probing {
+        fn drop(&mut self) {
+            if let Some(inner) = self.0.upgrade() {
+                inner.breaker.probing.store(false, Ordering::Release);
+            }
+        }
+    }
+    let _probing = Probing(inner.clone());
     loop {
         let every = match inner.upgrade() {
             Some(inner) => inner.breaker.probe_every(),

@@ -15,6 +15,14 @@ local token = tonumber(ARGV[1])
 local stored = 0
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then
   stored = tonumber(redis.call('HGET', KEYS[1], 't')) or 0
+  -- Tokens are at most the server's time in microseconds (plus one per acquire); a
+  -- stored token far beyond it (garbage, inf, nan), or a hash without a TTL, would
+  -- refuse every write forever: it is not an entry of ours.
+  local now = redis.call('TIME')
+  local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if stored ~= stored or stored > now_us + 60000000 or redis.call('PTTL', KEYS[1]) < 0 then
+    stored = 0
+  end
 end
 local written = 0
 if token >= stored then

@@ -3,6 +3,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use redis::Script;
+use tracing::Instrument;
 
 use super::outcome::{
     AcquireOutcome, FencingToken, Lease, ReleaseOutcome, RenewOutcome, UncertainAcquire,
@@ -102,6 +103,11 @@ impl LeaseClient {
     ///
     /// Every attempt has a new owner value.
     pub async fn try_acquire(&self, name: &LeaseName, ttl: Duration) -> AcquireOutcome {
+        let span = tracing::debug_span!("stampede_guard.lease.acquire", lease = name.key());
+        self.acquire_inner(name, ttl).instrument(span).await
+    }
+
+    async fn acquire_inner(&self, name: &LeaseName, ttl: Duration) -> AcquireOutcome {
         if let Err(error) = self.check_ttl("lease_ttl", ttl) {
             return AcquireOutcome::Invalid(error);
         }
@@ -160,6 +166,12 @@ impl LeaseClient {
     /// Extends `lease` to `ttl` from now, if it is still ours. On success the lease's
     /// [`valid_until`](Lease::valid_until) moves forward.
     pub async fn renew(&self, lease: &mut Lease, ttl: Duration) -> RenewOutcome {
+        let span =
+            tracing::debug_span!("stampede_guard.lease.renew", lease = lease.key().to_owned());
+        self.renew_inner(lease, ttl).instrument(span).await
+    }
+
+    async fn renew_inner(&self, lease: &mut Lease, ttl: Duration) -> RenewOutcome {
         if let Err(error) = self.check_ttl("lease_ttl", ttl) {
             return RenewOutcome::Invalid(error);
         }
@@ -193,7 +205,11 @@ impl LeaseClient {
     /// Gives `lease` back, if it is still ours. A lease that expired and was taken by
     /// someone else is left alone ([`ReleaseOutcome::NotOwner`]).
     pub async fn release(&self, lease: Lease) -> ReleaseOutcome {
-        let outcome = self.release_owned(&lease.name, &lease.owner).await;
+        let span = tracing::debug_span!("stampede_guard.lease.release", lease = lease.key());
+        let outcome = self
+            .release_owned(&lease.name, &lease.owner)
+            .instrument(span)
+            .await;
         crate::metrics::lease_released(
             lease.name.operation_label(),
             outcome.as_str(),

@@ -333,6 +333,13 @@ impl CacheKeys {
         &self.entry
     }
 
+    /// The key that remembers the entry's last invalidation (its token), longer than the
+    /// tombstone at the entry key does.
+    pub fn invalidated_key(&self) -> String {
+        let base = self.entry.strip_suffix(":entry").unwrap_or(&self.entry);
+        format!("{base}:inval")
+    }
+
     /// The refresh lease of the entry.
     pub fn lease(&self) -> &LeaseName {
         self.lease.get_or_init(|| {

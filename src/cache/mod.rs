@@ -243,6 +243,7 @@ pub(crate) async fn l2_write(
     invocation
         .key(keys.entry())
         .key(keys.lease().key())
+        .key(keys.invalidated_key())
         .arg(lease.fencing_token().get())
         .arg(lease.owner().as_str())
         .arg(encoded)
@@ -270,6 +271,7 @@ pub(crate) async fn l2_invalidate(
     invocation
         .key(keys.entry())
         .key(keys.lease().fence_key())
+        .key(keys.invalidated_key())
         .arg(channel)
         .arg(millis(tombstone_for))
         .arg(millis(

@@ -215,6 +215,9 @@ where
     if lease.is_none() {
         route.stats.record(Event::LocalOnly);
     }
+    // Taken before the origin is called: an invalidation that comes during the call then
+    // has a higher token than this fill's local entry, and refuses it.
+    let local_token = local_floor(&route, &keys, local_token).await;
     route.stats.record(Event::ColdFill);
     let origin = match call_under_lease(&route, inner, request, &mut lease).await {
         Some(origin) => origin,
@@ -425,6 +428,7 @@ where
     }
     let failed = Some(policy.error_backoff);
     let mut lease = lease;
+    let local_token = local_floor(&route, &keys, current.response.token).await;
     let Some(origin) = call_under_lease(&route, inner, request, &mut lease).await else {
         return failed;
     };
@@ -441,8 +445,7 @@ where
         }
         Origin::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
             Ok(()) => {
-                let (_, written) =
-                    store(&route, &keys, head, body, lease, current.response.token).await;
+                let (_, written) = store(&route, &keys, head, body, lease, local_token).await;
                 if written {
                     route.stats.record(Event::RefreshWritten);
                 }
@@ -505,7 +508,7 @@ async fn store(
             Some(lease) => lease.fencing_token(),
             // Without Redis, the entry stands in for the one it replaces, and for an
             // invalidation seen since: it must not be refused by either.
-            None => local_token.max(route.tombstone(keys.entry()).await.unwrap_or(local_token)),
+            None => local_token,
         },
     };
     let stored = Arc::new(Stored::aged(response, Duration::ZERO));
@@ -561,6 +564,15 @@ async fn store(
     }
     route.put_l1(keys.entry().into(), stored.clone()).await;
     (stored, false)
+}
+
+/// The token of an entry filled without Redis: it stands in for the entry it replaces,
+/// and for the last invalidation seen before the origin was called.
+async fn local_floor(route: &Route, keys: &CacheKeys, replaces: FencingToken) -> FencingToken {
+    route
+        .tombstone(keys.entry())
+        .await
+        .map_or(replaces, |tomb| tomb.max(replaces))
 }
 
 /// Calls the origin, under the route's watchdog when it has one and a lease is held.

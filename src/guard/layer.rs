@@ -43,7 +43,14 @@ impl Route {
 
     /// Puts an entry in L1, fenced against newer entries and invalidations.
     pub(crate) async fn put_l1(&self, key: Arc<str>, stored: Arc<Stored>) -> bool {
-        l1_put(&self.shared.l1, &self.shared.tombstones, key, stored)
+        let put = l1_put(&self.shared.l1, &self.shared.tombstones, key, stored);
+        if self.shared.store.is_local_only() {
+            // No notice listener to report L1 once a second: report on each fill.
+            let l1 = &self.shared.l1;
+            metrics::gauge!(crate::metrics::L1_ENTRIES).set(l1.entry_count() as f64);
+            metrics::gauge!(crate::metrics::L1_BYTES).set(l1.weighted_size() as f64);
+        }
+        put
     }
 
     /// The token of the key's last invalidation seen here, if any.

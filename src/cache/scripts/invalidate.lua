@@ -1,6 +1,7 @@
 -- Invalidates a cache entry for the whole fleet, in one step.
 --
--- KEYS[1]  the entry key    KEYS[2]  its fence counter (same hash slot)
+-- KEYS[1]  the entry key    KEYS[2]  its fence counter    KEYS[3]  where the token of
+--          the last invalidation is kept (all in one hash slot)
 -- ARGV[1]  the notice channel    ARGV[2]  how long the tombstone lasts, ms
 -- ARGV[3]  how long the fence counter lasts, ms
 --
@@ -30,6 +31,7 @@ if token < now_us then
 end
 local token_s = string.format('%d', token)
 redis.call('SET', KEYS[2], token_s, 'PX', ARGV[3])
+redis.call('SET', KEYS[3], token_s, 'PX', ARGV[3])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 't', token_s, 'x', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])

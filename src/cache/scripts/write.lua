@@ -1,7 +1,8 @@
 -- The fenced write of a cache entry, the release of the lease it was made under, and
 -- the notice to other instances, in one step.
 --
--- KEYS[1]  the entry key    KEYS[2]  the lease key (same hash slot)
+-- KEYS[1]  the entry key    KEYS[2]  the lease key    KEYS[3]  the last invalidation's
+--          token (all in one hash slot)
 -- ARGV[1]  the writer's fencing token    ARGV[2]  the writer's owner value
 -- ARGV[3]  the encoded entry    ARGV[4]  how long to keep it, ms
 -- ARGV[5]  the notice channel    ARGV[6]  the notice
@@ -12,16 +13,27 @@
 --
 -- Returns {written (0/1), released (0/1), the token stored before}.
 local token = tonumber(ARGV[1])
+-- Tokens are at most the server's time in microseconds (plus one per acquire); a stored
+-- token far beyond it (garbage, inf, nan) would refuse every write forever: it is not
+-- one of ours.
+local now = redis.call('TIME')
+local ceiling = tonumber(now[1]) * 1000000 + tonumber(now[2]) + 60000000
+local function sane(t)
+  if t == nil or t ~= t or t > ceiling then
+    return 0
+  end
+  return t
+end
 local stored = 0
-if redis.call('TYPE', KEYS[1]).ok == 'hash' then
-  stored = tonumber(redis.call('HGET', KEYS[1], 't')) or 0
-  -- Tokens are at most the server's time in microseconds (plus one per acquire); a
-  -- stored token far beyond it (garbage, inf, nan), or a hash without a TTL, would
-  -- refuse every write forever: it is not an entry of ours.
-  local now = redis.call('TIME')
-  local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if stored ~= stored or stored > now_us + 60000000 or redis.call('PTTL', KEYS[1]) < 0 then
-    stored = 0
+if redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('PTTL', KEYS[1]) >= 0 then
+  stored = sane(tonumber(redis.call('HGET', KEYS[1], 't')))
+end
+-- A write that Redis runs late (queued behind a stall) must not undo an invalidation
+-- whose tombstone has expired since: the invalidation's token outlives it.
+if redis.call('TYPE', KEYS[3]).ok == 'string' then
+  local invalidated = sane(tonumber(redis.call('GET', KEYS[3])))
+  if invalidated > stored then
+    stored = invalidated
   end
 end
 local written = 0

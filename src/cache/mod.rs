@@ -23,8 +23,11 @@ use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
 
 static READ: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/read.lua")));
 static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/write.lua")));
-static INVALIDATE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/invalidate.lua")));
+static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&crate::lease::with_next_token(include_str!(
+        "scripts/invalidate.lua"
+    )))
+});
 
 /// A cached response, and its age: how old it was when this process got it, and when
 /// that was on this process's monotonic clock.

@@ -84,7 +84,7 @@ where
         // The clone may not be ready; the service that was polled ready goes with this
         // request, and the clone stays for the next one.
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         let route = &self.route;
         route.shared.ensure_listener();
         let kind = match rules::classify(&route.policy, &request) {
@@ -98,7 +98,7 @@ where
                 });
             }
         };
-        let Some(keys) = route.keys_for(&request) else {
+        let Some(mut keys) = route.keys_for(&request) else {
             route.stats.record(Event::Bypass);
             let route = route.clone();
             return ResponseFuture::new(async move {
@@ -110,17 +110,12 @@ where
         let fallback = match route.l1().get(keys.entry()) {
             Some(stored) => {
                 route.stats.record(Event::L1Hit);
-                match stored.freshness() {
-                    Freshness::Fresh => {
-                        route.stats.record(Event::Hit);
-                        return ResponseFuture::ready(serve(&stored, kind, "hit"));
+                match answer(route, &stored, kind, keys, &request, inner) {
+                    Ok(response) => return ResponseFuture::ready(response),
+                    Err((k, i)) => {
+                        (keys, inner) = (k, i);
+                        Some(stored)
                     }
-                    Freshness::Stale => {
-                        route.stats.record(Event::Stale);
-                        spawn_refresh(route, keys, stored.clone(), &request, inner);
-                        return ResponseFuture::ready(serve(&stored, kind, "stale"));
-                    }
-                    Freshness::Expired => Some(stored),
                 }
             }
             None => {
@@ -144,10 +139,10 @@ where
 async fn handle<S, ReqBody, ResBody>(
     route: Arc<Route>,
     flights: Arc<Flights>,
-    inner: S,
+    mut inner: S,
     request: Request<ReqBody>,
     kind: Kind,
-    keys: CacheKeys,
+    mut keys: CacheKeys,
     mut fallback: Option<Arc<Stored>>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -171,17 +166,10 @@ where
         Ok(L2Read::Found(stored)) => {
             route.stats.record(Event::L2Hit);
             route.put_l1(keys.entry().into(), stored.clone()).await;
-            match stored.freshness() {
-                Freshness::Fresh => {
-                    route.stats.record(Event::Hit);
-                    return Ok(serve(&stored, kind, "hit"));
-                }
-                Freshness::Stale => {
-                    route.stats.record(Event::Stale);
-                    spawn_refresh(&route, keys, stored.clone(), &request, inner);
-                    return Ok(serve(&stored, kind, "stale"));
-                }
-                Freshness::Expired => {
+            match answer(&route, &stored, kind, keys, &request, inner) {
+                Ok(response) => return Ok(response),
+                Err((k, i)) => {
+                    (keys, inner) = (k, i);
                     if fallback
                         .as_ref()
                         .is_none_or(|f| f.response.token < stored.response.token)
@@ -400,6 +388,38 @@ where
             route.stats.record(Event::Passthrough);
             passthrough(route, inner, request, "bypass").await
         }
+    }
+}
+
+/// Answers from an entry that is fresh (a hit) or stale (served, and refreshed in the
+/// background); hands the keys and the service back for an expired one.
+fn answer<S, ReqBody, ResBody>(
+    route: &Arc<Route>,
+    stored: &Arc<Stored>,
+    kind: Kind,
+    keys: CacheKeys,
+    request: &Request<ReqBody>,
+    inner: S,
+) -> Result<Response<ResponseBody<ResBody>>, (CacheKeys, S)>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Default + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    match stored.freshness() {
+        Freshness::Fresh => {
+            route.stats.record(Event::Hit);
+            Ok(serve(stored, kind, "hit"))
+        }
+        Freshness::Stale => {
+            route.stats.record(Event::Stale);
+            spawn_refresh(route, keys, stored.clone(), request, inner);
+            Ok(serve(stored, kind, "stale"))
+        }
+        Freshness::Expired => Err((keys, inner)),
     }
 }
 

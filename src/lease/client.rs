@@ -17,7 +17,7 @@ use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
 // Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH). Never put them in a pipeline:
 // there, NOSCRIPT is not handled.
 static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
+    LazyLock::new(|| Script::new(&with_next_token(include_str!("scripts/acquire.lua"))));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
@@ -35,6 +35,11 @@ pub(crate) async fn release_if_owner(
         .run(Operation::Release, Request::Script(&invocation))
         .await?;
     Ok(released == 1)
+}
+
+/// A script that issues fencing tokens, with the one function that issues them.
+pub(crate) fn with_next_token(script: &str) -> String {
+    format!("{}{script}", include_str!("scripts/next_token.lua"))
 }
 
 /// A lease must last at least this many command timeouts: long enough for an acquire, a

@@ -6,7 +6,7 @@
 -- ARGV[3]  how long the fence counter lasts, ms
 --
 -- The entry is replaced by a tombstone that carries a fresh fencing token (issued as
--- the lease script issues them): a refresher that took its lease before the
+-- the lease script issues them, with next_token, prepended when loaded): a refresher that took its lease before the
 -- invalidation, and so read the origin before it, has a lower token and its write is
 -- refused; anyone who takes the lease afterwards gets a higher one. Readers see the
 -- tombstone as a miss. Every instance is told to drop its local copy.
@@ -16,21 +16,7 @@ local existed = 0
 if redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('HEXISTS', KEYS[1], 'd') == 1 then
   existed = 1
 end
-local now = redis.call('TIME')
-local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local last = 0
-local kind = redis.call('TYPE', KEYS[2]).ok
-if kind == 'string' then
-  last = tonumber(redis.call('GET', KEYS[2])) or 0
-elseif kind ~= 'none' then
-  redis.call('DEL', KEYS[2])
-end
-local token = last + 1
-if token < now_us then
-  token = now_us
-end
-local token_s = string.format('%d', token)
-redis.call('SET', KEYS[2], token_s, 'PX', ARGV[3])
+local token, token_s = next_token(KEYS[2], ARGV[3])
 redis.call('SET', KEYS[3], token_s, 'PX', ARGV[3])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 't', token_s, 'x', '1')

@@ -62,6 +62,15 @@ where
     start.elapsed() / BATCH
 }
 
+fn bench_keys() -> KeySpace {
+    KeySpace::builder()
+        .env("bench")
+        .service("bench")
+        .secret(b"bench secret, sixteen bytes or more".to_vec())
+        .build()
+        .unwrap()
+}
+
 fn median(times: &mut [Duration]) -> Duration {
     times.sort();
     times[times.len() / 2]
@@ -78,15 +87,12 @@ async fn guarded(
     Response = Response<stampede_guard::ResponseBody<Full<Bytes>>>,
     Error = std::convert::Infallible,
 > + Clone {
-    let keys = KeySpace::builder()
-        .env("bench")
-        .service("bench")
-        .secret(b"bench secret, sixteen bytes or more".to_vec())
-        .build()
-        .unwrap();
-    let guard = StampedeGuard::builder(RedisStore::builder(server.url()).build().unwrap(), keys)
-        .build()
-        .unwrap();
+    let guard = StampedeGuard::builder(
+        RedisStore::builder(server.url()).build().unwrap(),
+        bench_keys(),
+    )
+    .build()
+    .unwrap();
     guard.ready().await.unwrap();
     let layer = guard
         .layer(
@@ -120,12 +126,7 @@ async fn phase(server: &RedisServer, label: &str) {
     let key: Arc<str> =
         Arc::from("sg:bench:bench:{items:req_0123456789abcdef0123456789abcdef}:fill:entry");
     moka.insert(key.clone(), Arc::new(Bytes::from_static(BODY)));
-    let keys = KeySpace::builder()
-        .env("bench")
-        .service("bench")
-        .secret(b"bench secret, sixteen bytes or more".to_vec())
-        .build()
-        .unwrap();
+    let keys = bench_keys();
 
     let before = commands(server).await;
     let (mut b, mut g, mut m, mut h) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());

@@ -235,21 +235,37 @@ async fn origin_calls_equal_the_number_of_windows() {
     assert_eq!(origin.calls(), WINDOWS + 1);
 }
 
-/// A refresher that lost its lease mid-refresh (here: the lease key is deleted, as a
-/// failover or an eviction would) is overtaken by another instance; its late write is
-/// refused in Redis, counted, and it takes the newer entry into its L1 instead.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
-    let server = RedisServer::start();
-    let origin = Origin::new(Duration::ZERO, |n, _| {
+/// Two instances sharing `/items/1` (answered `v1`, then `second`, then `third`), the
+/// entry gone stale, and instance a's refresh held in the origin with its lease taken.
+async fn a_refresh_held_in_the_origin(
+    server: &RedisServer,
+    second: &'static str,
+    third: &'static str,
+) -> (
+    Origin,
+    Vec<
+        Instance<
+            impl tower::Service<
+                web::Req,
+                Response = Response<web::Body>,
+                Error = Infallible,
+                Future: Send,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        >,
+    >,
+) {
+    let origin = Origin::new(Duration::ZERO, move |n, _| {
         Response::new(full(match n {
             1 => "v1",
-            2 => "from-a-late",
-            _ => "from-b",
+            2 => second,
+            _ => third,
         }))
     });
-    let a = instance(&server, policy("items").build().unwrap(), origin.service()).await;
-    let b = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    let a = instance(server, policy("items").build().unwrap(), origin.service()).await;
+    let b = instance(server, policy("items").build().unwrap(), origin.service()).await;
     assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
     assert_eq!(send(&b.service, get("/items/1")).await.body, "v1");
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -258,6 +274,17 @@ async fn a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
     let started = origin.started.notified();
     assert_eq!(send(&a.service, get("/items/1")).await.x_cache(), "stale");
     started.await; // a's refresh is in the origin, holding the lease
+    (origin, vec![a, b])
+}
+
+/// A refresher that lost its lease mid-refresh (here: the lease key is deleted, as a
+/// failover or an eviction would) is overtaken by another instance; its late write is
+/// refused in Redis, counted, and it takes the newer entry into its L1 instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
+    let server = RedisServer::start();
+    let (origin, fleet) = a_refresh_held_in_the_origin(&server, "from-a-late", "from-b").await;
+    let (a, b) = (&fleet[0], &fleet[1]);
     let keys = a.layer.cache_keys(&get("/items/1")).unwrap();
     let mut conn = server.conn().await;
     let deleted: i64 = conn.del(keys.lease().key()).await.unwrap();
@@ -739,23 +766,9 @@ async fn invalid_policies_are_refused_when_the_layer_is_made() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalidation_is_not_undone_by_a_refresh_that_began_before_it() {
     let server = RedisServer::start();
-    let origin = Origin::new(Duration::ZERO, |n, _| {
-        Response::new(full(match n {
-            1 => "v1",
-            2 => "read-before-invalidation",
-            _ => "after",
-        }))
-    });
-    let a = instance(&server, policy("items").build().unwrap(), origin.service()).await;
-    let b = instance(&server, policy("items").build().unwrap(), origin.service()).await;
-    assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
-    assert_eq!(send(&b.service, get("/items/1")).await.body, "v1");
-    tokio::time::sleep(Duration::from_millis(600)).await;
-
-    origin.hold(2);
-    let started = origin.started.notified();
-    assert_eq!(send(&a.service, get("/items/1")).await.x_cache(), "stale");
-    started.await; // a's refresh holds the lease and is in the origin
+    let (origin, fleet) =
+        a_refresh_held_in_the_origin(&server, "read-before-invalidation", "after").await;
+    let (a, b) = (&fleet[0], &fleet[1]);
     assert!(b.layer.invalidate(&get("/items/1")).await.unwrap());
     origin.open();
     assert!(
@@ -765,7 +778,7 @@ async fn an_invalidation_is_not_undone_by_a_refresh_that_began_before_it() {
         .await
     );
     // Neither instance serves the invalidated data, nor the refresh that predates it.
-    for i in [&a, &b] {
+    for i in [a, b] {
         let got = send(&i.service, get("/items/1")).await;
         assert_eq!(got.body, "after", "{}", got.x_cache());
     }

@@ -103,7 +103,8 @@ impl Origin {
     + Clone
     + Send
     + Sync
-    + 'static {
+    + 'static
+    + use<> {
         let origin = self.clone();
         tower::service_fn(move |request: Req| {
             let origin = origin.clone();

@@ -477,29 +477,10 @@ async fn script_loads(server: &RedisServer) -> u64 {
 #[tokio::test]
 async fn a_hung_origin_stops_being_renewed_at_the_maximum() {
     let server = RedisServer::start();
-    let origin = Origin::versions(Duration::ZERO);
     let max = Duration::from_millis(1200);
     let ttl = Duration::from_millis(400);
-    let policy = policy()
-        .lease_ttl(ttl)
-        .refresh_timeout(max)
-        .watchdog(max)
-        .build()
-        .unwrap();
-    let i = instance(
-        guard_at(&server.url(), BreakerConfig::default()),
-        policy,
-        origin.service(),
-    )
-    .await;
-    assert_eq!(send(&i.service, get("/items/1")).await.body, "v1");
-    let keys = i.layer.cache_keys(&get("/items/1")).unwrap();
-    let token_before = stored_token(&server, keys.entry()).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    origin.hang(2);
-    let started_call = origin.started.notified();
-    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
-    started_call.await;
+    let policy = policy().lease_ttl(ttl).refresh_timeout(max).watchdog(max);
+    let (_origin, i, keys, token_before) = refresh_in_origin(&server, policy, Stall::Hang).await;
     let refresh_started = Instant::now();
     // Past the first TTL, the lease is still there: renewed.
     tokio::time::sleep(ttl * 2).await;
@@ -548,27 +529,11 @@ async fn a_hung_origin_stops_being_renewed_at_the_maximum() {
 #[tokio::test]
 async fn a_renewal_that_finds_another_owner_cancels_the_refresh() {
     let server = RedisServer::start();
-    let origin = Origin::versions(Duration::ZERO);
     let policy = policy()
         .lease_ttl(Duration::from_millis(600))
         .refresh_timeout(Duration::from_secs(3))
-        .watchdog(Duration::from_secs(3))
-        .build()
-        .unwrap();
-    let i = instance(
-        guard_at(&server.url(), BreakerConfig::default()),
-        policy,
-        origin.service(),
-    )
-    .await;
-    assert_eq!(send(&i.service, get("/items/1")).await.body, "v1");
-    let keys = i.layer.cache_keys(&get("/items/1")).unwrap();
-    let token_before = stored_token(&server, keys.entry()).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    origin.hold(2);
-    let started_call = origin.started.notified();
-    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
-    started_call.await;
+        .watchdog(Duration::from_secs(3));
+    let (origin, i, keys, token_before) = refresh_in_origin(&server, policy, Stall::Hold).await;
     let _: () = server
         .conn()
         .await
@@ -587,6 +552,57 @@ async fn a_renewal_that_finds_another_owner_cancels_the_refresh() {
     assert_eq!(holder, "someone-else");
     assert_eq!(stored_token(&server, keys.entry()).await, token_before);
     assert_eq!(i.layer.stats().get(Event::RefreshWritten), 0);
+}
+
+/// How the origin keeps a refresh waiting.
+enum Stall {
+    /// Never answers.
+    Hang,
+    /// Answers when the test opens it.
+    Hold,
+}
+
+/// One instance with `/items/1` filled, gone stale, and its refresh stalled in the
+/// origin (with its lease held). Also returns the entry's keys and stored token.
+async fn refresh_in_origin(
+    server: &RedisServer,
+    policy: stampede_guard::policy::PolicyBuilder,
+    stall: Stall,
+) -> (
+    Origin,
+    Instance<
+        impl tower::Service<
+            support::web::Req,
+            Response = http::Response<support::web::Body>,
+            Error = std::convert::Infallible,
+            Future: Send,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    >,
+    stampede_guard::keys::CacheKeys,
+    String,
+) {
+    let origin = Origin::versions(Duration::ZERO);
+    let i = instance(
+        guard_at(&server.url(), BreakerConfig::default()),
+        policy.build().unwrap(),
+        origin.service(),
+    )
+    .await;
+    assert_eq!(send(&i.service, get("/items/1")).await.body, "v1");
+    let keys = i.layer.cache_keys(&get("/items/1")).unwrap();
+    let token_before = stored_token(server, keys.entry()).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    match stall {
+        Stall::Hang => origin.hang(2),
+        Stall::Hold => origin.hold(2),
+    }
+    let started_call = origin.started.notified();
+    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
+    started_call.await;
+    (origin, i, keys, token_before)
 }
 
 async fn stored_token(server: &RedisServer, entry: &str) -> String {

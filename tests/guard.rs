@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Empty, StreamBody};
 use redis::AsyncCommands;
 use stampede_guard::metrics::Event;
 use stampede_guard::{ColdMiss, GuardLayer, Policy, RedisStore, StampedeGuard};
-use support::web::{self, Instance, Origin, full, get, keys, send, total};
+use support::web::{self, Instance, Origin, all_within, full, get, keys, send, total};
 use support::{RedisServer, eventually};
 use tokio::sync::Barrier;
 
@@ -71,16 +71,12 @@ async fn a_stale_entry_is_refreshed_once_for_the_fleet_and_nobody_waits() {
             (got, seq.next())
         }));
     }
-    let all = async {
-        let mut out = Vec::new();
-        for task in tasks {
-            out.push(task.await.unwrap());
-        }
-        out
-    };
-    let responses = tokio::time::timeout(Duration::from_secs(10), all)
-        .await
-        .expect("requests waited for the held origin");
+    let responses = all_within(
+        tasks,
+        Duration::from_secs(10),
+        "requests waited for the held origin",
+    )
+    .await;
     origin.open();
 
     assert_eq!(responses.len(), 300);
@@ -156,16 +152,12 @@ async fn a_cold_key_is_filled_once_and_other_instances_are_woken_by_the_notice()
             send(&service, get("/items/7")).await
         }));
     }
-    let all = async {
-        let mut out = Vec::new();
-        for task in tasks {
-            out.push(task.await.unwrap());
-        }
-        out
-    };
-    let responses = tokio::time::timeout(Duration::from_secs(10), all)
-        .await
-        .expect("cold followers were not woken");
+    let responses = all_within(
+        tasks,
+        Duration::from_secs(10),
+        "cold followers were not woken",
+    )
+    .await;
     assert_eq!(origin.calls(), 1);
     for got in &responses {
         assert_eq!(got.body, "v1");

@@ -203,3 +203,22 @@ where
 pub(crate) fn total(instances: &[&GuardLayer], event: Event) -> u64 {
     instances.iter().map(|l| l.stats().get(event)).sum()
 }
+
+/// Awaits spawned request tasks, all within `within`; panics with `what` if they are
+/// not all done by then.
+pub(crate) async fn all_within<T: Send + 'static>(
+    tasks: Vec<tokio::task::JoinHandle<T>>,
+    within: Duration,
+    what: &str,
+) -> Vec<T> {
+    let all = async {
+        let mut out = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            out.push(task.await.unwrap());
+        }
+        out
+    };
+    tokio::time::timeout(within, all)
+        .await
+        .unwrap_or_else(|_| panic!("{what}"))
+}

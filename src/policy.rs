@@ -71,6 +71,7 @@ pub struct Policy {
     pub(crate) key_host: bool,
     pub(crate) allow_authorization: bool,
     pub(crate) allow_cookies: bool,
+    pub(crate) forward_extensions: bool,
 }
 
 impl fmt::Debug for Policy {
@@ -95,6 +96,7 @@ impl fmt::Debug for Policy {
             .field("key_host", &self.key_host)
             .field("allow_authorization", &self.allow_authorization)
             .field("allow_cookies", &self.allow_cookies)
+            .field("forward_extensions", &self.forward_extensions)
             .finish()
     }
 }
@@ -148,6 +150,7 @@ impl Policy {
                 key_host: true,
                 allow_authorization: false,
                 allow_cookies: false,
+                forward_extensions: false,
             },
             header_error: None,
         }
@@ -370,6 +373,18 @@ impl PolicyBuilder {
     /// as [`allow_authorization`](Self::allow_authorization).
     pub fn allow_cookies(mut self, allow: bool) -> Self {
         self.policy.allow_cookies = allow;
+        self
+    }
+
+    /// Copy the request's extensions into the requests that fill and refresh entries
+    /// (default false: fill requests carry no extensions).
+    ///
+    /// Routers put path parameters there: an axum handler that extracts `Path` needs
+    /// this. It also forwards whatever outer middleware put there (a user, a tenant), and
+    /// what reaches the origin shapes what every client is served: turn it on only when
+    /// no extension can change the response, or when what can is part of the key.
+    pub fn forward_extensions(mut self, forward: bool) -> Self {
+        self.policy.forward_extensions = forward;
         self
     }
 

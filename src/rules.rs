@@ -113,7 +113,7 @@ fn keyed_query<'a>(policy: &Policy, uri: &'a Uri) -> Vec<&'a str> {
 /// `Authorization`/`Cookie` where the route allows them), so that nothing outside the key
 /// can shape what is stored for everyone. The host is the one that was keyed, in the
 /// Host header (none when the host is not keyed); the URI is relative. Extensions are
-/// kept: routers put path parameters there.
+/// copied only where the route says so.
 pub(crate) fn fill_request<B, F: Default>(policy: &Policy, request: &Request<B>) -> Request<F> {
     let uri = request.uri();
     let query = keyed_query(policy, uri);
@@ -154,7 +154,9 @@ pub(crate) fn fill_request<B, F: Default>(policy: &Policy, request: &Request<B>)
     *fill.uri_mut() = new_uri;
     *fill.version_mut() = request.version();
     *fill.headers_mut() = headers;
-    *fill.extensions_mut() = request.extensions().clone();
+    if policy.forward_extensions {
+        *fill.extensions_mut() = request.extensions().clone();
+    }
     fill
 }
 

@@ -866,3 +866,50 @@ async fn a_local_only_guard_coalesces_without_redis() {
     assert_eq!(stats.get(Event::RedisError), 0, "{stats:?}");
     assert!(matches!(stats.get(Event::LocalOnly), 2 | 3), "{stats:?}");
 }
+
+/// A `Buffer` (over a `ConcurrencyLimit(1)`) inside the guard: misses fill through it,
+/// hits never wait for it, even while its one slot is held in a slow origin call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffer_inside_the_guard_bounds_the_origin_not_the_hits() {
+    use tower::{Layer, ServiceExt};
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::from_millis(50));
+    let inner = tower::ServiceBuilder::new()
+        .buffer(4)
+        .concurrency_limit(1)
+        .service(origin.service());
+    let guard = guard(&server);
+    guard.ready().await.unwrap();
+    let layer = guard.layer(policy("items").build().unwrap()).unwrap();
+    let service = layer.layer(inner);
+    let fetch = |path: &'static str| {
+        let service = service.clone();
+        async move {
+            let response = service.oneshot(get(path)).await.unwrap();
+            let x_cache = response.headers()["x-cache"].to_str().unwrap().to_owned();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (String::from_utf8_lossy(&body).into_owned(), x_cache)
+        }
+    };
+    assert_eq!(
+        fetch("/items/1").await,
+        ("v1".to_owned(), "miss".to_owned())
+    );
+    assert_eq!(fetch("/items/1").await, ("v1".to_owned(), "hit".to_owned()));
+
+    origin.hold(2);
+    let started = origin.started.notified();
+    let slow = tokio::spawn(fetch("/items/2"));
+    started.await; // the limit's one slot is in the held origin call
+    let hits: Vec<_> = (0..20).map(|_| tokio::spawn(fetch("/items/1"))).collect();
+    for got in all_within(hits, Duration::from_secs(10), "hits waited for the buffer").await {
+        assert_eq!(got, ("v1".to_owned(), "hit".to_owned()));
+    }
+    origin.open();
+    let slow = tokio::time::timeout(Duration::from_secs(10), slow)
+        .await
+        .expect("the fill was starved")
+        .unwrap();
+    assert_eq!(slow, ("v2".to_owned(), "miss".to_owned()));
+    assert_eq!(origin.calls(), 2);
+}

@@ -28,6 +28,10 @@ pub(crate) struct Route {
     pub(crate) shared: Arc<Shared>,
     pub(crate) policy: Policy,
     pub(crate) stats: RouteStats,
+    /// The cold fills in flight, one per key. Here, with the route, and not in what
+    /// `layer()` makes: frameworks apply a route's layer again for each connection
+    /// (axum does), and single-flight must hold across all of them.
+    pub(crate) flights: Arc<Flights>,
 }
 
 impl Route {
@@ -87,6 +91,7 @@ impl GuardLayer {
                 shared,
                 policy,
                 stats,
+                flights: Arc::default(),
             }),
         }
     }
@@ -147,6 +152,6 @@ impl<S> Layer<S> for GuardLayer {
     type Service = Guard<S>;
 
     fn layer(&self, inner: S) -> Guard<S> {
-        Guard::new(inner, self.route.clone(), Arc::new(Flights::default()))
+        Guard::new(inner, self.route.clone())
     }
 }

@@ -7,13 +7,14 @@ use bytes::Bytes;
 use http::header::{AGE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::Body;
+use tower::ServiceExt;
 use tower_service::Service;
 use tracing::Instrument;
 
 use super::Refresh;
 use super::body::ResponseBody;
 use super::fill::{self, Buffered, FillOutcome};
-use super::flight::{self, Flights};
+use super::flight;
 use super::future::ResponseFuture;
 use super::layer::Route;
 use crate::X_CACHE;
@@ -28,10 +29,17 @@ use crate::rules::{self, Kind};
 ///
 /// The inner service keeps its error type: a Redis failure never becomes an error of the
 /// guard, it only costs the cache.
+///
+/// # Readiness
+///
+/// A cache is always ready: `poll_ready` never waits for the inner service, so a hit is
+/// answered whatever the origin's capacity. Whatever needs the origin (a fill, a refresh,
+/// a pass-through) takes a clone of the inner service and waits for that clone to be
+/// ready in its own future (tower's `oneshot`), so a `ConcurrencyLimit`, a `Buffer` or a
+/// rate limit placed *inside* the guard bounds origin calls without holding up hits.
 pub struct Guard<S> {
     inner: S,
     route: Arc<Route>,
-    flights: Arc<Flights>,
 }
 
 impl<S: Clone> Clone for Guard<S> {
@@ -39,7 +47,6 @@ impl<S: Clone> Clone for Guard<S> {
         Self {
             inner: self.inner.clone(),
             route: self.route.clone(),
-            flights: self.flights.clone(),
         }
     }
 }
@@ -54,12 +61,23 @@ impl<S: fmt::Debug> fmt::Debug for Guard<S> {
 }
 
 impl<S> Guard<S> {
-    pub(super) fn new(inner: S, route: Arc<Route>, flights: Arc<Flights>) -> Self {
-        Self {
-            inner,
-            route,
-            flights,
-        }
+    pub(super) fn new(inner: S, route: Arc<Route>) -> Self {
+        Self { inner, route }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the guard, giving back the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 }
 
@@ -76,15 +94,12 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<ResBody, S::Error>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Always ready: see "Readiness" on [`Guard`].
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The clone may not be ready; the service that was polled ready goes with this
-        // request, and the clone stays for the next one.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let route = &self.route;
         route.shared.ensure_listener();
         let kind = match rules::classify(&route.policy, &request) {
@@ -92,15 +107,15 @@ where
             Err(reason) => {
                 route.stats.record(Event::Bypass);
                 tracing::trace!(reason = reason.as_str(), "not cacheable: bypass");
-                let route = route.clone();
+                let (route, inner) = (route.clone(), self.inner.clone());
                 return ResponseFuture::new(async move {
                     passthrough(&route, inner, request, "bypass").await
                 });
             }
         };
-        let Some(mut keys) = route.keys_for(&request) else {
+        let Some(keys) = route.keys_for(&request) else {
             route.stats.record(Event::Bypass);
-            let route = route.clone();
+            let (route, inner) = (route.clone(), self.inner.clone());
             return ResponseFuture::new(async move {
                 passthrough(&route, inner, request, "bypass").await
             });
@@ -110,13 +125,10 @@ where
         let fallback = match route.l1().get(keys.entry()) {
             Some(stored) => {
                 route.stats.record(Event::L1Hit);
-                match answer(route, &stored, kind, keys, &request, inner) {
-                    Ok(response) => return ResponseFuture::ready(response),
-                    Err((k, i)) => {
-                        (keys, inner) = (k, i);
-                        Some(stored)
-                    }
+                if let Some(response) = answer(route, &stored, kind, &keys, &request, &self.inner) {
+                    return ResponseFuture::ready(response);
                 }
+                Some(stored)
             }
             None => {
                 route.stats.record(Event::L1Miss);
@@ -125,8 +137,7 @@ where
         };
         ResponseFuture::new(handle(
             route.clone(),
-            self.flights.clone(),
-            inner,
+            self.inner.clone(),
             request,
             kind,
             keys,
@@ -138,11 +149,10 @@ where
 /// Past L1: L2, then a cold fill.
 async fn handle<S, ReqBody, ResBody>(
     route: Arc<Route>,
-    flights: Arc<Flights>,
-    mut inner: S,
+    inner: S,
     request: Request<ReqBody>,
     kind: Kind,
-    mut keys: CacheKeys,
+    keys: CacheKeys,
     mut fallback: Option<Arc<Stored>>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -166,17 +176,14 @@ where
         Ok(L2Read::Found(stored)) => {
             route.stats.record(Event::L2Hit);
             route.put_l1(keys.entry().into(), stored.clone()).await;
-            match answer(&route, &stored, kind, keys, &request, inner) {
-                Ok(response) => return Ok(response),
-                Err((k, i)) => {
-                    (keys, inner) = (k, i);
-                    if fallback
-                        .as_ref()
-                        .is_none_or(|f| f.response.token < stored.response.token)
-                    {
-                        fallback = Some(stored);
-                    }
-                }
+            if let Some(response) = answer(&route, &stored, kind, &keys, &request, &inner) {
+                return Ok(response);
+            }
+            if fallback
+                .as_ref()
+                .is_none_or(|f| f.response.token < stored.response.token)
+            {
+                fallback = Some(stored);
             }
         }
         Ok(L2Read::Miss) if redis_ok => route.stats.record(Event::L2Miss),
@@ -198,17 +205,13 @@ where
         route.stats.record(Event::Miss);
         return passthrough(&route, inner, request, "miss").await;
     }
-    cold(
-        route, flights, inner, request, keys, fallback, redis_ok, wait,
-    )
-    .await
+    cold(route, inner, request, keys, fallback, redis_ok, wait).await
 }
 
 /// Nothing servable is cached: join (or lead) the key's fill, and answer from it.
 #[allow(clippy::too_many_arguments)]
 async fn cold<S, ReqBody, ResBody>(
     route: Arc<Route>,
-    flights: Arc<Flights>,
     inner: S,
     request: Request<ReqBody>,
     keys: CacheKeys,
@@ -225,7 +228,7 @@ where
     ResBody::Error: Send + 'static,
 {
     let key: Arc<str> = keys.entry().into();
-    let (slot, lead) = flights.join(&key);
+    let (slot, lead) = route.flights.join(&key);
     let is_leader = lead.is_some();
     if let Some(lead) = lead {
         let fill_request = rules::fill_request(&route.policy, &request);
@@ -392,17 +395,17 @@ where
 }
 
 /// Answers from an entry that is fresh (a hit) or stale (served, and refreshed in the
-/// background); hands the keys and the service back for an expired one.
+/// background with a clone of the service); `None` for an expired one.
 fn answer<S, ReqBody, ResBody>(
     route: &Arc<Route>,
     stored: &Arc<Stored>,
     kind: Kind,
-    keys: CacheKeys,
+    keys: &CacheKeys,
     request: &Request<ReqBody>,
-    inner: S,
-) -> Result<Response<ResponseBody<ResBody>>, (CacheKeys, S)>
+    inner: &S,
+) -> Option<Response<ResponseBody<ResBody>>>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Default + Send + 'static,
@@ -412,25 +415,25 @@ where
     match stored.freshness() {
         Freshness::Fresh => {
             route.stats.record(Event::Hit);
-            Ok(serve(stored, kind, "hit"))
+            Some(serve(stored, kind, "hit"))
         }
         Freshness::Stale => {
             route.stats.record(Event::Stale);
             spawn_refresh(route, keys, stored.clone(), request, inner);
-            Ok(serve(stored, kind, "stale"))
+            Some(serve(stored, kind, "stale"))
         }
-        Freshness::Expired => Err((keys, inner)),
+        Freshness::Expired => None,
     }
 }
 
 fn spawn_refresh<S, ReqBody, ResBody>(
     route: &Arc<Route>,
-    keys: CacheKeys,
+    keys: &CacheKeys,
     current: Arc<Stored>,
     request: &Request<ReqBody>,
-    inner: S,
+    inner: &S,
 ) where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Default + Send + 'static,
@@ -462,7 +465,7 @@ fn spawn_refresh<S, ReqBody, ResBody>(
         hold_off: None,
     };
     let request = rules::fill_request(&route.policy, request);
-    let route = route.clone();
+    let (route, keys, inner) = (route.clone(), keys.clone(), inner.clone());
     // The span follows the refresh into its task; it names the route and the hashed
     // key, nothing that came with the request.
     let span = tracing::info_span!("stampede_guard.refresh", route = %route.policy.route, entry = keys.entry());
@@ -511,7 +514,7 @@ impl Drop for Refreshing {
 
 async fn passthrough<S, ReqBody, ResBody>(
     route: &Route,
-    mut inner: S,
+    inner: S,
     request: Request<ReqBody>,
     x_cache: &'static str,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
@@ -520,7 +523,8 @@ where
     ResBody: Body<Data = Bytes>,
 {
     route.stats.record(Event::OriginCall);
-    let response = inner.call(request).await?;
+    // A clone that has not been polled: `oneshot` waits for it to be ready.
+    let response = inner.oneshot(request).await?;
     let mut response = response.map(ResponseBody::stream);
     set_x_cache(response.headers_mut(), x_cache);
     Ok(response)

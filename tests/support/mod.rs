@@ -2,6 +2,7 @@
 
 #![allow(dead_code, unused_imports)] // each test or bench binary uses a part of it
 
+pub(crate) mod http;
 pub(crate) mod proxy;
 pub(crate) mod server;
 pub(crate) mod web;

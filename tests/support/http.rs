@@ -1,0 +1,53 @@
+//! Real HTTP over real TCP: a server started with `axum::serve`, and a client that opens
+//! a new connection for every request (as many users behind a load balancer do), so
+//! that nothing is shared between requests but what the framework itself shares.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::web::Got;
+
+/// Serves `app` with `axum::serve` on a free loopback port until the test ends.
+pub(crate) async fn serve(app: axum::Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    addr
+}
+
+/// `GET path` on a connection of its own, with `headers`, within 30 s.
+pub(crate) async fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Got {
+    let exchange = async {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let mut request = Request::get(path).header("host", "shop.example");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = sender
+            .send_request(request.body(Empty::<Bytes>::new()).unwrap())
+            .await
+            .unwrap();
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Got {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), exchange)
+        .await
+        .unwrap_or_else(|_| panic!("GET {path} on {addr} took over 30 s"))
+}

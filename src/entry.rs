@@ -121,6 +121,22 @@ impl CachedResponse {
     }
 }
 
+/// A copy of `headers` that owns its bytes. Header names and values parsed by an HTTP
+/// client are often slices of its read buffer: stored as they are, each would keep the
+/// whole buffer (kilobytes) alive for as long as the entry lives.
+pub(crate) fn compact(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        // Standard names are static; others are copied.
+        let name =
+            HeaderName::from_bytes(name.as_str().as_bytes()).unwrap_or_else(|_| name.clone());
+        let mut copy = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+        copy.set_sensitive(value.is_sensitive());
+        out.append(name, copy);
+    }
+    out
+}
+
 /// Decodes an entry; see the [module docs](self) for what is refused.
 pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
     if bytes.len() > MAX_ENCODED_LEN {

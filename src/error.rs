@@ -82,9 +82,7 @@ mod tests {
     #[test]
     fn every_variant_names_its_field_in_the_message() {
         let errors = [
-            ConfigError::Missing {
-                field: "key_secret",
-            },
+            ConfigError::Missing { field: "secret" },
             ConfigError::Zero {
                 field: "command_timeout",
             },

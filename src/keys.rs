@@ -410,12 +410,12 @@ impl KeySpaceBuilder {
             .service
             .ok_or(ConfigError::Missing { field: "service" })?;
         check_label("service", &service, 48, true)?;
-        let secret = self.secret.ok_or(ConfigError::Missing {
-            field: "key_secret",
-        })?;
+        let secret = self
+            .secret
+            .ok_or(ConfigError::Missing { field: "secret" })?;
         if secret.len() < MIN_SECRET_LEN {
             return Err(ConfigError::invalid(
-                "key_secret",
+                "secret",
                 format!(
                     "is {} bytes long, at least {MIN_SECRET_LEN} are needed",
                     secret.len()
@@ -423,7 +423,7 @@ impl KeySpaceBuilder {
             ));
         }
         let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&secret)
-            .map_err(|_| ConfigError::invalid("key_secret", "not usable as an HMAC key"))?;
+            .map_err(|_| ConfigError::invalid("secret", "not usable as an HMAC key"))?;
         Ok(KeySpace {
             inner: Arc::new(Inner {
                 head: format!("{prefix}:{env}:{service}:"),
@@ -611,11 +611,8 @@ mod tests {
             field(KeySpace::builder().env("a").secret(SECRET.to_vec())),
             "service"
         );
-        assert_eq!(
-            field(KeySpace::builder().env("a").service("b")),
-            "key_secret"
-        );
-        assert_eq!(field(ok().secret(b"short".to_vec())), "key_secret");
+        assert_eq!(field(KeySpace::builder().env("a").service("b")), "secret");
+        assert_eq!(field(ok().secret(b"short".to_vec())), "secret");
         assert_eq!(field(ok().prefix("")), "prefix");
         assert_eq!(field(ok().env("Prod")), "env");
         assert_eq!(field(ok().service("a:b")), "service");

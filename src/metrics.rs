@@ -75,6 +75,10 @@ pub const L1_ENTRIES: &str = "stampede_guard_l1_entries";
 pub const L1_BYTES: &str = "stampede_guard_l1_bytes";
 /// Calls the layer made to the origin (fills, refreshes and pass-throughs).
 pub const ORIGIN_CALLS: &str = "stampede_guard_origin_calls_total";
+/// Refreshes and cold fills at work, out of the guard's refresh budget.
+pub const BUDGET_IN_USE: &str = "stampede_guard_refresh_budget_in_use";
+/// Header names a route learned from its responses' `Vary`.
+pub const VARY_LEARNED: &str = "stampede_guard_vary_learned_total";
 
 macro_rules! events {
     ($($variant:ident => ($name:expr $(, $label:literal => $value:literal)?), $doc:literal;)*) => {
@@ -103,7 +107,9 @@ events! {
     Hit => (REQUESTS, "outcome" => "hit"), "A fresh entry was served.";
     Stale => (REQUESTS, "outcome" => "stale"), "A stale entry was served at once.";
     Miss => (REQUESTS, "outcome" => "miss"), "Nothing was cached: the response came from a fill.";
-    Bypass => (REQUESTS, "outcome" => "bypass"), "Not cacheable (method, credentials): straight to the origin.";
+    Bypass => (REQUESTS, "outcome" => "bypass"), "Not cacheable (method, credentials, a never-cached route): straight to the origin.";
+    Pass => (REQUESTS, "outcome" => "pass"), "The origin's answer could not be stored (private, uncacheable, too large): passed on as it came.";
+    HitForPass => (REQUESTS, "outcome" => "hit_for_pass"), "The key's last answer could not be stored: straight to the origin, without waiting for a fill.";
     Passthrough => (REQUESTS, "outcome" => "passthrough"), "A cold wait ended without an entry: the origin was called, uncached.";
     Rejected => (REQUESTS, "outcome" => "rejected"), "A cold wait ended without an entry: 503.";
     L1Hit => (L1_LOOKUPS, "result" => "hit"), "Found in L1.";
@@ -117,12 +123,16 @@ events! {
     RefreshOriginError => (REFRESHES, "result" => "origin_error"), "A refresh got an error or a 5xx; the stale entry stays.";
     RefreshTimeout => (REFRESHES, "result" => "timeout"), "A refresh's origin call ran past the refresh timeout.";
     RefreshRedisError => (REFRESHES, "result" => "redis_error"), "A refresh could not use Redis.";
-    RefreshNotStored => (REFRESHES, "result" => "not_stored"), "A refresh got a response that may not be stored.";
+    RefreshNotStored => (REFRESHES, "result" => "not_stored"), "A refresh got a response that may not be stored; the fleet backs off as after an error.";
+    RefreshSkipped => (REFRESHES, "result" => "skipped"), "A refresh was not started: the refresh budget was spent. The stale entry is served.";
     FencedWriteRefused => (FENCED_WRITES_REFUSED), "A write was refused: a newer entry is stored.";
     NotStored => (NOT_STORED), "An origin response was not stored.";
     ColdFill => (COLD_FILLS), "This process filled a cold miss.";
     ColdWaitNotified => (COLD_WAITS, "result" => "notified"), "A wait for another instance's fill ended with the entry.";
     ColdWaitTimedOut => (COLD_WAITS, "result" => "timed_out"), "A wait for another instance's fill ran out.";
+    ColdWaitEnded => (COLD_WAITS, "result" => "ended"), "A wait for another instance's fill ended early: its lease ended without a write.";
+    FillOverBudget => (COLD_WAITS, "result" => "over_budget"), "A cold fill found no slot of the refresh budget within the cold wait.";
+    VaryLearned => (VARY_LEARNED), "The route learned a header its responses vary on.";
     StaleIfError => (STALE_IF_ERROR), "A stale entry stood in for a failed origin.";
     RedisError => (REDIS_FALLBACKS), "A Redis operation failed and the route went on without it.";
     LocalOnly => (LOCAL_ONLY), "A fill or refresh went ahead without Redis.";
@@ -323,6 +333,16 @@ pub const ALL: &[(&str, MetricKind, &str)] = &[
         "The lease TTL of each route.",
     ),
     (L1_ENTRIES, MetricKind::Gauge, "Entries in L1."),
+    (
+        BUDGET_IN_USE,
+        MetricKind::Gauge,
+        "Refreshes and cold fills at work, out of the refresh budget.",
+    ),
+    (
+        VARY_LEARNED,
+        MetricKind::Counter,
+        "Header names routes learned from their responses' Vary.",
+    ),
     (L1_BYTES, MetricKind::Gauge, "Bytes of entries in L1."),
     (
         crate::store::REDIS_ERRORS,

@@ -22,6 +22,7 @@ use std::time::Duration;
 use http::{HeaderName, StatusCode};
 
 use crate::error::ConfigError;
+pub use crate::rules::POISONING_HEADERS;
 
 /// What a caller that finds no entry at all does while someone else fills it, once the
 /// route's [`cold_wait`](PolicyBuilder::cold_wait) is over.
@@ -37,7 +38,8 @@ pub enum ColdMiss {
     },
 }
 
-/// Which query parameters are part of the key.
+/// Which query parameters are part of the key (set with
+/// [`PolicyBuilder::key_query`], [`PolicyBuilder::ignore_query`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyQuery {
@@ -72,6 +74,11 @@ pub struct Policy {
     pub(crate) allow_authorization: bool,
     pub(crate) allow_cookies: bool,
     pub(crate) forward_extensions: bool,
+    pub(crate) strict_forwarding: bool,
+    pub(crate) hit_for_pass: Duration,
+    pub(crate) fresh_jitter: Duration,
+    /// False for a route that is never cached: every request goes to the origin.
+    pub(crate) cache: bool,
 }
 
 impl fmt::Debug for Policy {
@@ -97,6 +104,10 @@ impl fmt::Debug for Policy {
             .field("allow_authorization", &self.allow_authorization)
             .field("allow_cookies", &self.allow_cookies)
             .field("forward_extensions", &self.forward_extensions)
+            .field("strict_forwarding", &self.strict_forwarding)
+            .field("hit_for_pass", &self.hit_for_pass)
+            .field("fresh_jitter", &self.fresh_jitter)
+            .field("cache", &self.cache)
             .finish()
     }
 }
@@ -113,8 +124,9 @@ pub mod defaults {
     pub const LEASE_TTL: Duration = Duration::from_secs(5);
     /// How long a refresh may call the origin.
     pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(4);
-    /// How long a caller with nothing to serve waits for someone else's fill.
-    pub const COLD_WAIT: Duration = Duration::from_secs(2);
+    /// How long a caller with nothing to serve waits for a fill another instance is
+    /// doing: unless set, as long as that fill may take, the refresh timeout.
+    pub const COLD_WAIT: Duration = REFRESH_TIMEOUT;
     /// How long past freshness a response may be served when the origin fails.
     pub const STALE_IF_ERROR: Duration = Duration::from_secs(300);
     /// How long the fleet leaves the origin alone after a failed refresh.
@@ -123,6 +135,9 @@ pub mod defaults {
     pub const MAX_BODY: usize = 1024 * 1024;
     /// The largest body that may be configured.
     pub const MAX_BODY_LIMIT: usize = 64 * 1024 * 1024;
+    /// How long callers of a key whose answer could not be stored go straight to the
+    /// origin (hit-for-pass).
+    pub const HIT_FOR_PASS: Duration = Duration::from_secs(10);
 }
 
 impl Policy {
@@ -151,8 +166,13 @@ impl Policy {
                 allow_authorization: false,
                 allow_cookies: false,
                 forward_extensions: false,
+                strict_forwarding: false,
+                hit_for_pass: defaults::HIT_FOR_PASS,
+                fresh_jitter: Duration::ZERO,
+                cache: true,
             },
             header_error: None,
+            cold_wait_set: false,
         }
     }
 
@@ -169,6 +189,16 @@ impl Policy {
     /// How long past freshness a response is served stale while being refreshed.
     pub fn grace(&self) -> Duration {
         self.grace
+    }
+
+    /// How long a caller with nothing to serve waits for another instance's fill.
+    pub fn cold_wait(&self) -> Duration {
+        self.cold_wait
+    }
+
+    /// Which query parameters are part of the key.
+    pub fn key_query(&self) -> &KeyQuery {
+        &self.key_query
     }
 
     /// How long past freshness a response is kept in the caches: the longer of the grace
@@ -212,6 +242,8 @@ impl Policy {
 pub struct PolicyBuilder {
     policy: Policy,
     header_error: Option<ConfigError>,
+    /// Whether `cold_wait` was set; if not, it follows the refresh timeout.
+    cold_wait_set: bool,
 }
 
 impl fmt::Debug for PolicyBuilder {
@@ -252,10 +284,18 @@ impl PolicyBuilder {
     }
 
     /// How long a caller that has nothing to serve waits for a fill that another instance
-    /// is doing (default 2 s; zero: not at all). Then it follows
-    /// [`cold_miss`](Self::cold_miss).
+    /// is doing, and for a slot of the guard's refresh budget; then it follows
+    /// [`cold_miss`](Self::cold_miss). Zero: not at all.
+    ///
+    /// Default: the refresh timeout, as long as the other instance's fill may take. A
+    /// shorter wait trades origin calls for latency: with an origin slower than the
+    /// wait, every caller on every other instance calls the origin itself
+    /// ([`ColdMiss::Passthrough`]) or gets a 503 ([`ColdMiss::Reject`]). Callers of the
+    /// instance that fills wait for its fill, however long it takes (up to the refresh
+    /// timeout).
     pub fn cold_wait(mut self, wait: Duration) -> Self {
         self.policy.cold_wait = wait;
+        self.cold_wait_set = true;
         self
     }
 
@@ -313,16 +353,33 @@ impl PolicyBuilder {
         self
     }
 
-    /// Which query parameters make up the key (default: all of them, sorted).
-    pub fn key_query(mut self, query: KeyQuery) -> Self {
-        self.policy.key_query = query;
+    /// The query parameters that make up the key: only these, sorted; the others are
+    /// ignored and not passed to the origin on a fill. By default every parameter is
+    /// keyed, which lets junk query strings make entries: public routes should name
+    /// theirs. Takes its list as [`key_headers`](Self::key_headers) does.
+    pub fn key_query<I, P>(mut self, params: I) -> Self
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<str>,
+    {
+        let mut names: Vec<String> = params.into_iter().map(|p| p.as_ref().to_owned()).collect();
+        names.sort();
+        names.dedup();
+        self.policy.key_query = KeyQuery::Only(names);
         self
     }
 
-    /// Request headers that make up the key, besides `Host`. The origin sees only keyed
-    /// headers (and [`forward_headers`](Self::forward_headers)) when it fills the cache,
-    /// so no other header can change what another client is served. A response whose
-    /// `Vary` names a header that is not keyed is not stored.
+    /// Ignore the query string: it is not part of the key, and not passed to the origin
+    /// on a fill.
+    pub fn ignore_query(mut self) -> Self {
+        self.policy.key_query = KeyQuery::Ignore;
+        self
+    }
+
+    /// Request headers that make up the key, besides `Host`. Headers the route's
+    /// responses name in `Vary` are learned and keyed too, whatever is set here (see
+    /// the [guard docs](crate::guard)); naming them here keys on them from the first
+    /// request.
     pub fn key_headers<I, H>(mut self, headers: I) -> Self
     where
         I: IntoIterator<Item = H>,
@@ -335,8 +392,9 @@ impl PolicyBuilder {
         self
     }
 
-    /// Request headers passed to the origin on a fill without being part of the key
-    /// (trace context, say). Only name headers that cannot change the response.
+    /// With [`strict_forwarding`](Self::strict_forwarding): request headers passed to
+    /// the origin on a fill without being part of the key (trace context, say). Only
+    /// name headers that cannot change the response.
     pub fn forward_headers<I, H>(mut self, headers: I) -> Self
     where
         I: IntoIterator<Item = H>,
@@ -350,7 +408,9 @@ impl PolicyBuilder {
     }
 
     /// Whether the host (the `Host` header or the URI's authority) is part of the key
-    /// (default true). Turn it off only when every host serves the same content.
+    /// (default true). Turn it off only when every host serves the same content: with it
+    /// on, instances reached under different host names (`localhost:3000` and
+    /// `localhost:3001`, say) do not share entries.
     pub fn key_host(mut self, key_host: bool) -> Self {
         self.policy.key_host = key_host;
         self
@@ -388,12 +448,54 @@ impl PolicyBuilder {
         self
     }
 
+    /// Forward only the keyed headers (and [`forward_headers`](Self::forward_headers))
+    /// to the origin on a fill (default false).
+    ///
+    /// By default a fill forwards the request's headers as a proxy does, so content
+    /// negotiation, trace context and request ids keep working, without hop-by-hop
+    /// headers and without the [`POISONING_HEADERS`]
+    /// (unless keyed). An origin that changes its response on a header it does not name
+    /// in `Vary` would then store one client's variant for everyone; strict forwarding
+    /// makes that impossible, at the price of those headers.
+    pub fn strict_forwarding(mut self, strict: bool) -> Self {
+        self.policy.strict_forwarding = strict;
+        self
+    }
+
+    /// How long, after a fill whose answer could not be stored (private, `Set-Cookie`,
+    /// too large, a status not cached), callers of that key go straight to the origin
+    /// instead of waiting behind a leader (Varnish's hit-for-pass; default 10 s; zero:
+    /// never). Every instance learns it from the one that filled.
+    pub fn hit_for_pass(mut self, lasting: Duration) -> Self {
+        self.policy.hit_for_pass = lasting;
+        self
+    }
+
+    /// Makes each stored entry fresh for the fresh TTL minus a random part of up to
+    /// `max` (default zero), so that keys filled together do not go stale together.
+    /// Less than the fresh TTL.
+    pub fn fresh_jitter(mut self, max: Duration) -> Self {
+        self.policy.fresh_jitter = max;
+        self
+    }
+
+    /// Never cache this route: every request goes to the origin, marked
+    /// `x-cache: bypass`. For routes that must not be cached but sit behind a layer
+    /// that is applied to many.
+    pub fn never_cache(mut self) -> Self {
+        self.policy.cache = false;
+        self
+    }
+
     /// Checks the settings and builds the policy.
     pub fn build(self) -> Result<Policy, ConfigError> {
         if let Some(error) = self.header_error {
             return Err(error);
         }
-        let p = self.policy;
+        let mut p = self.policy;
+        if !self.cold_wait_set {
+            p.cold_wait = p.refresh_timeout.min(Duration::from_secs(60));
+        }
         check_route(&p.route)?;
         ConfigError::nonzero("fresh_ttl", p.fresh_ttl)?;
         ConfigError::nonzero("lease_ttl", p.lease_ttl)?;
@@ -511,6 +613,18 @@ impl PolicyBuilder {
         {
             return Err(ConfigError::invalid("key_query", "empty parameter name"));
         }
+        if !p.fresh_jitter.is_zero() && p.fresh_jitter >= p.fresh_ttl {
+            return Err(ConfigError::invalid(
+                "fresh_jitter",
+                format!(
+                    "{:?} must be less than the fresh TTL ({:?})",
+                    p.fresh_jitter, p.fresh_ttl
+                ),
+            ));
+        }
+        if p.hit_for_pass > Duration::from_secs(3600) {
+            return Err(ConfigError::invalid("hit_for_pass", "at most 1 hour"));
+        }
         Ok(p)
     }
 }
@@ -605,10 +719,9 @@ mod tests {
             (b().max_body(defaults::MAX_BODY_LIMIT + 1), "max_body"),
             (b().key_headers(["bad header"]), "key_headers"),
             (b().forward_headers(["x\n"]), "forward_headers"),
-            (
-                b().key_query(KeyQuery::Only(vec![String::new()])),
-                "key_query",
-            ),
+            (b().key_query([""]), "key_query"),
+            (b().fresh_jitter(defaults::FRESH_TTL), "fresh_jitter"),
+            (b().hit_for_pass(Duration::from_secs(7200)), "hit_for_pass"),
         ];
         for (builder, field) in cases {
             let error = builder.build().unwrap_err();

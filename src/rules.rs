@@ -21,6 +21,8 @@ pub(crate) enum Bypass {
     Method,
     Authorization,
     Cookie,
+    /// The route is never cached.
+    Route,
 }
 
 impl Bypass {
@@ -29,11 +31,15 @@ impl Bypass {
             Self::Method => "method",
             Self::Authorization => "authorization",
             Self::Cookie => "cookie",
+            Self::Route => "route",
         }
     }
 }
 
 pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Kind, Bypass> {
+    if !policy.cache {
+        return Err(Bypass::Route);
+    }
     let kind = match *request.method() {
         Method::GET => Kind::Get,
         Method::HEAD => Kind::Head,
@@ -50,9 +56,14 @@ pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Kind,
 }
 
 /// Everything that tells requests of a route apart, as bytes to be hashed: the host (if
-/// keyed), the path, the keyed query parameters (sorted) and the keyed headers. Each
-/// part is length-prefixed, so no two different requests give the same bytes.
-pub(crate) fn identity<B>(policy: &Policy, request: &Request<B>) -> Vec<u8> {
+/// keyed), the path, the keyed query parameters (sorted), the keyed headers and the
+/// headers the route learned its responses vary on (`learned`, sorted). Each part is
+/// length-prefixed, so no two different requests give the same bytes.
+pub(crate) fn identity<B>(
+    policy: &Policy,
+    learned: &[HeaderName],
+    request: &Request<B>,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
     let mut part = |bytes: &[u8]| {
         out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
@@ -66,13 +77,20 @@ pub(crate) fn identity<B>(policy: &Policy, request: &Request<B>) -> Vec<u8> {
     for param in keyed_query(policy, request.uri()) {
         part(param.as_bytes());
     }
-    for name in &policy.key_headers {
+    for name in policy.key_headers.iter().chain(learned) {
         part(name.as_str().as_bytes());
-        let values = request.headers().get_all(name);
         let mut count = 0u32;
-        for value in values {
-            part(value.as_bytes());
-            count += 1;
+        if name == header::HOST {
+            // What a learned `Vary: Host` means: the host, however the request gives it.
+            if let Some(host) = host(request) {
+                part(host.as_bytes());
+                count = 1;
+            }
+        } else {
+            for value in request.headers().get_all(name) {
+                part(value.as_bytes());
+                count += 1;
+            }
         }
         part(&count.to_le_bytes());
     }
@@ -108,13 +126,73 @@ fn keyed_query<'a>(policy: &Policy, uri: &'a Uri) -> Vec<&'a str> {
     params
 }
 
-/// The request the origin gets when it fills an entry: a GET of the path and keyed
-/// query, carrying only the keyed headers (and the route's forwarded ones, and
-/// `Authorization`/`Cookie` where the route allows them), so that nothing outside the key
-/// can shape what is stored for everyone. The host is the one that was keyed, in the
-/// Host header (none when the host is not keyed); the URI is relative. Extensions are
-/// copied only where the route says so.
-pub(crate) fn fill_request<B, F: Default>(policy: &Policy, request: &Request<B>) -> Request<F> {
+/// Hop-by-hop headers (RFC 9110 §7.6.1), and those that only make sense for the
+/// client's own connection or body: never forwarded on a fill, never stored.
+const HOP_BY_HOP: &[HeaderName] = &[
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+];
+
+/// Request headers a fill never forwards: the request is a plain GET of the whole
+/// representation, made for everyone, and these would make it something else (a
+/// conditional or partial answer, a body).
+const NOT_FOR_A_FILL: &[HeaderName] = &[
+    header::CONTENT_LENGTH,
+    header::CONTENT_TYPE,
+    header::EXPECT,
+    header::IF_MATCH,
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_UNMODIFIED_SINCE,
+    header::IF_RANGE,
+    header::RANGE,
+];
+
+/// Request headers known to poison caches when they are not part of the key: frameworks
+/// build links, redirects and routing decisions from them, so a response shaped by one
+/// client's value would be served to everyone. A fill never forwards them unless the
+/// route keys on them (or has learned that its responses vary on them). From published
+/// cache-poisoning research: the forwarded-host and -scheme family, method and URL
+/// overrides.
+pub const POISONING_HEADERS: &[&str] = &[
+    "forwarded",
+    "x-forwarded-host",
+    "x-forwarded-scheme",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "x-forwarded-ssl",
+    "x-host",
+    "x-original-host",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+/// The request the origin gets when it fills (or refreshes) an entry: a GET of the path
+/// and keyed query, with the host that was keyed (in the `Host` header, none when the
+/// host is not keyed) and a relative URI.
+///
+/// Headers: by default, as a proxy forwards them (content negotiation, trace context and
+/// request ids keep working), without hop-by-hop headers, without conditional, range and
+/// body headers, and without [`POISONING_HEADERS`] unless keyed. With
+/// `strict_forwarding`, only the keyed
+/// headers and the route's `forward_headers`. Keyed and learned headers are always
+/// forwarded, `Authorization` and `Cookie` only where the route allows them. Extensions
+/// are copied only where the route says so.
+pub(crate) fn fill_request<B, F: Default>(
+    policy: &Policy,
+    learned: &[HeaderName],
+    request: &Request<B>,
+) -> Request<F> {
     let uri = request.uri();
     let query = keyed_query(policy, uri);
     let path_and_query = if query.is_empty() {
@@ -129,25 +207,51 @@ pub(crate) fn fill_request<B, F: Default>(policy: &Policy, request: &Request<B>)
         .build()
         .unwrap_or_else(|_| Uri::from_static("/"));
 
-    let mut headers = HeaderMap::new();
-    if policy.key_host
+    let keyed = |name: &HeaderName| policy.key_headers.contains(name) || learned.contains(name);
+    let given = request.headers();
+    let mut headers = HeaderMap::with_capacity(given.keys_len());
+    if policy.strict_forwarding {
+        for name in policy
+            .key_headers
+            .iter()
+            .chain(learned)
+            .chain(&policy.forward_headers)
+        {
+            for value in given.get_all(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        for (name, allowed) in [
+            (header::AUTHORIZATION, policy.allow_authorization),
+            (header::COOKIE, policy.allow_cookies),
+        ] {
+            if allowed {
+                for value in given.get_all(&name) {
+                    headers.append(name.clone(), value.clone());
+                }
+            }
+        }
+    } else {
+        let listed = connection_listed(given);
+        for (name, value) in given {
+            let dropped = HOP_BY_HOP.contains(name)
+                || NOT_FOR_A_FILL.contains(name)
+                || name.as_str() == "keep-alive"
+                || name.as_str() == "proxy-connection"
+                || listed.contains(name)
+                || (*name == header::AUTHORIZATION && !policy.allow_authorization)
+                || (*name == header::COOKIE && !policy.allow_cookies)
+                || (POISONING_HEADERS.contains(&name.as_str()) && !keyed(name));
+            if !dropped {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    headers.remove(header::HOST);
+    if (policy.key_host || learned.contains(&header::HOST))
         && let Some(host) = host(request).and_then(|h| http::HeaderValue::from_str(h).ok())
     {
         headers.insert(header::HOST, host);
-    }
-    let mut copy = |name: &HeaderName| {
-        for value in request.headers().get_all(name) {
-            headers.append(name.clone(), value.clone());
-        }
-    };
-    for name in policy.key_headers.iter().chain(&policy.forward_headers) {
-        copy(name);
-    }
-    if policy.allow_authorization {
-        copy(&header::AUTHORIZATION);
-    }
-    if policy.allow_cookies {
-        copy(&header::COOKIE);
     }
     let mut fill = Request::new(F::default());
     *fill.method_mut() = Method::GET;
@@ -158,6 +262,68 @@ pub(crate) fn fill_request<B, F: Default>(policy: &Policy, request: &Request<B>)
         *fill.extensions_mut() = request.extensions().clone();
     }
     fill
+}
+
+/// The headers a `Connection` header names: hop-by-hop for this connection only.
+fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// The names a response's `Vary` lists; `Err` for `Vary: *` (or a value that is not
+/// text), which no request can match.
+pub(crate) fn vary_names(headers: &HeaderMap) -> Result<Vec<HeaderName>, NotStored> {
+    let mut names = Vec::new();
+    for value in headers.get_all(header::VARY) {
+        let value = value.to_str().map_err(|_| NotStored::VaryStar)?;
+        for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "*" {
+                return Err(NotStored::VaryStar);
+            }
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| NotStored::VaryStar)?;
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// The names in a response's `Vary` that a key made with `learned` does not include.
+pub(crate) fn unkeyed_vary(
+    policy: &Policy,
+    learned: &[HeaderName],
+    response: &HeaderMap,
+) -> Vec<HeaderName> {
+    vary_names(response)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|name| {
+            !(policy.key_headers.contains(name)
+                || learned.contains(name)
+                || (*name == header::HOST && policy.key_host))
+        })
+        .collect()
+}
+
+/// Whether a response (by its `Vary`) made for a request with headers `made_for` may be
+/// given to a request with headers `asking`: every header it varies on has the same
+/// values in both.
+pub(crate) fn same_variant(response: &HeaderMap, made_for: &HeaderMap, asking: &HeaderMap) -> bool {
+    match vary_names(response) {
+        Ok(names) => names.iter().all(|name| {
+            made_for
+                .get_all(name)
+                .iter()
+                .eq(asking.get_all(name).iter())
+        }),
+        Err(_) => false,
+    }
 }
 
 /// Why a response is not stored.
@@ -189,6 +355,11 @@ impl NotStored {
         }
     }
 
+    /// Of two reasons found in one response, the one that keeps it closer to its caller.
+    fn strongest(self, other: Self) -> Self {
+        if self.is_private() { self } else { other }
+    }
+
     /// Whether the response is for its own caller only: never stored, never handed to
     /// another caller.
     pub(crate) fn is_private(self) -> bool {
@@ -199,49 +370,37 @@ impl NotStored {
     }
 }
 
-/// Whether a response may be stored, by its status and headers.
+/// Whether a response may be stored, by its status and headers. `Cache-Control` is read
+/// whole: `no-cache, private` is private.
 pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(), NotStored> {
     let headers = response.headers();
     if headers.contains_key(header::SET_COOKIE) {
         return Err(NotStored::SetCookie);
     }
+    let mut found = None;
     for value in headers.get_all(header::CACHE_CONTROL) {
         let Ok(value) = value.to_str() else {
             return Err(NotStored::Private);
         };
         for directive in value.split(',') {
-            let name = directive
-                .split('=')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            match name.as_str() {
-                "private" => return Err(NotStored::Private),
-                "no-store" => return Err(NotStored::NoStore),
-                "no-cache" => return Err(NotStored::NoCache),
-                _ => {}
-            }
+            let name = directive.split('=').next().unwrap_or("").trim();
+            // The strongest directive wins, wherever it stands.
+            let why = if name.eq_ignore_ascii_case("private") {
+                NotStored::Private
+            } else if name.eq_ignore_ascii_case("no-store") {
+                NotStored::NoStore
+            } else if name.eq_ignore_ascii_case("no-cache") {
+                NotStored::NoCache
+            } else {
+                continue;
+            };
+            found = Some(found.map_or(why, |f: NotStored| f.strongest(why)));
         }
     }
-    for value in headers.get_all(header::VARY) {
-        let Ok(value) = value.to_str() else {
-            return Err(NotStored::VaryStar);
-        };
-        for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            if name == "*" {
-                return Err(NotStored::VaryStar);
-            }
-            let keyed = policy
-                .key_headers
-                .iter()
-                .any(|k| k.as_str().eq_ignore_ascii_case(name))
-                || (name.eq_ignore_ascii_case("host") && policy.key_host);
-            if !keyed {
-                return Err(NotStored::VaryUnkeyed);
-            }
-        }
+    if let Some(why) = found {
+        return Err(why);
     }
+    vary_names(headers)?;
     if !policy.is_cacheable_status(response.status()) {
         return Err(NotStored::Status);
     }
@@ -255,28 +414,13 @@ pub(crate) fn is_failure(status: StatusCode) -> bool {
 
 /// Headers that describe one connection, or that the layer sets itself: never stored.
 pub(crate) fn strip_unstorable(headers: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for name in listed {
+    for name in connection_listed(headers) {
         headers.remove(name);
     }
-    for name in [
-        header::CONNECTION,
-        header::TRANSFER_ENCODING,
-        header::TE,
-        header::TRAILER,
-        header::UPGRADE,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::AGE,
-    ] {
+    for name in HOP_BY_HOP {
         headers.remove(name);
     }
+    headers.remove(header::AGE);
     headers.remove("keep-alive");
     headers.remove(crate::X_CACHE);
 }
@@ -301,7 +445,7 @@ mod tests {
         let p = policy();
         let a = get("/items?a=1&b=2").body(()).unwrap();
         let b = get("/items?b=2&a=1").body(()).unwrap();
-        assert_eq!(identity(&p, &a), identity(&p, &b));
+        assert_eq!(identity(&p, &[], &a), identity(&p, &[], &b));
         let fr = get("/items")
             .header("accept-language", "fr")
             .body(())
@@ -310,18 +454,18 @@ mod tests {
             .header("accept-language", "de")
             .body(())
             .unwrap();
-        assert_ne!(identity(&p, &fr), identity(&p, &de));
+        assert_ne!(identity(&p, &[], &fr), identity(&p, &[], &de));
         let evil = get("/items")
             .header("x-forwarded-host", "evil")
             .body(())
             .unwrap();
         let plain = get("/items").body(()).unwrap();
-        assert_eq!(identity(&p, &evil), identity(&p, &plain));
+        assert_eq!(identity(&p, &[], &evil), identity(&p, &[], &plain));
         let other_host = Request::get("/items")
             .header("host", "other")
             .body(())
             .unwrap();
-        assert_ne!(identity(&p, &other_host), identity(&p, &plain));
+        assert_ne!(identity(&p, &[], &other_host), identity(&p, &[], &plain));
     }
 
     #[test]
@@ -329,15 +473,16 @@ mod tests {
         let p = Policy::builder("items").build().unwrap();
         let a = get("/items?ab=c").body(()).unwrap();
         let b = get("/items?a=bc").body(()).unwrap();
-        assert_ne!(identity(&p, &a), identity(&p, &b));
+        assert_ne!(identity(&p, &[], &a), identity(&p, &[], &b));
     }
 
     #[test]
-    fn the_fill_request_carries_only_what_is_keyed() {
+    fn a_strict_fill_request_carries_only_what_is_keyed() {
         let p = Policy::builder("items")
-            .key_query(KeyQuery::Only(vec!["page".into()]))
+            .key_query(["page"])
             .key_headers(["accept-language"])
             .forward_headers(["traceparent"])
+            .strict_forwarding(true)
             .build()
             .unwrap();
         let request = get("/items?utm=x&page=2")
@@ -346,22 +491,91 @@ mod tests {
             .header("x-forwarded-host", "evil.example")
             .body(())
             .unwrap();
-        let fill: Request<()> = fill_request(&p, &request);
+        let fill: Request<()> = fill_request(&p, &[], &request);
         assert_eq!(fill.method(), Method::GET);
         assert_eq!(fill.uri(), "/items?page=2");
-        let names: Vec<&str> = fill.headers().keys().map(HeaderName::as_str).collect();
-        assert_eq!(names, ["host", "accept-language", "traceparent"]);
+        let mut names: Vec<&str> = fill.headers().keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["accept-language", "host", "traceparent"]);
         // The host that was keyed is the host the origin sees, whatever the request line.
         let absolute = Request::get("http://evil.example/items")
             .header("host", "shop.example")
             .body(())
             .unwrap();
-        let fill: Request<()> = fill_request(&p, &absolute);
+        let fill: Request<()> = fill_request(&p, &[], &absolute);
         assert_eq!(fill.uri(), "/items");
         assert_eq!(fill.headers()["host"], "shop.example");
         let unkeyed = Policy::builder("items").key_host(false).build().unwrap();
-        let fill: Request<()> = fill_request(&unkeyed, &absolute);
+        let fill: Request<()> = fill_request(&unkeyed, &[], &absolute);
         assert!(fill.headers().get("host").is_none());
+    }
+
+    #[test]
+    fn a_fill_request_forwards_as_a_proxy_does_without_poisoning_headers() {
+        let p = Policy::builder("items").build().unwrap();
+        let request = get("/items?page=2")
+            .header("accept-language", "fr")
+            .header("traceparent", "00-abc")
+            .header("x-request-id", "r-1")
+            .header("connection", "keep-alive, x-hop")
+            .header("x-hop", "gone")
+            .header("keep-alive", "timeout=5")
+            .header("if-none-match", "\"v1\"")
+            .header("range", "bytes=0-1")
+            .header("x-forwarded-host", "evil.example")
+            .header("X-Original-URL", "/admin")
+            .header("forwarded", "host=evil.example")
+            .body(())
+            .unwrap();
+        let fill: Request<()> = fill_request(&p, &[], &request);
+        let mut names: Vec<&str> = fill.headers().keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            ["accept-language", "host", "traceparent", "x-request-id"]
+        );
+        // Keyed (or learned), a poisoning header is part of the key: then it is sent.
+        let learned = [HeaderName::from_static("x-forwarded-host")];
+        let fill: Request<()> = fill_request(&p, &learned, &request);
+        assert_eq!(fill.headers()["x-forwarded-host"], "evil.example");
+    }
+
+    #[test]
+    fn learned_headers_are_keyed_and_variants_are_told_apart() {
+        let p = Policy::builder("items").build().unwrap();
+        let lang = [HeaderName::from_static("accept-language")];
+        let fr = get("/items")
+            .header("accept-language", "fr")
+            .body(())
+            .unwrap();
+        let de = get("/items")
+            .header("accept-language", "de")
+            .body(())
+            .unwrap();
+        assert_eq!(identity(&p, &[], &fr), identity(&p, &[], &de));
+        assert_ne!(identity(&p, &lang, &fr), identity(&p, &lang, &de));
+        let response = Response::builder()
+            .header("vary", "Accept-Language, accept-encoding")
+            .body(())
+            .unwrap();
+        let unkeyed = unkeyed_vary(&p, &lang, response.headers());
+        assert_eq!(unkeyed, [HeaderName::from_static("accept-encoding")]);
+        let fr2 = get("/other")
+            .header("accept-language", "fr")
+            .body(())
+            .unwrap();
+        assert!(same_variant(
+            response.headers(),
+            fr.headers(),
+            fr2.headers()
+        ));
+        assert!(!same_variant(
+            response.headers(),
+            fr.headers(),
+            de.headers()
+        ));
+        let star = Response::builder().header("vary", "*").body(()).unwrap();
+        assert!(!same_variant(star.headers(), fr.headers(), fr2.headers()));
     }
 
     #[test]
@@ -382,9 +596,20 @@ mod tests {
             Err(NotStored::NoStore)
         );
         assert_eq!(storable(&p, &with("vary", "*")), Err(NotStored::VaryStar));
+        // Learned from, and keyed on, by the guard.
+        assert_eq!(storable(&p, &with("vary", "Accept-Encoding")), Ok(()));
+        // Read whole: the strongest directive wins, wherever it stands.
         assert_eq!(
-            storable(&p, &with("vary", "Accept-Encoding")),
-            Err(NotStored::VaryUnkeyed)
+            storable(&p, &with("cache-control", "no-cache, private")),
+            Err(NotStored::Private)
+        );
+        assert_eq!(
+            storable(&p, &with("cache-control", "no-cache, no-store")),
+            Err(NotStored::NoStore)
+        );
+        assert_eq!(
+            storable(&p, &with("cache-control", "no-cache")),
+            Err(NotStored::NoCache)
         );
         assert_eq!(storable(&p, &with("vary", "Accept-Language")), Ok(()));
         let not_found = Response::builder().status(404).body(()).unwrap();

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use stampede_guard::keys::{KeySpace, LeaseName, Scope};
-use stampede_guard::lease::{AcquireOutcome, Lease, LeaseClient, ReleaseOutcome, RenewOutcome};
+use stampede_guard::lease::{
+    AcquireOutcome, FencingToken, Lease, LeaseClient, ReleaseOutcome, RenewOutcome,
+};
 use stampede_guard::store::{RedisStore, StoreErrorKind};
 use support::{Mode, Proxy, RedisServer, eventually};
 use tokio::sync::Barrier;
@@ -97,6 +99,7 @@ async fn second_acquire_while_held_is_busy() {
         match leases.try_acquire(&name, Duration::from_secs(5)).await {
             AcquireOutcome::Busy {
                 retry_after: Some(left),
+                held_off: false,
             } => assert!(left <= Duration::from_secs(5) && left > Duration::from_secs(3)),
             other => panic!("expected Busy, got {other:?}"),
         }
@@ -371,6 +374,83 @@ async fn fencing_tokens_increase_across_a_restart_and_a_lost_counter() {
     }
 }
 
+/// Numbers that no token can be, written over the fence counter: every acquire still
+/// takes the lease with a token above the last one, and never leaves the lease set while
+/// reporting a failure.
+#[tokio::test]
+async fn a_garbage_fence_counter_never_leaves_a_lease_set_behind_a_failure() {
+    let server = RedisServer::start();
+    let leases = client(&server);
+    let name = name("q-1");
+    let mut conn = server.conn().await;
+    let mut last = FencingToken::new(0);
+    for garbage in [
+        "inf",
+        "-inf",
+        "nan",
+        "1e400",
+        "-5",
+        "1.5",
+        "99999999999999999999999",
+        "0x7fffffffffffffff",
+    ] {
+        let _: () = conn.set(name.fence_key(), garbage).await.unwrap();
+        let outcome = leases.try_acquire(&name, Duration::from_secs(5)).await;
+        let lease = match outcome {
+            AcquireOutcome::Acquired(lease) => lease,
+            other => {
+                let left = pttl(&server, name.key()).await;
+                panic!("{garbage}: {other:?}, and the lease key's PTTL is {left}");
+            }
+        };
+        assert!(lease.fencing_token() > last, "{garbage}");
+        last = lease.fencing_token();
+        assert!(matches!(
+            leases.release(lease).await,
+            ReleaseOutcome::Released
+        ));
+        assert_eq!(pttl(&server, name.key()).await, -2, "{garbage}");
+    }
+}
+
+/// A holder that failed holds the name off: nobody owns it, every acquire answers busy
+/// and says so, and it ends by its TTL.
+#[tokio::test]
+async fn a_held_off_lease_is_busy_for_everyone_until_its_ttl() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let (name, other) = (name("q-1"), name("q-2"));
+    let lease = acquired(a.try_acquire(&name, Duration::from_secs(5)).await);
+    let owner_gone = acquired(b.try_acquire(&other, Duration::from_secs(5)).await);
+    assert!(matches!(
+        a.hold_off(lease, Duration::from_millis(800)).await,
+        ReleaseOutcome::Released
+    ));
+    for leases in [&a, &b] {
+        match leases.try_acquire(&name, Duration::from_secs(5)).await {
+            AcquireOutcome::Busy {
+                retry_after: Some(left),
+                held_off: true,
+            } => assert!(left <= Duration::from_millis(800)),
+            other => panic!("expected a held-off Busy, got {other:?}"),
+        }
+    }
+    // Only the owner can hold a lease off.
+    let _: () = server.conn().await.del(other.key()).await.unwrap();
+    let taken = acquired(a.try_acquire(&other, Duration::from_secs(5)).await);
+    assert!(matches!(
+        b.hold_off(owner_gone, Duration::from_millis(800)).await,
+        ReleaseOutcome::NotOwner
+    ));
+    assert!(matches!(a.release(taken).await, ReleaseOutcome::Released));
+    assert!(gone(&server, name.key(), Duration::from_secs(3)).await);
+    assert!(
+        a.try_acquire(&name, Duration::from_secs(5))
+            .await
+            .is_acquired()
+    );
+}
+
 #[tokio::test]
 async fn redis_killed_before_acquire_is_unavailable_within_the_timeout() {
     let mut server = RedisServer::start();
@@ -592,8 +672,8 @@ async fn invalid_configurations_are_refused_naming_the_field() {
         "connect_timeout"
     );
     assert_eq!(store(RedisStore::builder(url).pool_size(0)), "pool_size");
-    assert_eq!(store(RedisStore::builder("http://nope")), "redis_url");
-    assert_eq!(store(RedisStore::builder("not a url at all")), "redis_url");
+    assert_eq!(store(RedisStore::builder("http://nope")), "url");
+    assert_eq!(store(RedisStore::builder("not a url at all")), "url");
 
     let lease = |b: stampede_guard::lease::LeaseClientBuilder| b.build().unwrap_err();
     let base = || {

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use moka::Expiry;
@@ -36,6 +37,9 @@ pub(crate) struct Stored {
     pub(crate) response: CachedResponse,
     got_at: Instant,
     age_when_got: Duration,
+    /// The guard's subscription epoch when the entry was put in L1 (see
+    /// [`l1_put`]): an entry from an earlier epoch may have missed an invalidation.
+    epoch: AtomicU64,
 }
 
 /// Where an entry is in its life.
@@ -56,7 +60,13 @@ impl Stored {
             response,
             got_at: Instant::now(),
             age_when_got: age,
+            epoch: AtomicU64::new(0),
         }
+    }
+
+    /// The subscription epoch it was put in L1 under.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
     }
 
     pub(crate) fn age(&self) -> Duration {
@@ -141,7 +151,15 @@ pub(crate) fn new_tombstones() -> Tombstones {
 ///
 /// L1 is moka's synchronous cache: its operations do not wait, so the request path can
 /// answer a hit without an `await` (and without allocating a future).
-pub(crate) fn l1_put(l1: &L1, tombstones: &Tombstones, key: Arc<str>, stored: Arc<Stored>) -> bool {
+/// `epoch` is the guard's subscription epoch now: the entry is marked with it.
+pub(crate) fn l1_put(
+    l1: &L1,
+    tombstones: &Tombstones,
+    key: Arc<str>,
+    stored: Arc<Stored>,
+    epoch: u64,
+) -> bool {
+    stored.epoch.fetch_max(epoch, Ordering::Relaxed);
     let refused = |tombstones: &Tombstones| {
         tombstones
             .get(&key)
@@ -173,17 +191,17 @@ pub(crate) enum L2Read {
     Garbage(&'static str),
 }
 
-/// Reads an entry, within the command timeout (reads are on the request path: they get
-/// no slack for size; an entry too large to read in time is a miss).
+/// Reads an entry, within the command timeout plus the time its largest possible size
+/// takes to move (`max_size`, the route's body limit: the same slack its write gets).
 pub(crate) async fn l2_read(
     store: &RedisStore,
     key: &str,
-    _max_size: usize,
+    max_size: usize,
 ) -> Result<L2Read, StoreError> {
     let mut invocation = READ.prepare_invoke();
     invocation.key(key);
     let value: Value = store
-        .run(Operation::Read, Request::Script(&invocation))
+        .run_sized(Operation::Read, Request::Script(&invocation), max_size)
         .await?;
     Ok(match value {
         // (Nil and false: what older versions of the script and RESP3 would send.)
@@ -247,12 +265,14 @@ pub(crate) async fn l2_write(
         .key(keys.entry())
         .key(keys.lease().key())
         .key(keys.invalidated_key())
+        .key(keys.lease().fence_key())
         .arg(lease.fencing_token().get())
         .arg(lease.owner().as_str())
         .arg(encoded)
         .arg(u64::try_from(response.keep.as_millis()).unwrap_or(u64::MAX))
         .arg(channel)
-        .arg(filled_notice(keys.entry()));
+        .arg(Notice::Filled(keys.entry()).to_string())
+        .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
     let (written, released, _stored): (i64, i64, i64) = store
         .run_sized(Operation::Write, Request::Script(&invocation), size)
         .await?;
@@ -290,31 +310,135 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// What instances tell each other.
+/// Publishes a notice on the guard's channel (the notices that no script sends itself).
+pub(crate) async fn publish(
+    store: &RedisStore,
+    channel: &str,
+    notice: &Notice<'_>,
+) -> Result<(), StoreError> {
+    let mut publish = redis::cmd("PUBLISH");
+    publish.arg(channel).arg(notice.to_string());
+    let _receivers: i64 = store
+        .run(Operation::Publish, Request::Command(&publish))
+        .await?;
+    Ok(())
+}
+
+/// How a fill's lease ended without a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Notice {
-    Filled,
-    Invalidated,
+pub(crate) enum Ending {
+    /// The answer may not be stored: pass the key through for a while.
+    Pass,
+    /// The origin failed: leave it alone for a while.
+    Error,
+    /// Nothing to say (the write was refused, the fill was abandoned): look again.
+    Gone,
 }
 
-/// The notice of a fill (`f {key}`). Invalidation notices (`i {token} {key}`) are
-/// written by the invalidation script itself.
-pub(crate) fn filled_notice(key: &str) -> String {
-    format!("f {key}")
+/// What instances tell each other, on the key space's channel. On the wire:
+///
+/// * `f {entry key}`: an entry was written (sent by the write script);
+/// * `i {token} {entry key}`: an entry was invalidated, with its tombstone's token (sent
+///   by the invalidation script);
+/// * `e {pass|error|gone} {ms} {entry key}`: a fill's lease ended without a write, and
+///   what to make of the key for the next `ms`;
+/// * `v {route} {name,name,...}`: a route learned the headers its responses vary on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Notice<'a> {
+    Filled(&'a str),
+    Invalidated(&'a str, FencingToken),
+    Ended(&'a str, Ending, Duration),
+    Learned(&'a str, Vec<&'a str>),
 }
 
-/// A notice: what happened, to which entry key, and for an invalidation the token of its
-/// tombstone.
-pub(crate) fn parse_notice(payload: &[u8]) -> Option<(Notice, &str, Option<FencingToken>)> {
-    let text = std::str::from_utf8(payload).ok()?;
-    let (kind, rest) = text.split_once(' ')?;
-    match kind {
-        "f" => Some((Notice::Filled, rest, None)),
-        "i" => {
-            let (token, key) = rest.split_once(' ')?;
-            let token = token.parse().ok().map(FencingToken::new)?;
-            Some((Notice::Invalidated, key, Some(token)))
+impl std::fmt::Display for Notice<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Filled(key) => write!(f, "f {key}"),
+            Self::Invalidated(key, token) => write!(f, "i {token} {key}"),
+            Self::Ended(key, ending, lasting) => {
+                let how = match ending {
+                    Ending::Pass => "pass",
+                    Ending::Error => "error",
+                    Ending::Gone => "gone",
+                };
+                write!(f, "e {how} {} {key}", lasting.as_millis())
+            }
+            Self::Learned(route, names) => write!(f, "v {route} {}", names.join(",")),
         }
-        _ => None,
+    }
+}
+
+impl<'a> Notice<'a> {
+    /// Reads a notice; `None` for anything else.
+    pub(crate) fn parse(payload: &'a [u8]) -> Option<Self> {
+        let text = std::str::from_utf8(payload).ok()?;
+        let (kind, rest) = text.split_once(' ')?;
+        match kind {
+            "f" => Some(Self::Filled(rest)),
+            "i" => {
+                let (token, key) = rest.split_once(' ')?;
+                Some(Self::Invalidated(
+                    key,
+                    FencingToken::new(token.parse().ok()?),
+                ))
+            }
+            "e" => {
+                let (how, rest) = rest.split_once(' ')?;
+                let (ms, key) = rest.split_once(' ')?;
+                let ending = match how {
+                    "pass" => Ending::Pass,
+                    "error" => Ending::Error,
+                    "gone" => Ending::Gone,
+                    _ => return None,
+                };
+                Some(Self::Ended(
+                    key,
+                    ending,
+                    Duration::from_millis(ms.parse().ok()?),
+                ))
+            }
+            "v" => {
+                let (route, names) = rest.split_once(' ')?;
+                Some(Self::Learned(
+                    route,
+                    names.split(',').filter(|n| !n.is_empty()).collect(),
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_round_trip_and_garbage_is_none() {
+        let token = FencingToken::new(42);
+        let notices = [
+            Notice::Filled("sg:k:entry"),
+            Notice::Invalidated("sg:k:entry", token),
+            Notice::Ended("sg:k:entry", Ending::Pass, Duration::from_millis(1500)),
+            Notice::Ended("sg:k:entry", Ending::Error, Duration::from_millis(400)),
+            Notice::Ended("sg:k:entry", Ending::Gone, Duration::ZERO),
+            Notice::Learned("items", vec!["accept-language", "x-tenant"]),
+        ];
+        for notice in notices {
+            let wire = notice.to_string();
+            assert_eq!(Notice::parse(wire.as_bytes()), Some(notice), "{wire}");
+        }
+        for garbage in [
+            "",
+            "f",
+            "i x key",
+            "e maybe 5 key",
+            "e pass x key",
+            "z key",
+            "\u{0}",
+        ] {
+            assert_eq!(Notice::parse(garbage.as_bytes()), None, "{garbage}");
+        }
     }
 }

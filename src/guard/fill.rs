@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
@@ -14,8 +14,10 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::layer::Route;
-use crate::cache::{Freshness, L2Read, Stored, l2_read, l2_write};
-use crate::entry::CachedResponse;
+use super::marks::Mark;
+use super::vary::TooMany;
+use crate::cache::{Ending, Freshness, L2Read, Notice, Stored, l2_read, l2_write, publish};
+use crate::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
 use crate::lease::{AcquireOutcome, FencingToken, Lease, LeaseLost};
 use crate::metrics::Event;
@@ -25,13 +27,20 @@ use crate::rules::{self, NotStored};
 /// What a cold fill ended with; every caller waiting for the key turns it into its
 /// response.
 pub(crate) enum FillOutcome<B: Body, E> {
-    /// The entry is in the caches.
-    Stored(Arc<Stored>),
-    /// A response that may not be stored but may be given to every waiter (an
-    /// uncacheable status, not private). `failure` when it is a 5xx.
+    /// The entry is in the caches. `variant_of`: when it was stored under another key
+    /// than its callers' (the route learned a `Vary` header from it), the request the
+    /// origin saw; only callers whose headers match it on those headers may have it.
+    Stored {
+        stored: Arc<Stored>,
+        variant_of: Option<Arc<Request<()>>>,
+    },
+    /// A response that may not be stored but may be given to every waiter whose headers
+    /// match the request the origin saw on what it varies on (an uncacheable status, not
+    /// private). `failure` when it is a 5xx.
     Shared {
         response: Arc<Buffered>,
         failure: bool,
+        origin_saw: Arc<Request<()>>,
     },
     /// A response for one caller only (private, too large to buffer) or the origin's
     /// error: the first waiter takes it, the others call the origin themselves.
@@ -43,6 +52,16 @@ pub(crate) enum FillOutcome<B: Body, E> {
     TimedOut,
     /// Another instance held the lease and its entry did not come within the cold wait.
     NoEntry,
+    /// The key's answers may not be stored (this fill's, or another instance's): its
+    /// callers go to the origin themselves.
+    Pass,
+    /// The origin failed (here or on another instance); the fleet leaves it alone.
+    BackedOff,
+    /// No slot of the refresh budget came free within the cold wait.
+    OverBudget,
+    /// The route learned a `Vary` header while this fill waited: its callers look again
+    /// under their new key.
+    Rekey,
 }
 
 /// A whole response, as read from the origin.
@@ -183,11 +202,28 @@ where
     // The caller looked in the caches before this fill began; another fill may have
     // landed since (here, or elsewhere: its notice then came). Take that instead.
     if let Some(stored) = landed_meanwhile(&route, &keys, local_token, false).await {
-        return FillOutcome::Stored(stored);
+        return FillOutcome::Stored {
+            stored,
+            variant_of: None,
+        };
     }
-    // A request waits on Redis at most once: if its cache read failed, it does not also
-    // wait on the lease.
-    let mut lease = if redis_ok {
+    let version = route.learned.version();
+    let deadline = tokio::time::Instant::now() + policy.cold_wait;
+    // Since when this fill waits for another instance's (for the metric).
+    let mut waiting_since = None;
+    // A slot of the budget first, then the lease: a lease held while waiting for a slot
+    // could run out before the origin is even called.
+    let (slot, mut lease) = loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let Some(slot) = route.shared.budget.take_within(left).await else {
+            route.stats.record(Event::FillOverBudget);
+            return FillOutcome::OverBudget;
+        };
+        // A request waits on Redis at most once: if its cache read failed, it does not
+        // also wait on the lease.
+        if !redis_ok {
+            break (slot, None);
+        }
         match route
             .shared
             .leases
@@ -195,22 +231,54 @@ where
             .await
         {
             AcquireOutcome::Acquired(lease) => {
-                if let Some(stored) =
-                    landed_meanwhile(&route, &keys, local_token, wait.has_notice()).await
-                {
-                    release(&route, Some(lease)).await;
-                    return FillOutcome::Stored(stored);
+                let notified = waiting_since.is_some() || wait.has_notice();
+                if let Some(stored) = landed_meanwhile(&route, &keys, local_token, notified).await {
+                    release(&route, lease).await;
+                    return FillOutcome::Stored {
+                        stored,
+                        variant_of: None,
+                    };
                 }
-                Some(lease)
+                break (slot, Some(lease));
             }
-            AcquireOutcome::Busy { .. } => return wait_for_remote(&route, &keys, &mut wait).await,
+            AcquireOutcome::Busy {
+                held_off: true,
+                retry_after,
+            } => {
+                // The last holder failed and keeps the fleet away: no fill to wait for.
+                let left = retry_after.unwrap_or(policy.error_backoff);
+                route.shared.marks.set(keys.entry(), Mark::BackOff, left);
+                return FillOutcome::BackedOff;
+            }
+            AcquireOutcome::Busy { .. } => {
+                drop(slot);
+                let since = *waiting_since.get_or_insert_with(tokio::time::Instant::now);
+                let woke = wait_for_remote(&route, &keys, &mut wait, deadline, version).await;
+                let event = match &woke {
+                    Woke::Entry(_) => Event::ColdWaitNotified,
+                    Woke::Ended(_) => Event::ColdWaitEnded,
+                    Woke::TimedOut => Event::ColdWaitTimedOut,
+                    // The holder may be gone: try the lease again.
+                    Woke::Look => continue,
+                };
+                route.stats.record(event);
+                route.stats.cold_wait_seconds.record(since.elapsed());
+                return match woke {
+                    Woke::Entry(stored) => FillOutcome::Stored {
+                        stored,
+                        variant_of: None,
+                    },
+                    Woke::Ended(Ended::Pass) => FillOutcome::Pass,
+                    Woke::Ended(Ended::BackedOff) => FillOutcome::BackedOff,
+                    Woke::Ended(Ended::Rekey) => FillOutcome::Rekey,
+                    Woke::TimedOut | Woke::Look => FillOutcome::NoEntry,
+                };
+            }
             other => {
                 lease_unavailable(&route, other);
-                None
+                break (slot, None);
             }
         }
-    } else {
-        None
     };
     if lease.is_none() {
         route.stats.record(Event::LocalOnly);
@@ -219,56 +287,47 @@ where
     // has a higher token than this fill's local entry, and refuses it.
     let local_token = local_floor(&route, &keys, local_token).await;
     route.stats.record(Event::ColdFill);
-    let origin = match call_under_lease(&route, inner, request, &mut lease).await {
-        Some(origin) => origin,
-        None => return FillOutcome::TimedOut,
+    let (request, asked) = asked(request);
+    let origin = call_under_lease(&route, &keys, inner, request, &mut lease).await;
+    drop(slot);
+    let Some(origin) = origin else {
+        return FillOutcome::TimedOut;
     };
     match origin {
         Origin::TimedOut => {
-            back_off(&route, lease).await;
+            end(&route, &keys, lease, Ending::Error).await;
             FillOutcome::TimedOut
         }
         Origin::Error(error) => {
-            back_off(&route, lease).await;
+            end(&route, &keys, lease, Ending::Error).await;
             FillOutcome::Handoff {
                 slot: Mutex::new(Some(Err(error))),
                 failure: true,
             }
         }
-        Origin::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
-            Ok(()) => {
-                FillOutcome::Stored(store(&route, &keys, head, body, lease, local_token).await.0)
-            }
-            Err(why) => {
-                not_stored(&route, why);
-                let failure = rules::is_failure(head.status());
-                if failure {
-                    back_off(&route, lease).await;
-                } else {
-                    release(&route, lease).await;
-                }
-                let (parts, ()) = head.into_parts();
-                // With credentials in fill requests, whatever is not stored (a 401 for
-                // the leader's token, say) is the leader's alone.
-                let credentials = policy.allow_authorization || policy.allow_cookies;
-                if why.is_private() || credentials {
-                    let response = Response::from_parts(parts, ResponseBody::full(body));
-                    FillOutcome::Handoff {
-                        slot: Mutex::new(Some(Ok(response))),
-                        failure,
+        Origin::Read(Read::Whole { head, body }) => {
+            let why = match rules::storable(policy, &head) {
+                Ok(()) => match keep(&route, &keys, &asked, head, body, lease, local_token).await {
+                    Kept::Stored {
+                        stored, rekeyed, ..
+                    } => {
+                        return FillOutcome::Stored {
+                            stored,
+                            variant_of: rekeyed.then_some(asked),
+                        };
                     }
-                } else {
-                    FillOutcome::Shared {
-                        response: Arc::new(Buffered {
-                            status: parts.status,
-                            headers: parts.headers,
-                            body,
-                        }),
-                        failure,
+                    Kept::NotStored { head, body, why } => {
+                        return not_kept(&route, head, body, why, false, asked);
                     }
-                }
-            }
-        },
+                },
+                Err(why) => why,
+            };
+            not_stored(&route, why);
+            let failure = rules::is_failure(head.status());
+            let ending = if failure { Ending::Error } else { Ending::Pass };
+            end(&route, &keys, lease, ending).await;
+            not_kept(&route, head, body, why, failure, asked)
+        }
         Origin::Read(Read::Partial {
             head,
             prefix,
@@ -278,11 +337,8 @@ where
         }) => {
             not_stored(&route, why);
             let failure = error.is_some();
-            if failure {
-                back_off(&route, lease).await;
-            } else {
-                release(&route, lease).await;
-            }
+            let ending = if failure { Ending::Error } else { Ending::Pass };
+            end(&route, &keys, lease, ending).await;
             let (parts, ()) = head.into_parts();
             let response = Response::from_parts(parts, ResponseBody::resume(prefix, error, rest));
             FillOutcome::Handoff {
@@ -291,6 +347,50 @@ where
             }
         }
     }
+}
+
+/// The outcome of a whole answer that was not stored: for its caller alone when it is
+/// private (or the route sends credentials), for every caller of its variant otherwise.
+fn not_kept<B: Body, E>(
+    route: &Route,
+    head: Response<()>,
+    body: Bytes,
+    why: NotStored,
+    failure: bool,
+    origin_saw: Arc<Request<()>>,
+) -> FillOutcome<B, E> {
+    let (parts, ()) = head.into_parts();
+    // With credentials in fill requests, whatever is not stored (a 401 for the leader's
+    // token, say) is the leader's alone.
+    let credentials = route.policy.allow_authorization || route.policy.allow_cookies;
+    if why.is_private() || credentials {
+        let response = Response::from_parts(parts, ResponseBody::full(body));
+        FillOutcome::Handoff {
+            slot: Mutex::new(Some(Ok(response))),
+            failure,
+        }
+    } else {
+        FillOutcome::Shared {
+            response: Arc::new(Buffered {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            }),
+            failure,
+            origin_saw,
+        }
+    }
+}
+
+/// Splits off what the origin is asked (method, URI, headers), to key and match the
+/// answer by, from the request that goes to it.
+fn asked<ReqBody>(request: Request<ReqBody>) -> (Request<ReqBody>, Arc<Request<()>>) {
+    let (parts, body) = request.into_parts();
+    let mut asked = Request::new(());
+    *asked.method_mut() = parts.method.clone();
+    *asked.uri_mut() = parts.uri.clone();
+    *asked.headers_mut() = parts.headers.clone();
+    (Request::from_parts(parts, body), Arc::new(asked))
 }
 
 /// An entry newer than what the caller found (`seen`), that landed while it looked: in
@@ -318,53 +418,82 @@ async fn landed_meanwhile(
     None
 }
 
-/// Another instance holds the lease: wait for its entry, woken by its notice, at most the
-/// route's cold wait.
-async fn wait_for_remote<B: Body, E>(
+/// How a wait for another instance's fill ended.
+enum Woke {
+    /// Its entry.
+    Entry(Arc<Stored>),
+    /// Its lease ended without an entry, and what that means for the key.
+    Ended(Ended),
+    /// Woken (or, without a subscription, a poll is due) and no entry yet: the lease may
+    /// be free now.
+    Look,
+    /// The cold wait is over.
+    TimedOut,
+}
+
+enum Ended {
+    Pass,
+    BackedOff,
+    Rekey,
+}
+
+/// Another instance holds the lease: wait for its entry, woken by its notices, until
+/// `deadline`. A notice that its lease ended without an entry ends the wait at once.
+async fn wait_for_remote(
     route: &Route,
     keys: &CacheKeys,
     wait: &mut Wait,
-) -> FillOutcome<B, E> {
-    let started = tokio::time::Instant::now();
-    let deadline = started + route.policy.cold_wait;
+    deadline: tokio::time::Instant,
+    version: u64,
+) -> Woke {
+    let mut woken = false;
     let mut last_look = false;
     loop {
+        if woken {
+            // What the holder's notices said (see `notify`).
+            if route.learned.version() != version {
+                return Woke::Ended(Ended::Rekey);
+            }
+            match route.shared.marks.get(keys.entry()) {
+                Some(Mark::Pass) => return Woke::Ended(Ended::Pass),
+                Some(Mark::BackOff) => return Woke::Ended(Ended::BackedOff),
+                None => {}
+            }
+        }
         match l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await {
             Ok(L2Read::Found(stored)) if stored.freshness() != Freshness::Expired => {
                 route.put_l1(keys.entry().into(), stored.clone()).await;
-                route.stats.record(Event::ColdWaitNotified);
-                route.stats.cold_wait_seconds.record(started.elapsed());
-                return FillOutcome::Stored(stored);
+                return Woke::Entry(stored);
             }
             Ok(L2Read::Garbage(_)) => route.stats.record(Event::DecodeFailure),
             Err(_) => route.stats.record(Event::RedisError),
             Ok(_) => {}
         }
         if last_look {
-            route.stats.record(Event::ColdWaitTimedOut);
-            route.stats.cold_wait_seconds.record(started.elapsed());
-            return FillOutcome::NoEntry;
+            return Woke::TimedOut;
         }
-        // Woken by the filler's notice; without a subscription (starting up,
+        if woken {
+            return Woke::Look;
+        }
+        // Woken by the holder's notice; without a subscription (starting up,
         // reconnecting) no notice can come, so look again every 100 ms.
         let until = if *route.shared.subscribed.borrow() {
             deadline
         } else {
             deadline.min(tokio::time::Instant::now() + Duration::from_millis(100))
         };
-        if tokio::time::timeout_at(until, wait.notified())
-            .await
-            .is_err()
-            && tokio::time::Instant::now() >= deadline
-        {
+        match tokio::time::timeout_at(until, wait.notified()).await {
+            Ok(()) => woken = true,
             // One last look: the notice may have been lost.
-            last_look = true;
+            Err(_) if tokio::time::Instant::now() >= deadline => last_look = true,
+            Err(_) => woken = true,
         }
     }
 }
 
 /// Refreshes a stale entry in the background. Nobody awaits it. Returns how long the
-/// process should leave the key alone: while another instance holds its lease.
+/// process should leave the key alone: while another instance holds its lease, or
+/// after a failure.
 pub(crate) async fn refresh<S, ReqBody, B>(
     route: Arc<Route>,
     keys: CacheKeys,
@@ -386,13 +515,20 @@ where
             .map_err(|_| route.stats.record(Event::RedisError))
     };
     let redis_up = match read {
+        // Never an expired one: it would stand in for nothing.
         Ok(L2Read::Found(stored))
-            if stored.response.token > current.response.token
-                || stored.freshness() == Freshness::Fresh =>
+            if stored.freshness() != Freshness::Expired
+                && (stored.response.token > current.response.token
+                    || stored.freshness() == Freshness::Fresh) =>
         {
+            let fresh = stored.freshness() == Freshness::Fresh;
             route.put_l1(keys.entry().into(), stored).await;
-            route.stats.record(Event::RefreshAdopted);
-            return None;
+            if fresh {
+                route.stats.record(Event::RefreshAdopted);
+                return None;
+            }
+            // Newer, but stale too: it is served meanwhile, and refreshed here.
+            true
         }
         Ok(L2Read::Garbage(_)) => {
             route.stats.record(Event::DecodeFailure);
@@ -409,7 +545,7 @@ where
             .await
         {
             AcquireOutcome::Acquired(lease) => Some(lease),
-            AcquireOutcome::Busy { retry_after } => {
+            AcquireOutcome::Busy { retry_after, .. } => {
                 route.stats.record(Event::RefreshBusy);
                 let ttl = policy.lease_ttl;
                 return Some(retry_after.map_or(ttl, |left| left.min(ttl)));
@@ -429,52 +565,147 @@ where
     let failed = Some(policy.error_backoff);
     let mut lease = lease;
     let local_token = local_floor(&route, &keys, current.response.token).await;
-    let Some(origin) = call_under_lease(&route, inner, request, &mut lease).await else {
+    let (request, asked) = asked(request);
+    let Some(origin) = call_under_lease(&route, &keys, inner, request, &mut lease).await else {
         return failed;
     };
-    match origin {
-        Origin::TimedOut => {
-            back_off(&route, lease).await;
-            route.stats.record(Event::RefreshTimeout);
-            failed
-        }
-        Origin::Error(_) => {
-            back_off(&route, lease).await;
-            route.stats.record(Event::RefreshOriginError);
-            failed
-        }
+    let (event, why) = match origin {
+        Origin::TimedOut => (Event::RefreshTimeout, None),
+        Origin::Error(_) => (Event::RefreshOriginError, None),
         Origin::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
-            Ok(()) => {
-                let (_, written) = store(&route, &keys, head, body, lease, local_token).await;
-                if written {
-                    route.stats.record(Event::RefreshWritten);
+            Ok(()) => match keep(&route, &keys, &asked, head, body, lease, local_token).await {
+                Kept::Stored { written, .. } => {
+                    if written {
+                        route.stats.record(Event::RefreshWritten);
+                    }
+                    return None;
                 }
-                None
-            }
-            Err(_) if rules::is_failure(head.status()) => {
-                back_off(&route, lease).await;
-                route.stats.record(Event::RefreshOriginError);
-                failed
-            }
-            Err(why) => {
-                release(&route, lease).await;
-                not_stored(&route, why);
-                route.stats.record(Event::RefreshNotStored);
-                None
-            }
+                // Ended with the lease already.
+                Kept::NotStored { .. } => {
+                    route.stats.record(Event::RefreshNotStored);
+                    return failed;
+                }
+            },
+            Err(_) if rules::is_failure(head.status()) => (Event::RefreshOriginError, None),
+            Err(why) => (Event::RefreshNotStored, Some(why)),
         },
-        Origin::Read(Read::Partial { error, why, .. }) => {
-            if error.is_some() {
-                back_off(&route, lease).await;
-                route.stats.record(Event::RefreshOriginError);
-                failed
-            } else {
-                release(&route, lease).await;
-                not_stored(&route, why);
-                route.stats.record(Event::RefreshNotStored);
-                None
+        Origin::Read(Read::Partial { error: Some(_), .. }) => (Event::RefreshOriginError, None),
+        Origin::Read(Read::Partial { why, .. }) => (Event::RefreshNotStored, Some(why)),
+    };
+    if let Some(why) = why {
+        not_stored(&route, why);
+    }
+    // An answer that may not be stored is no better than a failure here: the stale entry
+    // stays, and the fleet leaves the origin alone for the back-off.
+    end(&route, &keys, lease, Ending::Error).await;
+    route.stats.record(event);
+    failed
+}
+
+/// What became of a storable answer.
+enum Kept {
+    /// Stored; `written` when it reached L2, `rekeyed` when under another key than its
+    /// caller's (the route learned a `Vary` header from it).
+    Stored {
+        stored: Arc<Stored>,
+        written: bool,
+        rekeyed: bool,
+    },
+    /// Not stored after all; the lease has been ended.
+    NotStored {
+        head: Response<()>,
+        body: Bytes,
+        why: NotStored,
+    },
+}
+
+/// Stores a storable answer under the key it belongs to: the caller's, unless the answer
+/// varies on a header that key did not include. Then the route learns the header (and
+/// tells the fleet), the caller's lease is given back (its waiters look again, under
+/// their own new keys), and the answer is stored under its own key with that key's lease.
+async fn keep(
+    route: &Route,
+    keys: &CacheKeys,
+    asked: &Request<()>,
+    head: Response<()>,
+    body: Bytes,
+    mut lease: Option<Lease>,
+    local_token: FencingToken,
+) -> Kept {
+    let unkeyed = rules::unkeyed_vary(&route.policy, &route.learned.names(), head.headers());
+    if !unkeyed.is_empty() {
+        match route.learned.learn(&unkeyed) {
+            Ok(false) => {}
+            Ok(true) => {
+                route.stats.record(Event::VaryLearned);
+                tracing::info!(
+                    route = route.policy.route,
+                    vary = ?unkeyed,
+                    "route learned headers its responses vary on: keyed from now on"
+                );
+                if lease.is_some() {
+                    let names: Vec<&str> = unkeyed.iter().map(HeaderName::as_str).collect();
+                    let notice = Notice::Learned(&route.policy.route, names);
+                    let _ = publish(&route.shared.store, &route.shared.channel, &notice).await;
+                }
+            }
+            Err(TooMany) => {
+                not_stored(route, NotStored::VaryUnkeyed);
+                end(route, keys, lease, Ending::Pass).await;
+                return Kept::NotStored {
+                    head,
+                    body,
+                    why: NotStored::VaryUnkeyed,
+                };
             }
         }
+    }
+    let Some(own) = route.keys_for(asked) else {
+        end(route, keys, lease, Ending::Pass).await;
+        return Kept::NotStored {
+            head,
+            body,
+            why: NotStored::VaryUnkeyed,
+        };
+    };
+    if own == *keys {
+        let (stored, written) = store(route, keys, head, body, lease, local_token).await;
+        return Kept::Stored {
+            stored,
+            written,
+            rekeyed: false,
+        };
+    }
+    // The caller's lease is not the lease of the key the answer belongs to.
+    let had_lease = lease.is_some();
+    end(route, keys, lease.take(), Ending::Gone).await;
+    if had_lease {
+        match route
+            .shared
+            .leases
+            .try_acquire(own.lease(), route.policy.lease_ttl)
+            .await
+        {
+            AcquireOutcome::Acquired(own_lease) => lease = Some(own_lease),
+            other => {
+                // Someone fills that variant already, or Redis failed: the answer goes
+                // to its callers unstored.
+                if !matches!(other, AcquireOutcome::Busy { .. }) {
+                    lease_unavailable(route, other);
+                }
+                return Kept::NotStored {
+                    head,
+                    body,
+                    why: NotStored::VaryUnkeyed,
+                };
+            }
+        }
+    }
+    let (stored, written) = store(route, &own, head, body, lease, local_token).await;
+    Kept::Stored {
+        stored,
+        written,
+        rekeyed: true,
     }
 }
 
@@ -491,17 +722,27 @@ async fn store(
 ) -> (Arc<Stored>, bool) {
     let policy = &route.policy;
     let (parts, ()) = head.into_parts();
-    let mut headers = parts.headers;
+    let mut headers = entry::compact(&parts.headers);
     rules::strip_unstorable(&mut headers);
     // So that a HEAD answered from the entry says how long the GET would be.
     if !headers.contains_key(http::header::CONTENT_LENGTH) {
         headers.insert(http::header::CONTENT_LENGTH, body.len().into());
     }
+    let fresh_for = match policy.fresh_jitter {
+        jitter if jitter.is_zero() => policy.fresh_ttl,
+        // Whole milliseconds, as entries keep their times.
+        jitter => {
+            let off = fastrand::u64(0..=jitter.as_millis() as u64);
+            policy.fresh_ttl - Duration::from_millis(off)
+        }
+    };
     let response = CachedResponse {
         status: parts.status,
         headers,
+        // Already a copy of its own: `read` gathers the body's frames into one buffer
+        // of its exact size.
         body,
-        fresh_for: policy.fresh_ttl,
+        fresh_for,
         grace: policy.grace,
         keep: policy.keep(),
         token: match &lease {
@@ -529,6 +770,7 @@ async fn store(
                     // Written under a lease that had expired: fencing made it safe.
                     tracing::debug!(entry = keys.entry(), "entry written after its lease ended");
                 }
+                shared.marks.clear(keys.entry());
                 route.put_l1(keys.entry().into(), stored.clone()).await;
                 return (stored, true);
             }
@@ -538,7 +780,7 @@ async fn store(
                 tracing::debug!(
                     entry = keys.entry(),
                     token = lease.fencing_token().get(),
-                    "fenced write refused: a newer entry is stored"
+                    "fenced write refused: a newer lease or entry exists"
                 );
                 if let Ok(L2Read::Found(newer)) =
                     l2_read(&shared.store, keys.entry(), route.policy.max_body).await
@@ -562,6 +804,7 @@ async fn store(
             }
         }
     }
+    route.shared.marks.clear(keys.entry());
     route.put_l1(keys.entry().into(), stored.clone()).await;
     (stored, false)
 }
@@ -580,6 +823,7 @@ async fn local_floor(route: &Route, keys: &CacheKeys, replaces: FencingToken) ->
 /// maximum): nothing may be written then.
 async fn call_under_lease<S, ReqBody, B>(
     route: &Route,
+    keys: &CacheKeys,
     inner: S,
     request: Request<ReqBody>,
     lease: &mut Option<Lease>,
@@ -601,7 +845,7 @@ where
                     route.stats.record(Event::ExpiredWhileWorking);
                     let lease = lease.take();
                     if !matches!(lost, LeaseLost::NotOwner) {
-                        back_off(route, lease).await;
+                        end(route, keys, lease, Ending::Error).await;
                     }
                     return None;
                 }
@@ -640,22 +884,51 @@ fn not_stored(route: &Route, why: NotStored) {
     );
 }
 
-/// After an origin failure: keep the lease, shortened to the error backoff, so that the
-/// fleet does not retry at once.
-async fn back_off(route: &Route, lease: Option<Lease>) {
-    if let Some(mut lease) = lease {
-        let _ = route
-            .shared
-            .leases
-            .renew(&mut lease, route.policy.error_backoff)
-            .await;
+/// Ends a fill's lease that wrote nothing, and says how to the fleet: the key is marked
+/// here (pass it through, or back off) and the notice marks it on every other instance
+/// and wakes the callers waiting there, who then stop waiting.
+///
+/// After a failure the lease is not released but held off for the route's error
+/// back-off, so that the fleet does not retry at once.
+async fn end(route: &Route, keys: &CacheKeys, lease: Option<Lease>, ending: Ending) {
+    let policy = &route.policy;
+    let lasting = match ending {
+        Ending::Pass => {
+            route
+                .shared
+                .marks
+                .set(keys.entry(), Mark::Pass, policy.hit_for_pass);
+            policy.hit_for_pass
+        }
+        Ending::Error => {
+            route
+                .shared
+                .marks
+                .set(keys.entry(), Mark::BackOff, policy.error_backoff);
+            policy.error_backoff
+        }
+        Ending::Gone => Duration::ZERO,
+    };
+    let Some(lease) = lease else {
+        return;
+    };
+    let leases = &route.shared.leases;
+    let _ = match ending {
+        Ending::Error => leases.hold_off(lease, policy.error_backoff).await,
+        Ending::Pass | Ending::Gone => leases.release(lease).await,
+    };
+    let notice = Notice::Ended(keys.entry(), ending, lasting);
+    if publish(&route.shared.store, &route.shared.channel, &notice)
+        .await
+        .is_err()
+    {
+        // The waiters elsewhere find out when their cold wait ends.
+        route.stats.record(Event::RedisError);
     }
 }
 
-async fn release(route: &Route, lease: Option<Lease>) {
-    if let Some(lease) = lease {
-        let _ = route.shared.leases.release(lease).await;
-    }
+async fn release(route: &Route, lease: Lease) {
+    let _ = route.shared.leases.release(lease).await;
 }
 
 /// The fenced write released the lease (or found it gone): counted as a release.

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 /// A fill's outcome, typed by the service that made it (see `fill::FillOutcome`).
 pub(crate) type Outcome = Arc<dyn Any + Send + Sync>;
 
-type Slot = watch::Receiver<Option<Outcome>>;
+pub(crate) type Slot = watch::Receiver<Option<Outcome>>;
 
 #[derive(Default)]
 pub(crate) struct Flights {

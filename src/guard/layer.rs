@@ -8,6 +8,7 @@ use tower_layer::Layer;
 use super::Shared;
 use super::flight::Flights;
 use super::service::Guard;
+use super::vary::Learned;
 use crate::cache::{L1, Stored, l1_put, l2_invalidate};
 use crate::keys::CacheKeys;
 use crate::lease::FencingToken;
@@ -32,13 +33,22 @@ pub(crate) struct Route {
     /// `layer()` makes: frameworks apply a route's layer again for each connection
     /// (axum does), and single-flight must hold across all of them.
     pub(crate) flights: Arc<Flights>,
+    /// The headers this route's responses vary on, learned from them.
+    pub(crate) learned: Arc<Learned>,
 }
 
 impl Route {
-    /// The keys of a request. Fails only for a key space whose key would be too long.
+    /// The keys of a request, with the headers the route has learned to vary on. Fails
+    /// only for a key space whose key would be too long.
     pub(crate) fn keys_for<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
-        let identity = rules::identity(&self.policy, request);
+        let learned = self.learned.names();
+        let identity = rules::identity(&self.policy, &learned, request);
         self.shared.keys.cache(&self.policy.route, &identity).ok()
+    }
+
+    /// The request that fills or refreshes the entry of `request`.
+    pub(crate) fn fill_request<B, F: Default>(&self, request: &Request<B>) -> Request<F> {
+        rules::fill_request(&self.policy, &self.learned.names(), request)
     }
 
     pub(crate) fn l1(&self) -> &L1 {
@@ -47,7 +57,8 @@ impl Route {
 
     /// Puts an entry in L1, fenced against newer entries and invalidations.
     pub(crate) async fn put_l1(&self, key: Arc<str>, stored: Arc<Stored>) -> bool {
-        let put = l1_put(&self.shared.l1, &self.shared.tombstones, key, stored);
+        let epoch = self.shared.epoch.load(std::sync::atomic::Ordering::Acquire);
+        let put = l1_put(&self.shared.l1, &self.shared.tombstones, key, stored, epoch);
         if self.shared.store.is_local_only() {
             // No notice listener to report L1 once a second: report on each fill.
             let l1 = &self.shared.l1;
@@ -82,7 +93,7 @@ impl fmt::Debug for GuardLayer {
 }
 
 impl GuardLayer {
-    pub(super) fn new(shared: Arc<Shared>, policy: Policy) -> Self {
+    pub(super) fn new(shared: Arc<Shared>, policy: Policy, learned: Arc<Learned>) -> Self {
         let stats = RouteStats::new(&policy.route);
         metrics::gauge!(crate::metrics::LEASE_TTL_SECONDS, "route" => policy.route.clone())
             .set(policy.lease_ttl.as_secs_f64());
@@ -92,6 +103,7 @@ impl GuardLayer {
                 policy,
                 stats,
                 flights: Arc::default(),
+                learned,
             }),
         }
     }

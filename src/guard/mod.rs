@@ -69,15 +69,18 @@
 //! [`ColdMiss`]: crate::ColdMiss
 
 mod body;
+mod budget;
 mod fill;
 mod flight;
 mod future;
 mod layer;
+pub(crate) mod marks;
 mod service;
+mod vary;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -85,9 +88,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use self::body::ResponseBody;
+use self::budget::Budget;
 pub use self::future::ResponseFuture;
 pub use self::layer::GuardLayer;
+use self::marks::Marks;
 pub use self::service::Guard;
+use self::vary::Learned;
 use crate::cache::{L1, Tombstones, new_l1, new_tombstones};
 use crate::error::ConfigError;
 use crate::keys::KeySpace;
@@ -95,9 +101,13 @@ use crate::lease::LeaseClient;
 use crate::notify::Waiters;
 use crate::policy::Policy;
 use crate::store::{RedisStore, StoreError, StoreErrorKind};
+use tokio::sync::Semaphore;
 
 /// Default L1 capacity, in bytes of entries.
 pub const DEFAULT_L1_CAPACITY: u64 = 64 * 1024 * 1024;
+
+/// Default refresh budget: refreshes and cold fills of one guard at work at once.
+pub const DEFAULT_REFRESH_BUDGET: usize = 64;
 
 /// The shared handle: Redis, keys, the L1 cache and the notice subscription. Cheap to
 /// clone; make one per process and a [`GuardLayer`] per route from it.
@@ -114,6 +124,13 @@ pub(crate) struct Shared {
     pub(crate) tombstones: Tombstones,
     pub(crate) waiters: Arc<Waiters>,
     pub(crate) channel: String,
+    /// Keys whose last fill wrote nothing: pass them through, or serve stale at once.
+    pub(crate) marks: Marks,
+    /// Bounds the refreshes and cold fills at work at once.
+    pub(crate) budget: Budget,
+    /// The routes made from this guard, by name (a name is refused twice: its metrics
+    /// and keys would merge), with the headers each has learned to vary on.
+    pub(crate) routes: Mutex<HashMap<String, Arc<Learned>>>,
     /// Keys with a refresh running in this process, or held off because another
     /// instance holds the lease.
     pub(crate) refreshing: Mutex<HashMap<Arc<str>, Refresh>>,
@@ -121,6 +138,10 @@ pub(crate) struct Shared {
     listener: Mutex<Option<JoinHandle<()>>>,
     listening: AtomicBool,
     pub(crate) subscribed: watch::Sender<bool>,
+    /// Counts the times the notice subscription came up. Entries put in L1 in an earlier
+    /// epoch may have missed an invalidation sent while it was down: they are not served
+    /// as fresh (stale instead, and refreshed).
+    pub(crate) epoch: AtomicU64,
 }
 
 impl Drop for Shared {
@@ -148,19 +169,37 @@ impl StampedeGuard {
             store,
             keys,
             l1_capacity: DEFAULT_L1_CAPACITY,
+            refresh_budget: DEFAULT_REFRESH_BUDGET,
             instance_id: None,
         }
     }
 
     /// Makes the layer of one route. Refused, naming the field, when the policy does not
-    /// fit the store (lease TTLs against the command timeout).
+    /// fit the store (lease TTLs against the command timeout), or when the guard already
+    /// made a layer for a route of that name (their metrics and keys would merge: clone
+    /// the [`GuardLayer`] to put one route's layer in several places).
     pub fn layer(&self, policy: Policy) -> Result<GuardLayer, ConfigError> {
         policy.check_against(self.shared.store.command_timeout())?;
         self.shared
             .keys
             .cache(&policy.route, b"")
             .map_err(|e| ConfigError::invalid("route", e.to_string()))?;
-        Ok(GuardLayer::new(self.shared.clone(), policy))
+        let learned = {
+            let mut routes = self.shared.routes.lock().expect("routes lock");
+            if routes.contains_key(&policy.route) {
+                return Err(ConfigError::invalid(
+                    "route",
+                    format!(
+                        "`{}` is already a route of this guard: clone its layer instead",
+                        policy.route
+                    ),
+                ));
+            }
+            let learned = Arc::new(Learned::default());
+            routes.insert(policy.route.clone(), learned.clone());
+            learned
+        };
+        Ok(GuardLayer::new(self.shared.clone(), policy, learned))
     }
 
     /// Opens a Redis connection and the notice subscription, waiting at most the store's
@@ -206,6 +245,12 @@ impl StampedeGuard {
 }
 
 impl Shared {
+    /// The headers route `route` has learned to vary on (for notices from other
+    /// instances).
+    pub(crate) fn learned(&self, route: &str) -> Option<Arc<Learned>> {
+        self.routes.lock().expect("routes lock").get(route).cloned()
+    }
+
     /// Another instance wrote `key`: a refresh held off for it may go ahead (and will
     /// adopt the new entry).
     pub(crate) fn filled_elsewhere(&self, key: &str) {
@@ -267,6 +312,7 @@ pub struct GuardBuilder {
     store: RedisStore,
     keys: KeySpace,
     l1_capacity: u64,
+    refresh_budget: usize,
     instance_id: Option<String>,
 }
 
@@ -274,6 +320,7 @@ impl fmt::Debug for GuardBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GuardBuilder")
             .field("l1_capacity", &self.l1_capacity)
+            .field("refresh_budget", &self.refresh_budget)
             .field("instance_id", &self.instance_id)
             .finish_non_exhaustive()
     }
@@ -284,6 +331,16 @@ impl GuardBuilder {
     /// body and header size; the least used go first.
     pub fn l1_capacity(mut self, bytes: u64) -> Self {
         self.l1_capacity = bytes;
+        self
+    }
+
+    /// How many refreshes and cold fills may be at work at once, over all routes of the
+    /// guard (default 64): each calls the origin at most once. Over it, a stale entry is
+    /// served without a refresh (counted as skipped; a later caller starts it), and a
+    /// cold fill waits for a slot, at most its route's cold wait. Size it to what the
+    /// origin can take from one instance.
+    pub fn refresh_budget(mut self, slots: usize) -> Self {
+        self.refresh_budget = slots;
         self
     }
 
@@ -300,6 +357,14 @@ impl GuardBuilder {
             return Err(ConfigError::Zero {
                 field: "l1_capacity",
             });
+        }
+        if self.refresh_budget == 0 {
+            return Err(ConfigError::Zero {
+                field: "refresh_budget",
+            });
+        }
+        if self.refresh_budget > Semaphore::MAX_PERMITS {
+            return Err(ConfigError::invalid("refresh_budget", "too large"));
         }
         let mut leases = LeaseClient::builder(self.store.clone(), &self.keys)
             // Any valid TTL: every call passes the route's own.
@@ -321,10 +386,14 @@ impl GuardBuilder {
                 tombstones: new_tombstones(),
                 waiters: Arc::default(),
                 channel,
+                marks: Marks::default(),
+                budget: Budget::new(self.refresh_budget),
+                routes: Mutex::default(),
                 refreshing: Mutex::default(),
                 listener: Mutex::default(),
                 listening: AtomicBool::new(false),
                 subscribed: watch::channel(false).0,
+                epoch: AtomicU64::new(0),
             }),
         })
     }

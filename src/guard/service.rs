@@ -17,6 +17,7 @@ use super::fill::{self, Buffered, FillOutcome};
 use super::flight;
 use super::future::ResponseFuture;
 use super::layer::Route;
+use super::marks::Mark;
 use crate::X_CACHE;
 use crate::cache::{Freshness, L2Read, Stored, l2_read};
 use crate::keys::CacheKeys;
@@ -146,13 +147,17 @@ where
     }
 }
 
-/// Past L1: L2, then a cold fill.
+/// How many times a request looks again under a new key, after its route learned a
+/// `Vary` header while it waited, before it goes to the origin uncached.
+const MAX_REKEYS: usize = 3;
+
+/// Past L1: what the fleet said about the key, L2, then a cold fill.
 async fn handle<S, ReqBody, ResBody>(
     route: Arc<Route>,
     inner: S,
     request: Request<ReqBody>,
     kind: Kind,
-    keys: CacheKeys,
+    mut keys: CacheKeys,
     mut fallback: Option<Arc<Stored>>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -163,62 +168,112 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Send + 'static,
 {
-    // Registered before looking in L2: a fill notice that comes between the look and this
-    // request's own fill is then seen, and the fill takes that entry instead.
-    let wait = route.shared.waiters.register(keys.entry().into());
-    let mut redis_ok = !route.shared.store.is_local_only();
-    let read = if redis_ok {
-        l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await
-    } else {
-        Ok(L2Read::Miss)
-    };
-    match read {
-        Ok(L2Read::Found(stored)) => {
-            route.stats.record(Event::L2Hit);
-            route.put_l1(keys.entry().into(), stored.clone()).await;
-            if let Some(response) = answer(&route, &stored, kind, &keys, &request, &inner) {
-                return Ok(response);
+    let mut rekeys = 0;
+    loop {
+        match route.shared.marks.get(keys.entry()) {
+            // Its answers cannot be stored: no fill to wait for.
+            Some(Mark::Pass) => {
+                route.stats.record(Event::HitForPass);
+                return passthrough(&route, inner, request, "pass").await;
             }
-            if fallback
-                .as_ref()
-                .is_none_or(|f| f.response.token < stored.response.token)
-            {
-                fallback = Some(stored);
+            // The origin just failed for it: what may stand in, does, at once.
+            Some(Mark::BackOff) => {
+                if let Some(stale) = usable_on_error(&route, &fallback) {
+                    return Ok(stale);
+                }
+            }
+            None => {}
+        }
+        // Registered before looking in L2: a fill notice that comes between the look and
+        // this request's own fill is then seen, and the fill takes that entry instead.
+        let wait = route.shared.waiters.register(keys.entry().into());
+        let mut redis_ok = !route.shared.store.is_local_only();
+        let read = if redis_ok {
+            l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await
+        } else {
+            Ok(L2Read::Miss)
+        };
+        match read {
+            Ok(L2Read::Found(stored)) => {
+                route.stats.record(Event::L2Hit);
+                route.put_l1(keys.entry().into(), stored.clone()).await;
+                if let Some(response) = answer(&route, &stored, kind, &keys, &request, &inner) {
+                    return Ok(response);
+                }
+                if fallback
+                    .as_ref()
+                    .is_none_or(|f| f.response.token < stored.response.token)
+                {
+                    fallback = Some(stored);
+                }
+            }
+            Ok(L2Read::Miss) if redis_ok => route.stats.record(Event::L2Miss),
+            Ok(L2Read::Miss) => {}
+            Ok(L2Read::Garbage(reason)) => {
+                route.stats.record(Event::DecodeFailure);
+                route.stats.record(Event::L2Miss);
+                tracing::debug!(entry = keys.entry(), reason, "garbage at an entry's key");
+            }
+            Err(error) => {
+                redis_ok = false;
+                route.stats.record(Event::RedisError);
+                tracing::debug!(%error, "cache read failed; going on without Redis");
             }
         }
-        Ok(L2Read::Miss) if redis_ok => route.stats.record(Event::L2Miss),
-        Ok(L2Read::Miss) => {}
-        Ok(L2Read::Garbage(reason)) => {
-            route.stats.record(Event::DecodeFailure);
-            route.stats.record(Event::L2Miss);
-            tracing::debug!(entry = keys.entry(), reason, "garbage at an entry's key");
-        }
-        Err(error) => {
-            redis_ok = false;
-            route.stats.record(Event::RedisError);
-            tracing::debug!(%error, "cache read failed; going on without Redis");
-        }
-    }
 
-    if kind == Kind::Head {
-        // A HEAD cannot fill the GET entry it would be answered from.
-        route.stats.record(Event::Miss);
-        return passthrough(&route, inner, request, "miss").await;
+        if kind == Kind::Head {
+            // A HEAD cannot fill the GET entry it would be answered from.
+            route.stats.record(Event::Pass);
+            return passthrough(&route, inner, request, "pass").await;
+        }
+        let (slot, is_leader) =
+            join_fill(&route, &inner, &request, &keys, &fallback, redis_ok, wait);
+        match cold(&route, slot, is_leader, request.headers(), &fallback).await {
+            Next::Answer(response) => return Ok(response),
+            Next::Error(error) => return Err(error),
+            Next::PassThrough => {
+                route.stats.record(Event::Pass);
+                return passthrough(&route, inner, request, "pass").await;
+            }
+            Next::ColdMiss => return cold_miss(&route, inner, request, fallback).await,
+            Next::Rekey => match route.keys_for(&request) {
+                Some(new) if rekeys < MAX_REKEYS => {
+                    rekeys += 1;
+                    keys = new;
+                }
+                _ => {
+                    route.stats.record(Event::Pass);
+                    return passthrough(&route, inner, request, "pass").await;
+                }
+            },
+        }
     }
-    cold(route, inner, request, keys, fallback, redis_ok, wait).await
 }
 
-/// Nothing servable is cached: join (or lead) the key's fill, and answer from it.
-#[allow(clippy::too_many_arguments)]
-async fn cold<S, ReqBody, ResBody>(
-    route: Arc<Route>,
-    inner: S,
-    request: Request<ReqBody>,
-    keys: CacheKeys,
-    fallback: Option<Arc<Stored>>,
+/// What a caller does after a cold fill.
+enum Next<B: Body, E> {
+    Answer(Response<ResponseBody<B>>),
+    /// The origin's error, handed to the caller whose fill got it.
+    Error(E),
+    /// Ask the origin itself; what it gets is not stored.
+    PassThrough,
+    /// Nothing to serve: the route's cold-miss behaviour.
+    ColdMiss,
+    /// Look again: the route learned a `Vary` header, and the caller's key changed.
+    Rekey,
+}
+
+/// Nothing servable is cached: joins the key's fill, or leads it (starts its task).
+/// Returns the fill's outcome to come, and whether this caller leads.
+fn join_fill<S, ReqBody, ResBody>(
+    route: &Arc<Route>,
+    inner: &S,
+    request: &Request<ReqBody>,
+    keys: &CacheKeys,
+    fallback: &Option<Arc<Stored>>,
     redis_ok: bool,
     wait: crate::notify::Wait,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+) -> (flight::Slot, bool)
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -231,7 +286,7 @@ where
     let (slot, lead) = route.flights.join(&key);
     let is_leader = lead.is_some();
     if let Some(lead) = lead {
-        let fill_request = rules::fill_request(&route.policy, &request);
+        let fill_request = route.fill_request(request);
         let local_token = fallback
             .as_ref()
             .map_or(FencingToken::new(1), |f| f.response.token);
@@ -241,7 +296,7 @@ where
         tokio::spawn(
             fill_task(
                 route.clone(),
-                keys,
+                keys.clone(),
                 fill_request,
                 inner.clone(),
                 wait,
@@ -252,15 +307,32 @@ where
             .instrument(span),
         );
     }
+    (slot, is_leader)
+}
+
+/// Waits for the key's fill and turns its outcome into what this caller does.
+async fn cold<B, E>(
+    route: &Arc<Route>,
+    slot: flight::Slot,
+    is_leader: bool,
+    headers: &http::HeaderMap,
+    fallback: &Option<Arc<Stored>>,
+) -> Next<B, E>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Send + 'static,
+    E: Send + 'static,
+{
     let policy = &route.policy;
-    // The fill's own waits: the origin, a wait for another instance, and its Redis
-    // round trips (the write's deadline grows with the entry's size).
+    // The fill's own waits: a budget slot and another instance's fill (each at most the
+    // cold wait), the origin, and its Redis round trips (the write's deadline grows with
+    // the entry's size).
     let bound = policy.refresh_timeout
-        + policy.cold_wait
-        + route.shared.store.command_timeout() * 4
-        + Duration::from_micros(policy.max_body as u64 / 32)
+        + policy.cold_wait * 2
+        + route.shared.store.command_timeout() * 8
+        + Duration::from_micros(policy.max_body as u64 / 32) * 2
         + Duration::from_millis(100);
-    let waited = match (policy.soft_timeout, &fallback) {
+    let waited = match (policy.soft_timeout, fallback) {
         // Something may be served instead: wait only the soft timeout; the fill goes on.
         (Some(soft), Some(stale)) if stale.serves_on_error(policy.stale_if_error) => {
             match tokio::time::timeout(soft, flight::wait(slot)).await {
@@ -268,7 +340,7 @@ where
                 Err(_) => {
                     route.stats.record(Event::SoftTimeout);
                     route.stats.record(Event::Stale);
-                    return Ok(serve(stale, Kind::Get, "stale"));
+                    return Next::Answer(serve(stale, Kind::Get, "stale"));
                 }
             }
         }
@@ -277,25 +349,43 @@ where
             .ok()
             .flatten(),
     };
-    let outcome = waited.and_then(|o| o.downcast::<FillOutcome<ResBody, S::Error>>().ok());
+    let outcome = waited.and_then(|o| o.downcast::<FillOutcome<B, E>>().ok());
     let Some(outcome) = outcome else {
-        return cold_miss(&route, inner, request, fallback).await;
+        return Next::ColdMiss;
     };
+    // What stands in when the fill failed, if anything may.
+    let on_error = || usable_on_error(route, fallback).map_or(Next::ColdMiss, Next::Answer);
     match &*outcome {
-        FillOutcome::Stored(stored) => {
-            route.stats.record(Event::Miss);
-            Ok(serve(stored, Kind::Get, "miss"))
-        }
-        FillOutcome::Shared { response, failure } => {
-            if *failure && let Some(stale) = usable_on_error(&route, &fallback) {
-                return Ok(stale);
+        FillOutcome::Stored { stored, variant_of } => {
+            // Stored under another key (it varies on a header the caller's key did not
+            // include): only for callers of that variant.
+            let other_variant = variant_of.as_ref().is_some_and(|asked| {
+                !rules::same_variant(&stored.response.headers, asked.headers(), headers)
+            });
+            if other_variant && !is_leader {
+                return Next::Rekey;
             }
             route.stats.record(Event::Miss);
-            Ok(serve_buffered(response))
+            Next::Answer(serve(stored, Kind::Get, "miss"))
+        }
+        FillOutcome::Shared {
+            response,
+            failure,
+            origin_saw,
+        } => {
+            if *failure && let Some(stale) = usable_on_error(route, fallback) {
+                return Next::Answer(stale);
+            }
+            if !is_leader && !rules::same_variant(&response.headers, origin_saw.headers(), headers)
+            {
+                return Next::Rekey;
+            }
+            route.stats.record(Event::Pass);
+            Next::Answer(serve_buffered(response))
         }
         FillOutcome::Handoff { slot, failure } => {
-            if *failure && let Some(stale) = usable_on_error(&route, &fallback) {
-                return Ok(stale);
+            if *failure && let Some(stale) = usable_on_error(route, fallback) {
+                return Next::Answer(stale);
             }
             // Private (or the origin's error): only for the caller whose request made it.
             let taken = if is_leader {
@@ -305,23 +395,19 @@ where
             };
             match taken {
                 Some(Ok(mut response)) => {
-                    route.stats.record(Event::Miss);
-                    set_x_cache(response.headers_mut(), "miss");
-                    Ok(response)
+                    route.stats.record(Event::Pass);
+                    set_x_cache(response.headers_mut(), "pass");
+                    Next::Answer(response)
                 }
-                Some(Err(error)) => Err(error),
+                Some(Err(error)) => Next::Error(error),
                 // Private to the caller that made it: this one asks the origin itself.
-                None => {
-                    route.stats.record(Event::Passthrough);
-                    passthrough(&route, inner, request, "bypass").await
-                }
+                None => Next::PassThrough,
             }
         }
-        FillOutcome::TimedOut => match usable_on_error(&route, &fallback) {
-            Some(stale) => Ok(stale),
-            None => cold_miss(&route, inner, request, None).await,
-        },
-        FillOutcome::NoEntry => cold_miss(&route, inner, request, fallback).await,
+        FillOutcome::Pass => Next::PassThrough,
+        FillOutcome::Rekey => Next::Rekey,
+        FillOutcome::NoEntry => Next::ColdMiss,
+        FillOutcome::TimedOut | FillOutcome::BackedOff | FillOutcome::OverBudget => on_error(),
     }
 }
 
@@ -389,7 +475,7 @@ where
         }
         _ => {
             route.stats.record(Event::Passthrough);
-            passthrough(route, inner, request, "bypass").await
+            passthrough(route, inner, request, "pass").await
         }
     }
 }
@@ -412,7 +498,21 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Send + 'static,
 {
-    match stored.freshness() {
+    let freshness = match stored.freshness() {
+        // Put in L1 before the notice subscription last came up: it may have missed an
+        // invalidation. Served, but not as fresh.
+        Freshness::Fresh
+            if stored.epoch()
+                < route
+                    .shared
+                    .epoch
+                    .load(std::sync::atomic::Ordering::Relaxed) =>
+        {
+            Freshness::Stale
+        }
+        freshness => freshness,
+    };
+    match freshness {
         Freshness::Fresh => {
             route.stats.record(Event::Hit);
             Some(serve(stored, kind, "hit"))
@@ -441,7 +541,7 @@ fn spawn_refresh<S, ReqBody, ResBody>(
     ResBody::Error: Send + 'static,
 {
     let key: Arc<str> = keys.entry().into();
-    {
+    let slot = {
         let mut refreshing = route.shared.refreshing.lock().expect("refreshing lock");
         match refreshing.get(&key) {
             // One refresh per key per process.
@@ -457,14 +557,21 @@ fn spawn_refresh<S, ReqBody, ResBody>(
             refreshing
                 .retain(|_, state| !matches!(state, Refresh::HeldOff(until) if *until <= now));
         }
+        // Within the budget, or not at all: the entry is served stale meanwhile, and a
+        // later caller starts the refresh once a slot is free.
+        let Some(slot) = route.shared.budget.try_take() else {
+            route.stats.record(Event::RefreshSkipped);
+            return;
+        };
         refreshing.insert(key.clone(), Refresh::Running);
-    }
+        slot
+    };
     let done = Refreshing {
         route: route.clone(),
         key,
         hold_off: None,
     };
-    let request = rules::fill_request(&route.policy, request);
+    let request = route.fill_request(request);
     let (route, keys, inner) = (route.clone(), keys.clone(), inner.clone());
     // The span follows the refresh into its task; it names the route and the hashed
     // key, nothing that came with the request.
@@ -473,6 +580,7 @@ fn spawn_refresh<S, ReqBody, ResBody>(
         async move {
             // Moved in whole (not just the field written), so that it drops with the task.
             let mut done = done;
+            let _slot = slot;
             let started = Instant::now();
             done.hold_off = fill::refresh(route.clone(), keys, current, request, inner).await;
             route.stats.refresh_seconds.record(started.elapsed());
@@ -545,11 +653,12 @@ fn serve<B: Body>(stored: &Stored, kind: Kind, x_cache: &'static str) -> Respons
     response
 }
 
+/// An answer of the origin that was not stored, for one more of its waiters.
 fn serve_buffered<B: Body>(buffered: &Buffered) -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::full(buffered.body.clone()));
     *response.status_mut() = buffered.status;
     *response.headers_mut() = buffered.headers.clone();
-    set_x_cache(response.headers_mut(), "miss");
+    set_x_cache(response.headers_mut(), "pass");
     response
 }
 

@@ -21,6 +21,12 @@ static ACQUIRE: LazyLock<Script> =
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+static HOLD_OFF: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/hold_off.lua")));
+
+/// What a held-off lease holds (see [`LeaseClient::hold_off`]). Owner values start with
+/// a service name, which cannot start with `~`: no owner value is ever equal to it.
+const HELD_OFF: &str = "~held-off";
 
 /// Releases the lease at `key` if its owner value is still `owner` (for the inspection
 /// tool, which read the value itself and shows only its holder).
@@ -124,15 +130,16 @@ impl LeaseClient {
             .key(name.fence_key())
             .arg(owner.as_str())
             .arg(millis(ttl))
-            .arg(millis(retention));
+            .arg(millis(retention))
+            .arg(HELD_OFF);
         let sent_at = Instant::now();
-        let reply: Result<(i64, i64), StoreError> = self
+        let reply: Result<Vec<i64>, StoreError> = self
             .inner
             .store
             .run(Operation::Acquire, Request::Script(&invocation))
             .await;
-        let outcome = match reply {
-            Ok((1, token)) if token > 0 => AcquireOutcome::Acquired(Lease {
+        let outcome = match reply.as_deref() {
+            Ok(&[1, token]) if token > 0 => AcquireOutcome::Acquired(Lease {
                 name: name.clone(),
                 owner,
                 token: FencingToken::new(token as u64),
@@ -140,22 +147,31 @@ impl LeaseClient {
                 ttl,
                 valid_until: sent_at + ttl,
             }),
-            Ok((0, pttl)) => AcquireOutcome::Busy {
+            Ok(&[0, pttl, held_off]) => AcquireOutcome::Busy {
                 retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
+                held_off: held_off == 1,
             },
-            Ok(_) => AcquireOutcome::Unavailable(StoreError::new(
-                Operation::Acquire,
-                StoreErrorKind::Response,
-                None,
-            )),
+            Ok(reply) => {
+                // Not a reply this script gives. If it says the lease was taken (with a
+                // token that is not one), the lease is set in Redis: give it back rather
+                // than leave the name blocked while reporting a failure.
+                if reply.first() == Some(&1) {
+                    let _ = self.release_owned(name, &owner).await;
+                }
+                AcquireOutcome::Unavailable(StoreError::new(
+                    Operation::Acquire,
+                    StoreErrorKind::Response,
+                    None,
+                ))
+            }
             Err(error) if error.kind() == StoreErrorKind::Timeout => {
                 AcquireOutcome::TimedOut(UncertainAcquire {
                     name: name.clone(),
                     owner,
-                    error,
+                    error: error.clone(),
                 })
             }
-            Err(error) => AcquireOutcome::Unavailable(error),
+            Err(error) => AcquireOutcome::Unavailable(error.clone()),
         };
         log_acquire(name, &outcome);
         if !matches!(outcome, AcquireOutcome::Invalid(_)) {
@@ -226,6 +242,46 @@ impl LeaseClient {
             held_ms = lease.held_for().as_millis() as u64,
             outcome = outcome.as_str(),
             "lease release"
+        );
+        outcome
+    }
+
+    /// Gives `lease` up to nobody, if it is still ours: the name stays taken for `ttl`
+    /// (acquires answer [`Busy`](AcquireOutcome::Busy) with `held_off: true`), then ends
+    /// by itself. For keeping the fleet away from work that just failed, without having
+    /// to come back to release it.
+    ///
+    /// [`Released`](ReleaseOutcome::Released) when it was ours (it is held off now),
+    /// [`NotOwner`](ReleaseOutcome::NotOwner) when it was gone or someone else's.
+    pub async fn hold_off(&self, lease: Lease, ttl: Duration) -> ReleaseOutcome {
+        if self.check_ttl("hold_off", ttl).is_err() {
+            // A TTL the client would refuse: give the lease back plainly instead.
+            return self.release(lease).await;
+        }
+        let mut invocation = HOLD_OFF.prepare_invoke();
+        invocation
+            .key(lease.key())
+            .arg(lease.owner.as_str())
+            .arg(millis(ttl))
+            .arg(HELD_OFF);
+        let outcome = match self.owner_checked(Operation::Release, &invocation).await {
+            Ok(true) => ReleaseOutcome::Released,
+            Ok(false) => ReleaseOutcome::NotOwner,
+            Err(error) => ReleaseOutcome::Failed(error),
+        };
+        crate::metrics::lease_released(
+            lease.name.operation_label(),
+            match outcome {
+                ReleaseOutcome::Released => "held_off",
+                _ => outcome.as_str(),
+            },
+            lease.held_for(),
+        );
+        tracing::debug!(
+            lease = lease.key(),
+            token = lease.token.get(),
+            outcome = outcome.as_str(),
+            "lease held off"
         );
         outcome
     }

@@ -132,6 +132,9 @@ pub enum AcquireOutcome {
     Busy {
         /// How long its TTL still runs, if it has one.
         retry_after: Option<Duration>,
+        /// Nobody holds it: its last holder failed and keeps the name taken until then
+        /// ([`LeaseClient::hold_off`](super::LeaseClient::hold_off)).
+        held_off: bool,
     },
     /// No reply came within the command timeout; the outcome is unknown. Treat it as not
     /// acquired.

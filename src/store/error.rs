@@ -18,8 +18,10 @@ pub enum Operation {
     Write,
     /// Deleting a cache entry for everyone.
     Invalidate,
-    /// Telling other instances about a fill or an invalidation.
+    /// Listening to other instances' notices.
     Subscribe,
+    /// Telling other instances about a fill that wrote nothing, or a learned `Vary`.
+    Publish,
     /// Looking at keys, for debugging.
     Inspect,
 }
@@ -36,6 +38,7 @@ impl Operation {
             Self::Write => "write",
             Self::Invalidate => "invalidate",
             Self::Subscribe => "subscribe",
+            Self::Publish => "publish",
             Self::Inspect => "inspect",
         }
     }

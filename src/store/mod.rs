@@ -103,6 +103,8 @@ impl RedisStore {
         let client = Client::open("redis://127.0.0.1:1").expect("a valid URL");
         let pool = bb8::Pool::builder()
             .max_size(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
             .build_unchecked(Manager::new(client.clone(), DEFAULT_CONNECT_TIMEOUT));
         Self {
             inner: Arc::new(Inner {
@@ -403,12 +405,17 @@ impl RedisStoreBuilder {
         }
         // The error's text is not passed on: it can quote the URL, password and all.
         let client = Client::open(self.url.as_str())
-            .map_err(|_| ConfigError::invalid("redis_url", "not a valid Redis URL"))?;
+            .map_err(|_| ConfigError::invalid("url", "not a valid Redis URL"))?;
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size)
             // Checks only the broken mark: no round trip.
             .test_on_check_out(true)
             .connection_timeout(connect_timeout)
+            // No reaper: it is a task, and building must need no runtime. Idle
+            // multiplexed connections cost a socket each, at most `pool_size`; broken ones
+            // are replaced when they are found broken.
+            .idle_timeout(None)
+            .max_lifetime(None)
             .build_unchecked(Manager::new(client.clone(), connect_timeout));
         Ok(RedisStore {
             inner: Arc::new(Inner {
@@ -420,5 +427,20 @@ impl RedisStoreBuilder {
                 local_only: false,
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Building connects nothing, so it needs no runtime (a plain `#[test]` has none).
+    #[test]
+    fn stores_build_outside_a_runtime() {
+        let store = RedisStore::builder("redis://127.0.0.1:6379")
+            .build()
+            .unwrap();
+        assert!(!store.is_local_only());
+        assert!(RedisStore::local_only().is_local_only());
     }
 }

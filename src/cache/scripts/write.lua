@@ -2,14 +2,18 @@
 -- the notice to other instances, in one step.
 --
 -- KEYS[1]  the entry key    KEYS[2]  the lease key    KEYS[3]  the last invalidation's
---          token (all in one hash slot)
+--          token    KEYS[4]  the lease's fence counter (all in one hash slot)
 -- ARGV[1]  the writer's fencing token    ARGV[2]  the writer's owner value
 -- ARGV[3]  the encoded entry    ARGV[4]  how long to keep it, ms
--- ARGV[5]  the notice channel    ARGV[6]  the notice
+-- ARGV[5]  the notice channel    ARGV[6]  the notice of a write
+-- ARGV[7]  the notice of a lease that ended without one
 --
--- The entry is written only if no entry with a higher token is stored: a writer whose
--- lease expired while it worked, and who was overtaken, cannot replace the newer entry.
--- The lease is released either way, if it is still the writer's.
+-- The entry is written only if no higher token was stored or issued: a writer whose
+-- lease expired while it worked, and who was overtaken, cannot replace the newer entry,
+-- nor write after a newer holder took the lease (even if that holder's entry has been
+-- evicted or has expired since, or it never wrote one). The lease is released either
+-- way, if it is still the writer's; if nothing was written, the instances waiting for
+-- the entry are told, so that they stop waiting.
 --
 -- Returns {written (0/1), released (0/1), the token stored before}.
 local token = tonumber(ARGV[1])
@@ -36,6 +40,13 @@ if redis.call('TYPE', KEYS[3]).ok == 'string' then
     stored = invalidated
   end
 end
+-- The last token issued for the lease: a newer holder exists if it is above ours.
+if redis.call('TYPE', KEYS[4]).ok == 'string' then
+  local issued = sane(tonumber(redis.call('GET', KEYS[4])))
+  if issued > stored then
+    stored = issued
+  end
+end
 local written = 0
 if token >= stored then
   -- DEL first: the key may hold garbage of another type.
@@ -51,5 +62,7 @@ if redis.call('TYPE', KEYS[2]).ok == 'string' and redis.call('GET', KEYS[2]) == 
 end
 if written == 1 then
   redis.call('PUBLISH', ARGV[5], ARGV[6])
+elseif released == 1 then
+  redis.call('PUBLISH', ARGV[5], ARGV[7])
 end
 return {written, released, stored}

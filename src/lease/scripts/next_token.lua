@@ -12,11 +12,18 @@ local function next_token(fence_key, retention_ms)
   local now = redis.call('TIME')
   local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
   -- A counter that is missing, not a number or not even a string (garbage written by
-  -- hand) counts as 0: the time floor still keeps tokens increasing.
+  -- hand) counts as 0: the time floor still keeps tokens increasing. So does a number
+  -- that no token of ours can be: negative, fractional, not finite (tonumber takes
+  -- 'inf', 'nan' and '1e400') or past 2^53, where doubles stop counting by one. Such a
+  -- number must not reach the reply: it would not convert to an integer, and an acquire
+  -- that set its lease would look failed.
   local last = 0
   local kind = redis.call('TYPE', fence_key).ok
   if kind == 'string' then
-    last = tonumber(redis.call('GET', fence_key)) or 0
+    local n = tonumber(redis.call('GET', fence_key))
+    if n ~= nil and n == n and n >= 0 and n < 9007199254740992 and n == math.floor(n) then
+      last = n
+    end
   elseif kind ~= 'none' then
     redis.call('DEL', fence_key)
   end

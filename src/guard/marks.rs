@@ -1,0 +1,88 @@
+//! What the fleet said about a key whose last fill wrote nothing, for a short while.
+//!
+//! * **Pass** (Varnish's hit-for-pass): the origin's answer may not be stored (private,
+//!   `Set-Cookie`, too large, a status that is not cached). Until the mark ends, callers
+//!   of the key go straight to the origin instead of queueing behind a leader whose
+//!   answer they could not have anyway.
+//! * **Back-off**: the origin failed. Until the mark ends, a caller that has an entry it
+//!   may serve on error (stale-if-error) gets it at once, instead of waiting for a fill
+//!   that the fleet is not going to try.
+//!
+//! A mark is set by the instance whose fill ended so, and by every other instance when
+//! its notice arrives (see `notify`). Marks are bounded in number and end by themselves.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use moka::sync::Cache;
+
+/// What a mark says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mark {
+    Pass,
+    BackOff,
+}
+
+/// The marks of one guard.
+pub(crate) struct Marks {
+    map: Cache<Arc<str>, (Mark, Instant)>,
+}
+
+/// The longest a mark can last, whatever a route or a notice asks.
+const LONGEST: Duration = Duration::from_secs(3600);
+
+impl Default for Marks {
+    fn default() -> Self {
+        Self {
+            map: Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(LONGEST)
+                .build(),
+        }
+    }
+}
+
+impl Marks {
+    /// The key's mark, if one is live.
+    pub(crate) fn get(&self, key: &str) -> Option<Mark> {
+        let (mark, until) = self.map.get(key)?;
+        (Instant::now() < until).then_some(mark)
+    }
+
+    /// Marks `key` for `lasting` (nothing for zero).
+    pub(crate) fn set(&self, key: &str, mark: Mark, lasting: Duration) {
+        if lasting.is_zero() {
+            return;
+        }
+        let until = Instant::now() + lasting.min(LONGEST);
+        self.map.insert(key.into(), (mark, until));
+    }
+
+    /// An entry was stored for `key`: whatever was said about its last fill is moot.
+    pub(crate) fn clear(&self, key: &str) {
+        // Most keys have no mark: a look is cheaper than an invalidation.
+        if self.map.contains_key(key) {
+            self.map.invalidate(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_end_by_themselves_and_can_be_cleared() {
+        let marks = Marks::default();
+        marks.set("a", Mark::Pass, Duration::from_millis(50));
+        marks.set("b", Mark::BackOff, Duration::from_secs(60));
+        marks.set("c", Mark::Pass, Duration::ZERO);
+        assert_eq!(marks.get("a"), Some(Mark::Pass));
+        assert_eq!(marks.get("b"), Some(Mark::BackOff));
+        assert_eq!(marks.get("c"), None);
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(marks.get("a"), None);
+        marks.clear("b");
+        assert_eq!(marks.get("b"), None);
+    }
+}

@@ -36,6 +36,9 @@ pub const NOT_STORED: &str = "stampede_guard_not_stored_total";
 pub const COLD_FILLS: &str = "stampede_guard_cold_fills_total";
 /// Waits for another instance's fill, by how they ended.
 pub const COLD_WAITS: &str = "stampede_guard_cold_waits_total";
+/// Waits for another instance's fill that began (those in progress: this minus
+/// [`COLD_WAITS`]).
+pub const COLD_WAITS_STARTED: &str = "stampede_guard_cold_waits_started_total";
 /// Stale responses served because the origin failed.
 pub const STALE_IF_ERROR: &str = "stampede_guard_stale_if_error_total";
 /// Redis operations that failed, by operation and kind (counted by the store, for all
@@ -128,6 +131,7 @@ events! {
     FencedWriteRefused => (FENCED_WRITES_REFUSED), "A write was refused: a newer entry is stored.";
     NotStored => (NOT_STORED), "An origin response was not stored.";
     ColdFill => (COLD_FILLS), "This process filled a cold miss.";
+    ColdWaitStarted => (COLD_WAITS_STARTED), "A fill found another instance's lease and began to wait for its entry.";
     ColdWaitNotified => (COLD_WAITS, "result" => "notified"), "A wait for another instance's fill ended with the entry.";
     ColdWaitTimedOut => (COLD_WAITS, "result" => "timed_out"), "A wait for another instance's fill ran out.";
     ColdWaitEnded => (COLD_WAITS, "result" => "ended"), "A wait for another instance's fill ended early: its lease ended without a write.";
@@ -251,6 +255,11 @@ pub const ALL: &[(&str, MetricKind, &str)] = &[
         COLD_WAITS,
         MetricKind::Counter,
         "Waits for another instance's fill, by how they ended.",
+    ),
+    (
+        COLD_WAITS_STARTED,
+        MetricKind::Counter,
+        "Waits for another instance's fill that began.",
     ),
     (
         STALE_IF_ERROR,

@@ -230,6 +230,12 @@ where
             .try_acquire(keys.lease(), policy.lease_ttl)
             .await
         {
+            AcquireOutcome::Acquired(lease) if route.learned.version() != version => {
+                // The route learned a `Vary` header since this fill's key was made: the
+                // key is not its callers' any more.
+                end(&route, &keys, Some(lease), Ending::Gone).await;
+                return FillOutcome::Rekey;
+            }
             AcquireOutcome::Acquired(lease) => {
                 let notified = waiting_since.is_some() || wait.has_notice();
                 if let Some(stored) = landed_meanwhile(&route, &keys, local_token, notified).await {
@@ -252,7 +258,10 @@ where
             }
             AcquireOutcome::Busy { .. } => {
                 drop(slot);
-                let since = *waiting_since.get_or_insert_with(tokio::time::Instant::now);
+                let since = *waiting_since.get_or_insert_with(|| {
+                    route.stats.record(Event::ColdWaitStarted);
+                    tokio::time::Instant::now()
+                });
                 let woke = wait_for_remote(&route, &keys, &mut wait, deadline, version).await;
                 let event = match &woke {
                     Woke::Entry(_) => Event::ColdWaitNotified,

@@ -228,6 +228,14 @@ impl StampedeGuard {
         }
     }
 
+    /// Whether the guard hears other instances' notices (fills, invalidations) now. Off
+    /// before the first request (or [`ready`](Self::ready)), while Redis cannot be
+    /// reached, and always for a local-only store. For health pages: an instance that
+    /// does not hear them serves what it holds, but learns of invalidations late.
+    pub fn notices_connected(&self) -> bool {
+        *self.shared.subscribed.borrow()
+    }
+
     /// How many entries L1 holds (approximate: moka counts lazily).
     pub fn l1_entries(&self) -> u64 {
         self.shared.l1.entry_count()

@@ -36,6 +36,8 @@ pub(crate) struct Origin {
     pub(crate) gate: Arc<Notify>,
     /// Woken when a call starts.
     pub(crate) started: Arc<Notify>,
+    /// Calls numbered from this one on (if not zero) wait for `gate` too.
+    pub(crate) held_from: Arc<AtomicU64>,
     /// Calls numbered in `hung` never answer.
     pub(crate) hung: Arc<std::sync::Mutex<Vec<u64>>>,
     /// When each call started, and for which path.
@@ -43,6 +45,9 @@ pub(crate) struct Origin {
     /// The sequence number (see `Seq`) at which each call returned.
     pub(crate) returned: Arc<std::sync::Mutex<Vec<u64>>>,
     pub(crate) seq: Seq,
+    /// Calls in progress, and the most there ever were at once.
+    pub(crate) in_flight: Arc<AtomicU64>,
+    pub(crate) peak: Arc<AtomicU64>,
 }
 
 /// One counter for ordering events of the origin and of the clients.
@@ -65,13 +70,21 @@ impl Origin {
             delay,
             answer: Arc::new(answer),
             held: Arc::default(),
+            held_from: Arc::default(),
             gate: Arc::new(Notify::new()),
             started: Arc::new(Notify::new()),
             hung: Arc::default(),
             log: Arc::default(),
             returned: Arc::default(),
             seq: Seq::default(),
+            in_flight: Arc::default(),
+            peak: Arc::default(),
         }
+    }
+
+    /// The most calls that were ever in progress at once.
+    pub(crate) fn peak(&self) -> u64 {
+        self.peak.load(Ordering::SeqCst)
     }
 
     /// Answers `v{n}` with status 200.
@@ -92,9 +105,15 @@ impl Origin {
         self.hung.lock().unwrap().push(call);
     }
 
+    /// Calls numbered `call` and after wait at the gate.
+    pub(crate) fn hold_from(&self, call: u64) {
+        self.held_from.store(call, Ordering::SeqCst);
+    }
+
     pub(crate) fn open(&self) {
-        self.gate.notify_waiters();
         self.held.lock().unwrap().clear();
+        self.held_from.store(0, Ordering::SeqCst);
+        self.gate.notify_waiters();
     }
 
     pub(crate) fn service(
@@ -110,6 +129,16 @@ impl Origin {
             let origin = origin.clone();
             async move {
                 let n = origin.calls.fetch_add(1, Ordering::SeqCst) + 1;
+                let now = origin.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                origin.peak.fetch_max(now, Ordering::SeqCst);
+                // Counted out however the call ends (a dropped call included).
+                struct Out(Arc<AtomicU64>);
+                impl Drop for Out {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+                let _out = Out(origin.in_flight.clone());
                 origin
                     .log
                     .lock()
@@ -119,11 +148,14 @@ impl Origin {
                 if origin.hung.lock().unwrap().contains(&n) {
                     std::future::pending::<()>().await;
                 }
-                let gated = origin.held.lock().unwrap().contains(&n);
-                if gated {
+                let gated = || {
+                    let from = origin.held_from.load(Ordering::SeqCst);
+                    origin.held.lock().unwrap().contains(&n) || (from != 0 && n >= from)
+                };
+                if gated() {
                     let opened = origin.gate.notified();
                     // Re-check: the gate may have opened before `notified` was created.
-                    if origin.held.lock().unwrap().contains(&n) {
+                    if gated() {
                         opened.await;
                     }
                 }

@@ -1,0 +1,578 @@
+//! What real users hit, against real Redis servers: waits that end as soon as the lease
+//! holder ends without writing, hit-for-pass, stale at once through a back-off, the
+//! refresh budget, headers forwarded to the origin and `Vary` learned from it, fencing
+//! against the last issued token, and the smaller fixes that came with them.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Response, StatusCode};
+use redis::AsyncCommands;
+use stampede_guard::guard::GuardBuilder;
+use stampede_guard::metrics::Event;
+use stampede_guard::{Policy, RedisStore, StampedeGuard};
+use support::web::{self, Instance, Origin, all_within, full, get, keys, send};
+use support::{Mode, Proxy, RedisServer, eventually};
+
+/// Generous: these tests must pass on a machine whose cores are busy.
+const TIMEOUT: Duration = Duration::from_millis(250);
+
+fn guard_at(url: &str, configure: impl FnOnce(GuardBuilder) -> GuardBuilder) -> StampedeGuard {
+    let store = RedisStore::builder(url)
+        .command_timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    configure(StampedeGuard::builder(store, keys()))
+        .build()
+        .unwrap()
+}
+
+/// A cold wait far longer than any bound the tests assert: only a notice can end a
+/// wait in time.
+fn policy(route: &str) -> stampede_guard::policy::PolicyBuilder {
+    Policy::builder(route)
+        .fresh_ttl(Duration::from_millis(500))
+        .grace(Duration::from_secs(30))
+        .lease_ttl(Duration::from_secs(5))
+        .refresh_timeout(Duration::from_secs(5))
+        .cold_wait(Duration::from_secs(10))
+        .error_backoff(Duration::from_secs(3))
+}
+
+async fn instance<S>(server: &RedisServer, policy: Policy, origin: S) -> Instance<S> {
+    web::instance(guard_at(&server.url(), |b| b), policy, origin).await
+}
+
+fn with(path: &str, name: &str, value: &str) -> web::Req {
+    let mut request = get(path);
+    request.headers_mut().insert(
+        http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+        value.parse().unwrap(),
+    );
+    request
+}
+
+/// A holds the lease of a cold key, in the origin; 10 callers on B wait for its entry
+/// (with a cold wait of 10 s). A's answer cannot be stored (a 404, a private answer, a
+/// 500): B's callers are answered as soon as A's lease ends, and go to the origin
+/// themselves; while the key is marked, B's next callers do so without waiting at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_elsewhere_are_answered_at_once_when_the_holder_writes_nothing() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, request| {
+        let mut response = Response::new(full(format!("call {n}")));
+        match request.uri().path() {
+            "/missing" => *response.status_mut() = StatusCode::NOT_FOUND,
+            "/private" => {
+                let private = "private".parse().unwrap();
+                response.headers_mut().insert("cache-control", private);
+            }
+            _ => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
+        }
+        response
+    });
+    let a = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    let b = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    for (path, status) in [
+        ("/missing", StatusCode::NOT_FOUND),
+        ("/private", StatusCode::OK),
+        ("/failing", StatusCode::INTERNAL_SERVER_ERROR),
+    ] {
+        let before = origin.calls();
+        let waits = b.layer.stats().get(Event::ColdWaitStarted);
+        let ended = b.layer.stats().get(Event::ColdWaitEnded);
+        origin.hold(before + 1);
+        let started = origin.started.notified();
+        let leader = tokio::spawn({
+            let service = a.service.clone();
+            async move { send(&service, get(path)).await }
+        });
+        started.await; // A holds the lease, in the origin
+        let followers: Vec<_> = (0..10)
+            .map(|_| {
+                let service = b.service.clone();
+                tokio::spawn(async move { send(&service, get(path)).await })
+            })
+            .collect();
+        // B's fill found A's lease and waits for A's entry.
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                b.layer.stats().get(Event::ColdWaitStarted) == waits + 1
+            })
+            .await,
+            "{path}: B's fill did not wait"
+        );
+        let opened = Instant::now();
+        origin.open();
+        let answers = all_within(followers, Duration::from_secs(8), "B's callers waited").await;
+        let took = opened.elapsed();
+        assert!(took < Duration::from_secs(3), "{path}: {took:?}");
+        assert_eq!(leader.await.unwrap().status, status, "{path}");
+        for got in &answers {
+            assert_eq!((got.status, got.x_cache()), (status, "pass"), "{path}");
+        }
+        assert_eq!(
+            b.layer.stats().get(Event::ColdWaitEnded),
+            ended + 1,
+            "{path}"
+        );
+        // A's call, then each of B's callers for itself (its answer cannot be shared).
+        assert_eq!(origin.calls(), before + 11, "{path}");
+    }
+    // Marked: the next callers go straight through, on both instances.
+    for i in [&a, &b] {
+        let hit_for_pass = i.layer.stats().get(Event::HitForPass);
+        for path in ["/missing", "/private"] {
+            assert_eq!(send(&i.service, get(path)).await.x_cache(), "pass");
+        }
+        assert_eq!(i.layer.stats().get(Event::HitForPass), hit_for_pass + 2);
+    }
+}
+
+/// The origin fails while an entry is past its grace but within stale-if-error: after
+/// the first failure, every caller on every instance gets the entry at once while the
+/// back-off lasts, and nobody calls the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_origin_in_outage_serves_stale_at_once_through_the_back_off() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, _| {
+        let mut response = Response::new(full(if n == 1 { "v1" } else { "down" }));
+        if n > 1 {
+            *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        }
+        response
+    });
+    let policy = || {
+        policy("items")
+            .fresh_ttl(Duration::from_millis(300))
+            .grace(Duration::from_millis(300))
+            .stale_if_error(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let a = instance(&server, policy(), origin.service()).await;
+    let b = instance(&server, policy(), origin.service()).await;
+    assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
+    assert_eq!(send(&b.service, get("/items/1")).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(700)).await; // past grace
+
+    // The first caller's fill meets the failure, and gets the entry instead.
+    let got = send(&a.service, get("/items/1")).await;
+    assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v1"));
+    assert_eq!(origin.calls(), 2);
+    // Through the back-off (3 s), on both instances: at once, and no origin call.
+    let back_off_began = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while back_off_began.elapsed() < Duration::from_millis(1500) {
+        for i in [&a, &b] {
+            let asked = Instant::now();
+            let got = send(&i.service, get("/items/1")).await;
+            slowest = slowest.max(asked.elapsed());
+            assert_eq!(
+                (got.status, got.body.as_str(), got.x_cache()),
+                (StatusCode::OK, "v1", "stale")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a caller waited {slowest:?}"
+    );
+    assert_eq!(origin.calls(), 2);
+}
+
+/// 5,000 keys go stale together and one client walks them, with a budget of 8: the
+/// first 8 stale answers start refreshes (held in the origin until the walk is over),
+/// the other 4,992 are skipped and counted; every answer is stale, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_refresh_budget_bounds_origin_calls_when_5000_keys_go_stale() {
+    const KEYS: u64 = 5000;
+    const BUDGET: u64 = 8;
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, request| {
+        Response::new(full(format!("{} v{n}", request.uri().path())))
+    });
+    let guard = guard_at(&server.url(), |b| b.refresh_budget(BUDGET as usize));
+    let policy = policy("items")
+        .fresh_ttl(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let i = web::instance(guard, policy, origin.service()).await;
+    // Warm every key (50 callers at a time).
+    let paths: Arc<Vec<String>> = Arc::new((0..KEYS).map(|k| format!("/items/{k}")).collect());
+    let mut warmers = Vec::new();
+    for w in 0..50 {
+        let (service, paths) = (i.service.clone(), paths.clone());
+        warmers.push(tokio::spawn(async move {
+            for path in paths.iter().skip(w).step_by(50) {
+                assert_eq!(send(&service, get(path)).await.x_cache(), "miss");
+            }
+        }));
+    }
+    all_within(warmers, Duration::from_secs(120), "warming took too long").await;
+    assert_eq!(origin.calls(), KEYS);
+    tokio::time::sleep(Duration::from_millis(2100)).await; // all stale now
+
+    origin.hold_from(KEYS + 1);
+    let walk = async {
+        for path in paths.iter() {
+            let got = send(&i.service, get(path)).await;
+            assert_eq!(got.x_cache(), "stale", "{path}");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), walk)
+        .await
+        .expect("the walk waited for the origin");
+    let stats = i.layer.stats();
+    assert_eq!(stats.get(Event::Stale), KEYS);
+    assert_eq!(stats.get(Event::RefreshSkipped), KEYS - BUDGET, "{stats:?}");
+    // The 8 refreshes reach the origin, and no more.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            origin.in_flight.load(std::sync::atomic::Ordering::SeqCst) == BUDGET
+        })
+        .await
+    );
+    origin.open();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            i.layer.stats().get(Event::RefreshWritten) == BUDGET
+        })
+        .await
+    );
+    assert_eq!(origin.peak(), BUDGET);
+    assert_eq!(origin.calls(), KEYS + BUDGET);
+}
+
+/// A's lease lapses while its refresh is in the origin; B takes the lease, refreshes
+/// and writes; B's entry is then evicted. A's late write finds no newer entry, but a
+/// newer token was issued since its own: it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_is_refused_when_a_newer_lease_was_issued_even_if_its_entry_is_gone() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::ZERO);
+    let a = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    let b = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
+    assert_eq!(send(&b.service, get("/items/1")).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    origin.hold(2);
+    let started = origin.started.notified();
+    assert_eq!(send(&a.service, get("/items/1")).await.x_cache(), "stale");
+    started.await; // A's refresh holds the lease, in the origin
+
+    let keys = a.layer.cache_keys(&get("/items/1")).unwrap();
+    let mut conn = server.conn().await;
+    let lapsed: i64 = conn.del(keys.lease().key()).await.unwrap();
+    assert_eq!(lapsed, 1);
+    assert_eq!(send(&b.service, get("/items/1")).await.x_cache(), "stale");
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            b.layer.stats().get(Event::RefreshWritten) == 1
+        })
+        .await
+    );
+    let evicted: i64 = conn.del(keys.entry()).await.unwrap();
+    assert_eq!(evicted, 1);
+    origin.open();
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            a.layer.stats().get(Event::FencedWriteRefused) == 1
+        })
+        .await,
+        "{:?}",
+        a.layer.stats()
+    );
+    let exists: bool = conn.exists(keys.entry()).await.unwrap();
+    assert!(!exists, "the overtaken write landed");
+    assert_eq!(a.layer.stats().get(Event::RefreshWritten), 0);
+}
+
+/// What the origin answers: the `Accept-Language` it saw, with `Vary: Accept-Language`.
+fn by_language() -> Origin {
+    Origin::new(Duration::ZERO, |n, request| {
+        let lang = request
+            .headers()
+            .get("accept-language")
+            .map_or("none", |v| v.to_str().unwrap());
+        let mut response = Response::new(full(format!("lang={lang} call {n}")));
+        response
+            .headers_mut()
+            .insert("vary", "Accept-Language".parse().unwrap());
+        response
+    })
+}
+
+/// A route configured with no keyed header; its responses vary on `Accept-Language`.
+/// Two instances, a cold key, French and German callers arriving together on both: the
+/// origin is called once per variant, and every caller gets its own, first request
+/// included. Afterwards both variants are hits everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_caller_gets_the_variant_its_headers_ask_for() {
+    let server = RedisServer::start();
+    let origin = by_language();
+    let a = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    let b = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    origin.hold(1);
+    let started = origin.started.notified();
+    let leader = tokio::spawn({
+        let service = a.service.clone();
+        async move { send(&service, with("/items/1", "accept-language", "fr")).await }
+    });
+    started.await;
+    let mut callers = Vec::new();
+    for i in [&a, &b] {
+        for lang in ["fr", "de"] {
+            for _ in 0..10 {
+                let service = i.service.clone();
+                callers.push(tokio::spawn(async move {
+                    let got = send(&service, with("/items/1", "accept-language", lang)).await;
+                    (lang, got)
+                }));
+            }
+        }
+    }
+    // Every caller on A joined A's fill; B's fill waits for A's entry.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            a.layer.stats().get(Event::L2Miss) == 21
+                && b.layer.stats().get(Event::ColdWaitStarted) == 1
+        })
+        .await
+    );
+    origin.open();
+    let first = leader.await.unwrap();
+    assert_eq!(first.body, "lang=fr call 1");
+    for (lang, got) in all_within(callers, Duration::from_secs(10), "callers waited").await {
+        assert_eq!(got.status, StatusCode::OK);
+        assert!(
+            got.body.starts_with(&format!("lang={lang} ")),
+            "{lang}: {}",
+            got.body
+        );
+    }
+    assert_eq!(origin.calls(), 2, "one origin call per variant");
+    for i in [&a, &b] {
+        for lang in ["fr", "de"] {
+            let got = send(&i.service, with("/items/1", "accept-language", lang)).await;
+            assert!(got.body.starts_with(&format!("lang={lang} ")));
+            assert_eq!(got.x_cache(), "hit");
+        }
+        // A third variant is its own.
+        let got = send(&i.service, with("/items/1", "accept-language", "it")).await;
+        assert!(got.body.starts_with("lang=it "), "{}", got.body);
+    }
+    assert_eq!(origin.calls(), 3);
+}
+
+/// A fill forwards the caller's headers as a proxy does (trace context and request ids
+/// reach the origin), but not the headers that poison caches: a reflected
+/// `X-Forwarded-Host` cannot change what another caller gets. In strict mode only keyed
+/// headers reach the origin.
+#[tokio::test]
+async fn fills_forward_headers_as_a_proxy_does_but_not_poisoning_ones() {
+    let server = RedisServer::start();
+    let seen: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
+    let origin = Origin::new(Duration::ZERO, {
+        let seen = seen.clone();
+        move |_, request| {
+            seen.lock().unwrap().push(request.headers().clone());
+            let host = request
+                .headers()
+                .get("x-forwarded-host")
+                .map_or("none", |v| v.to_str().unwrap());
+            Response::new(full(format!("link=https://{host}/next")))
+        }
+    });
+    let i = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    let mut attack = with("/items/1", "x-forwarded-host", "evil.example");
+    let headers = attack.headers_mut();
+    headers.insert(
+        "traceparent",
+        "00-4bf92f3577b34da6-00f067aa0ba902b7-01".parse().unwrap(),
+    );
+    headers.insert("x-request-id", "req-1".parse().unwrap());
+    headers.insert("accept-language", "fr".parse().unwrap());
+    let attacker = send(&i.service, attack).await;
+    assert_eq!(attacker.body, "link=https://none/next");
+    let victim = send(&i.service, get("/items/1")).await;
+    assert_eq!(
+        (victim.body.as_str(), victim.x_cache()),
+        ("link=https://none/next", "hit")
+    );
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            seen[0]["traceparent"],
+            "00-4bf92f3577b34da6-00f067aa0ba902b7-01"
+        );
+        assert_eq!(seen[0]["x-request-id"], "req-1");
+        assert_eq!(seen[0]["accept-language"], "fr");
+        assert!(seen[0].get("x-forwarded-host").is_none());
+    }
+
+    let strict = i
+        .guard
+        .layer(
+            policy("strict")
+                .key_headers(["accept-language"])
+                .strict_forwarding(true)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let service = tower::Layer::layer(&strict, origin.service());
+    let mut request = with("/strict/1", "traceparent", "00-abc-def-01");
+    request
+        .headers_mut()
+        .insert("accept-language", "de".parse().unwrap());
+    send(&service, request).await;
+    let seen = seen.lock().unwrap();
+    let mut names: Vec<&str> = seen[1].keys().map(http::HeaderName::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["accept-language", "host"]);
+}
+
+/// Extensions set by middleware outside the guard (a user, here) do not reach the
+/// request that fills the entry everyone is served, unless the route says so.
+#[tokio::test]
+async fn extensions_reach_fills_only_where_the_route_says_so() {
+    #[derive(Clone)]
+    struct User(&'static str);
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |_, request| {
+        let user = request.extensions().get::<User>().map_or("none", |u| u.0);
+        Response::new(full(format!("user={user}")))
+    });
+    let guard = guard_at(&server.url(), |b| b);
+    guard.ready().await.unwrap();
+    for (route, forward, expected) in [
+        ("plain", false, "user=none"),
+        ("params", true, "user=alice"),
+    ] {
+        let layer = guard
+            .layer(policy(route).forward_extensions(forward).build().unwrap())
+            .unwrap();
+        let service = tower::Layer::layer(&layer, origin.service());
+        let mut request = get(&format!("/{route}"));
+        request.extensions_mut().insert(User("alice"));
+        assert_eq!(send(&service, request).await.body, expected, "{route}");
+    }
+}
+
+/// A refresh finds, in L2, an entry with a higher token than its own that is past its
+/// grace: it does not take it (it could stand in for nothing), and refreshes.
+#[tokio::test]
+async fn a_refresh_never_adopts_an_expired_entry() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::ZERO);
+    let i = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    assert_eq!(send(&i.service, get("/items/1")).await.body, "v1");
+    let keys = i.layer.cache_keys(&get("/items/1")).unwrap();
+    let mut conn = server.conn().await;
+    let token: u64 = conn.hget(keys.entry(), "t").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await; // stale in L1
+    let planted = stampede_guard::entry::CachedResponse {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+        body: Bytes::from_static(b"expired"),
+        fresh_for: Duration::from_millis(100),
+        grace: Duration::from_millis(100),
+        keep: Duration::from_secs(60),
+        token: stampede_guard::lease::FencingToken::new(token + 1),
+    };
+    let _: () = redis::pipe()
+        .del(keys.entry())
+        .hset(keys.entry(), "t", token + 1)
+        .hset(keys.entry(), "d", planted.encode())
+        .pexpire(keys.entry(), 59_000) // written a second ago: past its grace
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(send(&i.service, get("/items/1")).await.body, "v1"); // stale; refreshes
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            i.layer.stats().get(Event::RefreshWritten) == 1
+        })
+        .await,
+        "{:?}",
+        i.layer.stats()
+    );
+    assert_eq!(i.layer.stats().get(Event::RefreshAdopted), 0);
+    assert_eq!(send(&i.service, get("/items/1")).await.body, "v2");
+}
+
+/// An instance's notice subscription is cut (its Redis traffic blackholed) while
+/// another instance invalidates an entry: the notice never reaches it. When the
+/// subscription is back, the entry it holds is not served as fresh any more: stale,
+/// while a refresh reads Redis again, then the new value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_subscription_comes_back_l1_entries_are_not_served_as_fresh() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let origin = Origin::versions(Duration::ZERO);
+    let policy = || {
+        policy("items")
+            .fresh_ttl(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let a = web::instance(guard_at(&proxy.url(), |b| b), policy(), origin.service()).await;
+    let b = instance(&server, policy(), origin.service()).await;
+    assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
+    assert_eq!(send(&a.service, get("/items/1")).await.x_cache(), "hit");
+
+    proxy.set(Mode::Blackhole);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            !a.guard.notices_connected()
+        })
+        .await
+    );
+    assert!(b.layer.invalidate(&get("/items/1")).await.unwrap());
+    proxy.set(Mode::Pass);
+    proxy.reset_all();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            a.guard.notices_connected()
+        })
+        .await
+    );
+    let service = &a.service;
+    let got = send(service, get("/items/1")).await;
+    assert_ne!(got.x_cache(), "hit", "{}", got.body);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            send(service, get("/items/1")).await.body == "v2"
+        })
+        .await
+    );
+}
+
+/// A route that must never be cached says so; a route name is refused twice.
+#[tokio::test]
+async fn a_route_can_be_never_cached_and_a_route_name_is_taken_once() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::ZERO);
+    let i = instance(
+        &server,
+        policy("admin").never_cache().build().unwrap(),
+        origin.service(),
+    )
+    .await;
+    for n in 1..=2 {
+        let got = send(&i.service, get("/admin")).await;
+        assert_eq!(
+            (got.body.as_str(), got.x_cache()),
+            (format!("v{n}").as_str(), "bypass")
+        );
+    }
+    let again = i.guard.layer(policy("admin").build().unwrap()).unwrap_err();
+    assert_eq!(again.field(), "route");
+    assert!(again.to_string().contains("admin"), "{again}");
+}

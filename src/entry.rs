@@ -108,33 +108,49 @@ impl CachedResponse {
         postcard::to_io(&wire, &mut out).expect("encoding into a Vec");
         out
     }
-
-    /// The encoded size, without encoding: what the L1 cache weighs an entry by.
-    pub(crate) fn weight(&self) -> usize {
-        self.body.len()
-            + self
-                .headers
-                .iter()
-                .map(|(n, v)| n.as_str().len() + v.len() + 8)
-                .sum::<usize>()
-            + 64
-    }
 }
 
-/// A copy of `headers` that owns its bytes. Header names and values parsed by an HTTP
-/// client are often slices of its read buffer: stored as they are, each would keep the
-/// whole buffer (kilobytes) alive for as long as the entry lives.
+/// A copy of `headers` that owns its bytes, compactly: every value is a slice of one
+/// buffer of their exact total size. Header names and values parsed by an HTTP client
+/// are often slices of its read buffer: stored as they are, each would keep the whole
+/// buffer (kilobytes) alive for as long as the entry lives.
 pub(crate) fn compact(headers: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        // Standard names are static; others are copied.
-        let name =
-            HeaderName::from_bytes(name.as_str().as_bytes()).unwrap_or_else(|_| name.clone());
-        let mut copy = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
-        copy.set_sensitive(value.is_sensitive());
-        out.append(name, copy);
+    let pairs: Vec<(&[u8], &[u8], bool)> = headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().as_bytes(),
+                value.as_bytes(),
+                value.is_sensitive(),
+            )
+        })
+        .collect();
+    compact_from(pairs.len(), pairs.iter().copied()).expect("valid headers stay valid")
+}
+
+/// Builds a compact header map (see [`compact`]) from names and values; `None` when one
+/// is not a valid name or value.
+fn compact_from<'a>(
+    count: usize,
+    headers: impl Iterator<Item = (&'a [u8], &'a [u8], bool)> + Clone,
+) -> Option<HeaderMap> {
+    let total: usize = headers.clone().map(|(_, value, _)| value.len()).sum();
+    let mut blob = bytes::BytesMut::with_capacity(total);
+    for (_, value, _) in headers.clone() {
+        blob.extend_from_slice(value);
     }
-    out
+    let blob = blob.freeze();
+    let mut out = HeaderMap::with_capacity(count);
+    let mut at = 0;
+    for (name, value, sensitive) in headers {
+        // Standard names are static; others are copied.
+        let name = HeaderName::from_bytes(name).ok()?;
+        let mut value = HeaderValue::from_maybe_shared(blob.slice(at..at + value.len())).ok()?;
+        at += value.len();
+        value.set_sensitive(sensitive);
+        out.append(name, value);
+    }
+    Some(out)
 }
 
 /// Decodes an entry; see the [module docs](self) for what is refused.
@@ -154,14 +170,13 @@ pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
         return Err(DecodeError::Malformed);
     }
     let status = StatusCode::from_u16(wire.status).map_err(|_| DecodeError::Invalid("status"))?;
-    let mut headers = HeaderMap::with_capacity(wire.headers.len());
-    for (name, value) in wire.headers {
-        let name =
-            HeaderName::from_bytes(name.as_bytes()).map_err(|_| DecodeError::Invalid("header"))?;
-        let value =
-            HeaderValue::from_bytes(value.as_ref()).map_err(|_| DecodeError::Invalid("header"))?;
-        headers.append(name, value);
-    }
+    let headers = compact_from(
+        wire.headers.len(),
+        wire.headers
+            .iter()
+            .map(|(name, value)| (name.as_bytes(), value.as_ref(), false)),
+    )
+    .ok_or(DecodeError::Invalid("header"))?;
     let day_ms = 24 * 3600 * 1000;
     if wire.fresh_ms == 0
         || wire.fresh_ms > day_ms

@@ -123,15 +123,84 @@ impl Expiry<Arc<str>, Arc<Stored>> for UntilKept {
     }
 }
 
-/// An L1 cache holding at most `capacity` bytes of entries.
+/// An L1 cache holding at most `capacity` bytes of entries, weighed by [`weigh`].
 pub(crate) fn new_l1(capacity: u64) -> L1 {
     Cache::builder()
         .max_capacity(capacity)
         .weigher(|key: &Arc<str>, value: &Arc<Stored>| {
-            u32::try_from(key.len() + value.response.weight()).unwrap_or(u32::MAX)
+            u32::try_from(weigh(key, value)).unwrap_or(u32::MAX)
         })
         .expire_after(UntilKept)
         .build()
+}
+
+/// What moka keeps for each entry besides the key and the value (its entry info, the
+/// nodes of its access and write orders and of its timer wheel, its slot in the hash
+/// table), measured: see `tests/memory.rs`.
+const L1_BOOKKEEPING: usize = 400;
+
+/// Header names that responses often carry and that `http` keeps as static names.
+const STATIC_NAMES: &[http::HeaderName] = &[
+    http::header::ACCEPT_RANGES,
+    http::header::ACCESS_CONTROL_ALLOW_ORIGIN,
+    http::header::CACHE_CONTROL,
+    http::header::CONTENT_DISPOSITION,
+    http::header::CONTENT_ENCODING,
+    http::header::CONTENT_LANGUAGE,
+    http::header::CONTENT_LENGTH,
+    http::header::CONTENT_TYPE,
+    http::header::DATE,
+    http::header::ETAG,
+    http::header::EXPIRES,
+    http::header::LAST_MODIFIED,
+    http::header::LINK,
+    http::header::LOCATION,
+    http::header::REFERRER_POLICY,
+    http::header::SERVER,
+    http::header::STRICT_TRANSPORT_SECURITY,
+    http::header::VARY,
+    http::header::X_CONTENT_TYPE_OPTIONS,
+    http::header::X_FRAME_OPTIONS,
+];
+
+/// What an L1 entry costs in memory, in bytes: every allocation it holds, rounded as
+/// the allocator rounds them, and moka's bookkeeping. The capacity is in these bytes,
+/// so it is what the process really spends on entries (checked against its resident
+/// memory in `tests/memory.rs`).
+pub(crate) fn weigh(key: &str, stored: &Stored) -> usize {
+    // An allocation of `len` bytes: a 16-byte header, rounded up to 16 bytes.
+    fn heap(len: usize) -> usize {
+        if len == 0 {
+            0
+        } else {
+            (len + 16).next_multiple_of(16)
+        }
+    }
+    // A `Bytes` that shares its buffer keeps a small shared header besides it.
+    const SHARED: usize = 32;
+    let headers = &stored.response.headers;
+    // A header map keeps a power-of-two table of 4-byte positions and a vector of
+    // entries; each entry holds a name, a value, a hash and links.
+    let slots = headers.capacity();
+    let table = (slots + slots / 3).max(1).next_power_of_two();
+    let entry = size_of::<http::HeaderName>() + size_of::<http::HeaderValue>() + 32;
+    let map = heap(table * 4) + heap(slots * entry);
+    let values: usize = headers.values().map(|v| v.len()).sum();
+    // Names: standard ones are static, others a copy each (a standard name missing from
+    // the list is counted as a copy: over, never under).
+    let names: usize = headers
+        .keys()
+        .filter(|n| !STATIC_NAMES.contains(n))
+        .map(|n| heap(n.as_str().len()) + SHARED)
+        .sum();
+    heap(size_of::<Stored>() + 16) // the Arc<Stored>
+        + heap(key.len() + 16) // the Arc<str> key
+        + map
+        // The values are slices of one buffer (see `entry::compact`).
+        + heap(values) + SHARED
+        + names
+        + heap(stored.response.body.len()) + SHARED
+        + L1_BOOKKEEPING
 }
 
 /// Tokens of recent invalidations, per entry key: L1 refuses entries older than them

@@ -207,9 +207,19 @@ pub(crate) fn weigh(key: &str, stored: &Stored) -> usize {
 /// (read from L2, or filled, before the invalidation but put after it).
 pub(crate) type Tombstones = Cache<Arc<str>, FencingToken>;
 
+/// How many bytes the tombstones of one guard may hold (weighed as L1 entries are): at
+/// about 550 bytes each, some 15,000 invalidations within the hour a tombstone lasts;
+/// past that, the oldest go first (an entry read or filled before an invalidation whose
+/// tombstone is gone may then be put back in L1, until the next notice or expiry).
+pub(crate) const TOMBSTONE_BYTES: u64 = 8 * 1024 * 1024;
+
 pub(crate) fn new_tombstones() -> Tombstones {
     Cache::builder()
-        .max_capacity(100_000)
+        .max_capacity(TOMBSTONE_BYTES)
+        .weigher(|key: &Arc<str>, _: &FencingToken| {
+            // The key, its Arc, the token and moka's bookkeeping.
+            u32::try_from(key.len() + 16 + 8 + L1_BOOKKEEPING).unwrap_or(u32::MAX)
+        })
         // Longer than any fill can take (the watchdog's maximum is an hour at most).
         .time_to_live(Duration::from_secs(3600))
         .build()

@@ -34,8 +34,13 @@ const LONGEST: Duration = Duration::from_secs(3600);
 impl Default for Marks {
     fn default() -> Self {
         Self {
+            // Weighed as L1 entries are (key, value and moka's bookkeeping, about 550
+            // bytes a mark): at most 8 MiB of them, the least used going first.
             map: Cache::builder()
-                .max_capacity(100_000)
+                .max_capacity(8 * 1024 * 1024)
+                .weigher(|key: &Arc<str>, _: &(Mark, Instant)| {
+                    u32::try_from(key.len() + 16 + 24 + 400).unwrap_or(u32::MAX)
+                })
                 .time_to_live(LONGEST)
                 .build(),
         }

@@ -114,6 +114,10 @@ pub async fn describe(store: &RedisStore, key: &str) -> Result<Item, StoreError>
             let owner: Option<String> = run(store, redis::cmd("GET").arg(key)).await.ok().flatten();
             // `service:instance:random`: the random part stays out.
             item.holder = owner.map(|o| {
+                if o == crate::lease::HELD_OFF {
+                    // Held off after a failure: nobody owns it, it ends by its TTL.
+                    return "(held off)".to_owned();
+                }
                 o.rsplit_once(':')
                     .map_or("?", |(holder, _)| holder)
                     .to_owned()

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::{Response, StatusCode};
 use redis::AsyncCommands;
 use stampede_guard::keys::Scope;
@@ -746,4 +747,47 @@ async fn heal(guard: &StampedeGuard) {
         }
     }
     panic!("the store did not reconnect");
+}
+
+/// Entries near a large body limit take time to move. A read gets the same size-scaled
+/// deadline as a write: 2 MiB entries read over a slow link (1 ms per 16 KiB, over
+/// 128 ms in all, with a 100 ms command timeout) are hits, not timeouts, and six of them
+/// leave the breaker closed for every other route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_entries_are_read_within_a_size_scaled_deadline() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let big = Bytes::from(vec![b'x'; 2 * 1024 * 1024]);
+    let origin = Origin::new(Duration::ZERO, move |_, _| Response::new(full(big.clone())));
+    let policy = || {
+        policy()
+            .fresh_ttl(Duration::from_secs(60))
+            .max_body(16 * 1024 * 1024)
+            .build()
+            .unwrap()
+    };
+    let writer = instance(
+        guard_at(&server.url(), BreakerConfig::default()),
+        policy(),
+        origin.service(),
+    )
+    .await;
+    let reader = instance(
+        guard_at(&proxy.url(), BreakerConfig::default()),
+        policy(),
+        origin.service(),
+    )
+    .await;
+    for n in 0..6 {
+        let got = send(&writer.service, get(&format!("/items/{n}"))).await;
+        assert_eq!((got.body.len(), got.x_cache()), (2 * 1024 * 1024, "miss"));
+    }
+    proxy.set(Mode::Delay(Duration::from_millis(1)));
+    for n in 0..6 {
+        let got = send(&reader.service, get(&format!("/items/{n}"))).await;
+        assert_eq!((got.body.len(), got.x_cache()), (2 * 1024 * 1024, "hit"), "read {n}");
+    }
+    assert!(!reader.guard.store().circuit_open());
+    assert_eq!(reader.layer.stats().get(Event::RedisError), 0);
+    assert_eq!(origin.calls(), 6);
 }

@@ -26,7 +26,7 @@ static HOLD_OFF: LazyLock<Script> =
 
 /// What a held-off lease holds (see [`LeaseClient::hold_off`]). Owner values start with
 /// a service name, which cannot start with `~`: no owner value is ever equal to it.
-const HELD_OFF: &str = "~held-off";
+pub(crate) const HELD_OFF: &str = "~held-off";
 
 /// Releases the lease at `key` if its owner value is still `owner` (for the inspection
 /// tool, which read the value itself and shows only its holder).

@@ -83,7 +83,7 @@ pub use self::client::{
     DEFAULT_FENCE_RETENTION, DEFAULT_LEASE_TTL, LeaseClient, LeaseClientBuilder, MAX_LEASE_TTL,
     MIN_TTL_PER_COMMAND_TIMEOUT,
 };
-pub(crate) use self::client::{release_if_owner, with_next_token};
+pub(crate) use self::client::{HELD_OFF, release_if_owner, with_next_token};
 pub use self::outcome::{
     AcquireOutcome, FencingToken, Lease, ReleaseOutcome, RenewOutcome, UncertainAcquire,
 };

@@ -785,7 +785,11 @@ async fn large_entries_are_read_within_a_size_scaled_deadline() {
     proxy.set(Mode::Delay(Duration::from_millis(1)));
     for n in 0..6 {
         let got = send(&reader.service, get(&format!("/items/{n}"))).await;
-        assert_eq!((got.body.len(), got.x_cache()), (2 * 1024 * 1024, "hit"), "read {n}");
+        assert_eq!(
+            (got.body.len(), got.x_cache()),
+            (2 * 1024 * 1024, "hit"),
+            "read {n}"
+        );
     }
     assert!(!reader.guard.store().circuit_open());
     assert_eq!(reader.layer.stats().get(Event::RedisError), 0);

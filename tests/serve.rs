@@ -199,3 +199,282 @@ async fn a_concurrency_limit_inside_the_guard_bounds_the_origin_not_the_hits() {
     assert_eq!((slow.body.as_str(), slow.x_cache()), ("item slow", "miss"));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// Over real TCP: callers with different `Accept-Language` on a route that keys on no
+/// header, arriving together on a cold key, each get their own variant (the handler
+/// says `Vary: Accept-Language`); the handler runs once per variant; the trace context
+/// reaches it, a reflected `X-Forwarded-Host` does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn variants_and_forwarded_headers_through_axum() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().unwrap();
+    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
+    guard.ready().await.unwrap();
+    let layer = guard
+        .layer(Policy::builder("pages").build().unwrap())
+        .unwrap();
+    let (gate, calls) = (Gate::default(), Arc::new(AtomicU64::new(0)));
+    let handler = {
+        let (gate, calls) = (gate.clone(), calls.clone());
+        move |headers: http::HeaderMap| {
+            let (gate, calls) = (gate.clone(), calls.clone());
+            async move {
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    let opened = gate.open.notified();
+                    gate.entered.notify_one();
+                    opened.await;
+                }
+                let header = |name: &str| {
+                    headers
+                        .get(name)
+                        .map_or("none", |v| v.to_str().unwrap())
+                        .to_owned()
+                };
+                let body = format!(
+                    "lang={} trace={} host={}",
+                    header("accept-language"),
+                    header("traceparent"),
+                    header("x-forwarded-host")
+                );
+                ([(http::header::VARY, "Accept-Language")], body)
+            }
+        }
+    };
+    let addr = serve(Router::new().route("/page", get(handler).layer(layer.clone()))).await;
+
+    let entered = gate.entered.notified();
+    let first = tokio::spawn(async move {
+        let headers = [
+            ("accept-language", "fr"),
+            ("traceparent", "00-aa-bb-01"),
+            ("x-forwarded-host", "evil.example"),
+        ];
+        fetch(addr, "/page", &headers).await
+    });
+    entered.await;
+    let mut callers = Vec::new();
+    for lang in ["fr", "de"] {
+        for _ in 0..20 {
+            callers.push(tokio::spawn(async move {
+                (
+                    lang,
+                    fetch(addr, "/page", &[("accept-language", lang)]).await,
+                )
+            }));
+        }
+    }
+    // Every caller has looked in Redis, and so joined the fill in flight.
+    let joined = support::eventually(Duration::from_secs(10), || async {
+        layer.stats().get(stampede_guard::metrics::Event::L2Miss) == 41
+    });
+    assert!(joined.await, "{:?}", layer.stats());
+    gate.open.notify_one();
+    let first = first.await.unwrap();
+    assert_eq!(first.body, "lang=fr trace=00-aa-bb-01 host=none");
+    let callers =
+        support::web::all_within(callers, Duration::from_secs(20), "callers waited").await;
+    for (lang, got) in callers {
+        assert_eq!(got.status, StatusCode::OK);
+        assert!(
+            got.body.starts_with(&format!("lang={lang} ")),
+            "{lang}: {}",
+            got.body
+        );
+        assert!(got.body.ends_with("host=none"));
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "handler calls: one per variant"
+    );
+}
+
+/// Over real TCP: a route whose answers are private is passed straight through
+/// (`x-cache: pass`) once the first answer showed it, without queueing behind a fill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_answers_pass_through_axum() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().unwrap();
+    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
+    guard.ready().await.unwrap();
+    let layer = guard
+        .layer(Policy::builder("account").build().unwrap())
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let calls = calls.clone();
+        move || {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                (
+                    [(http::header::CACHE_CONTROL, "private")],
+                    format!("yours {n}"),
+                )
+            }
+        }
+    };
+    let addr = serve(Router::new().route("/account", get(handler).layer(layer))).await;
+    for n in 1..=3 {
+        let got = fetch(addr, "/account", &[]).await;
+        assert_eq!(
+            (got.body.as_str(), got.x_cache()),
+            (format!("yours {n}").as_str(), "pass")
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// Over real TCP, two instances (two apps, two guards) on one Redis: A's fill of a cold
+/// key is held in the handler and ends in a 404; B's callers, waiting for A's entry
+/// with a cold wait of 20 s, are answered as soon as A's lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_elsewhere_stop_waiting_when_the_holder_writes_nothing_through_axum() {
+    let server = RedisServer::start();
+    let (gate, calls) = (Gate::default(), Arc::new(AtomicU64::new(0)));
+    let handler = {
+        let (gate, calls) = (gate.clone(), calls.clone());
+        move || {
+            let (gate, calls) = (gate.clone(), calls.clone());
+            async move {
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    let opened = gate.open.notified();
+                    gate.entered.notify_one();
+                    opened.await;
+                }
+                (StatusCode::NOT_FOUND, "no such item")
+            }
+        }
+    };
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::builder(server.url()).build().unwrap();
+        let guard = StampedeGuard::builder(store, keys()).build().unwrap();
+        guard.ready().await.unwrap();
+        let layer = guard
+            .layer(
+                Policy::builder("items")
+                    .cold_wait(Duration::from_secs(20))
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap();
+        let app = Router::new().route("/items/404", get(handler.clone()).layer(layer.clone()));
+        apps.push((serve(app).await, layer));
+    }
+    let (a, b) = (apps[0].0, apps[1].0);
+    let entered = gate.entered.notified();
+    let holder = tokio::spawn(async move { fetch(a, "/items/404", &[]).await });
+    entered.await;
+    let callers: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(async move { fetch(b, "/items/404", &[]).await }))
+        .collect();
+    let waiting = support::eventually(Duration::from_secs(10), || async {
+        apps[1]
+            .1
+            .stats()
+            .get(stampede_guard::metrics::Event::ColdWaitStarted)
+            == 1
+    });
+    assert!(waiting.await);
+    let opened = std::time::Instant::now();
+    gate.open.notify_one();
+    assert_eq!(holder.await.unwrap().status, StatusCode::NOT_FOUND);
+    for got in
+        support::web::all_within(callers, Duration::from_secs(15), "B's callers waited").await
+    {
+        assert_eq!((got.status, got.x_cache()), (StatusCode::NOT_FOUND, "pass"));
+    }
+    let took = opened.elapsed();
+    assert!(took < Duration::from_secs(5), "B's callers took {took:?}");
+    // A's call, then each of B's callers for itself: a 404 is not stored.
+    assert_eq!(calls.load(Ordering::SeqCst), 21);
+}
+
+/// Over real TCP: 600 keys gone stale, walked by one client, a budget of 4. Four
+/// refreshes start (held in the handler until the walk is over), 596 are skipped; every
+/// answer is stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_refresh_budget_through_axum() {
+    const KEYS: u64 = 600;
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().unwrap();
+    let guard = StampedeGuard::builder(store, keys())
+        .refresh_budget(4)
+        .build()
+        .unwrap();
+    guard.ready().await.unwrap();
+    let layer = guard
+        .layer(
+            Policy::builder("items")
+                .fresh_ttl(Duration::from_secs(2))
+                .forward_extensions(true)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let (gate, calls, in_flight, peak) = (
+        Gate::default(),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let handler = {
+        let (gate, calls) = (gate.clone(), calls.clone());
+        let (in_flight, peak) = (in_flight.clone(), peak.clone());
+        move |axum::extract::Path(id): axum::extract::Path<u64>| {
+            let (gate, calls) = (gate.clone(), calls.clone());
+            let (in_flight, peak) = (in_flight.clone(), peak.clone());
+            async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(
+                    in_flight.fetch_add(1, Ordering::SeqCst) + 1,
+                    Ordering::SeqCst,
+                );
+                if n > KEYS {
+                    let opened = gate.open.notified();
+                    opened.await;
+                }
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                format!("item {id} call {n}")
+            }
+        }
+    };
+    let app = Router::new().route("/items/{id}", get(handler).layer(layer.clone()));
+    let addr = serve(app).await;
+    let mut warmers = Vec::new();
+    for w in 0..20 {
+        warmers.push(tokio::spawn(async move {
+            for id in (w..KEYS).step_by(20) {
+                let got = fetch(addr, &format!("/items/{id}"), &[]).await;
+                assert_eq!(got.x_cache(), "miss");
+            }
+        }));
+    }
+    support::web::all_within(warmers, Duration::from_secs(60), "warming took too long").await;
+    tokio::time::sleep(Duration::from_millis(2100)).await; // all stale now
+    for id in 0..KEYS {
+        let got = fetch(addr, &format!("/items/{id}"), &[]).await;
+        assert_eq!(got.x_cache(), "stale", "{id}");
+    }
+    let stats = layer.stats();
+    assert_eq!(
+        stats.get(stampede_guard::metrics::Event::RefreshSkipped),
+        KEYS - 4,
+        "{stats:?}"
+    );
+    let reached = support::eventually(Duration::from_secs(10), || async {
+        in_flight.load(Ordering::SeqCst) == 4
+    });
+    assert!(reached.await);
+    // Opened for good: the notify wakes the 4 waiting, and no call is held after.
+    gate.open.notify_waiters();
+    let written = support::eventually(Duration::from_secs(10), || async {
+        layer
+            .stats()
+            .get(stampede_guard::metrics::Event::RefreshWritten)
+            == 4
+    });
+    assert!(written.await);
+    assert_eq!(peak.load(Ordering::SeqCst), 4);
+    assert_eq!(calls.load(Ordering::SeqCst), KEYS + 4);
+}

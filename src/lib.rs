@@ -39,8 +39,11 @@ pub use self::keys::KeySpace;
 pub use self::policy::{ColdMiss, KeyQuery, Policy};
 pub use self::store::RedisStore;
 
-/// The response header that says how a response was answered: `hit`, `stale`, `miss`
-/// or `bypass`.
+/// The response header that says how a response was answered: `hit` (a fresh entry),
+/// `stale` (a stale entry, being refreshed or standing in for a failing origin), `miss`
+/// (filled from the origin and stored), `pass` (from the origin, not stored: private,
+/// uncacheable, too large, or a key whose answers are not stored) or `bypass` (the
+/// request is not cacheable: its method, its credentials, or a never-cached route).
 pub const X_CACHE: &str = "x-cache";
 
 // The README's examples are compiled with the doc tests.

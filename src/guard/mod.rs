@@ -34,27 +34,52 @@
 //! * A **fresh** entry, in L1 or else in L2 (which then fills L1), is served with
 //!   `x-cache: hit` and `age`.
 //! * A **stale** entry (past its fresh time, within its grace) is served at once with
-//!   `x-cache: stale`, and a refresh starts in the background. The request never waits
-//!   for the origin, a lease or a lock.
+//!   `x-cache: stale`, and a refresh starts in the background, within the guard's
+//!   refresh budget (over it, the refresh is skipped and counted, and a later caller
+//!   starts it). The request never waits for the origin, a lease or a lock.
 //! * A **refresh** runs once per key per process. It reads L2 first and takes a newer
 //!   entry written by another instance if there is one; otherwise it takes the key's
 //!   lease, and if someone else holds it, stops. With the lease it calls a clone of the
 //!   inner service with a copy of the request, bounded by the refresh timeout, writes L2
 //!   with a fenced write that also releases the lease and notifies the fleet, and fills
-//!   L1. A caller that disconnects does not cancel it. When the origin fails, the stale
-//!   entry stays and the lease is shortened to the route's error backoff, so the fleet
-//!   tries again once per backoff.
+//!   L1. A caller that disconnects does not cancel it. When the origin fails (or answers
+//!   with something that may not be stored), the stale entry stays and the lease is held
+//!   off for the route's error back-off, so the fleet tries again once per back-off.
 //! * A **cold miss** (nothing cached) is filled by one task per key per process, which
 //!   every caller of the process for that key awaits; across the fleet, the lease picks
-//!   one filler, and callers on other instances wait at most the route's cold wait, woken
-//!   by the filler's notice. After that they follow the route's [`ColdMiss`] setting.
+//!   one filler, and callers on other instances wait at most the route's cold wait for
+//!   its entry, woken by its notice. When the filler's lease ends without an entry, its
+//!   notice says so and they stop waiting at once: after an answer that may not be
+//!   stored they go to the origin themselves (and so do the key's callers for the
+//!   route's hit-for-pass time, `x-cache: pass`); after an origin failure they get an
+//!   entry that may stand in (stale-if-error), or follow the route's [`ColdMiss`].
+//!
+//! # What reaches the origin
+//!
+//! A fill is a GET of the keyed path and query. It carries the caller's headers as a
+//! proxy forwards them, without hop-by-hop headers and without the headers known to
+//! poison caches ([`POISONING_HEADERS`]) unless keyed, or only the keyed headers on a
+//! route with strict forwarding; it carries the caller's extensions only where the
+//! route says so. A route learns the headers its responses name in `Vary` and keys on
+//! them from then on, so that no caller is ever served a variant its headers did not ask
+//! for; callers who waited for a fill of another variant fill their own.
+//!
+//! # Readiness
+//!
+//! The guard is always ready ([`Guard`]): a hit never waits for the inner service's
+//! readiness, and each call to the origin waits for its own ready clone, so limits
+//! placed inside the guard bound origin calls, not hits.
 //!
 //! # Concurrent calls on the same key
 //!
-//! At most one refresh and one cold fill per key run in a process at a time, and while a
-//! lease is held no other instance calls the origin for that key. A lease is an
-//! efficiency device: if it expires under a slow origin, a second instance may refresh;
-//! the fenced write then keeps the newer entry whatever order the writes land in.
+//! At most one refresh and one cold fill per key run in a process at a time, however
+//! many times the framework applied the layer (axum applies a route's layers for each
+//! connection: the single-flight state lives with the route, not with what `layer()`
+//! makes), and while a lease is held no other instance calls the origin for that key. A
+//! lease is an efficiency device: if it expires under a slow origin, a second instance
+//! may refresh; the fenced write then keeps the newer entry whatever order the writes
+//! land in, and refuses a write whose lease was overtaken by a newer one, even when that
+//! one's entry is gone.
 //!
 //! When Redis cannot be used, the guard goes on with L1 and the local single-flight
 //! only: at most one origin call per key per process.
@@ -65,8 +90,15 @@
 //! stop them, and every other caller waiting for the same fill still gets its result.
 //! A fill that panics wakes its waiters, who then follow the route's cold-miss setting.
 //!
+//! # Memory
+//!
+//! L1 holds at most its capacity in bytes of what entries really cost (every allocation
+//! an entry holds, and the cache's bookkeeping for it); each entry is a compact copy
+//! that keeps no network buffer alive.
+//!
 //! [`Policy`]: crate::Policy
 //! [`ColdMiss`]: crate::ColdMiss
+//! [`POISONING_HEADERS`]: crate::policy::POISONING_HEADERS
 
 mod body;
 mod budget;

@@ -39,6 +39,19 @@ fn guard_at(url: &str, breaker: BreakerConfig) -> StampedeGuard {
         .unwrap()
 }
 
+/// For tests that count exactly and break Redis on purpose only where they say so: a
+/// command timeout that a busy machine does not reach by accident.
+const STURDY_TIMEOUT: Duration = Duration::from_millis(250);
+
+fn sturdy_guard_at(url: &str, breaker: BreakerConfig) -> StampedeGuard {
+    let store = RedisStore::builder(url)
+        .command_timeout(STURDY_TIMEOUT)
+        .breaker(breaker)
+        .build()
+        .unwrap();
+    StampedeGuard::builder(store, keys()).build().unwrap()
+}
+
 /// A breaker that does not open: for seeing each error as it is.
 fn never_open() -> BreakerConfig {
     BreakerConfig {
@@ -617,12 +630,14 @@ async fn stored_token(server: &RedisServer, entry: &str) -> String {
 async fn requests_cancelled_mid_fill_leave_no_lease_behind() {
     let server = RedisServer::start();
     let origin = Origin::versions(Duration::from_millis(50));
-    let ttl = Duration::from_secs(5);
+    // Far longer than the test: a lease key gone at the end was released, not expired.
+    let ttl = Duration::from_secs(30);
     let i = instance(
-        guard_at(&server.url(), BreakerConfig::default()),
+        sturdy_guard_at(&server.url(), BreakerConfig::default()),
         policy()
             .lease_ttl(ttl)
             .refresh_timeout(Duration::from_secs(2))
+            .error_backoff(Duration::from_secs(1))
             .build()
             .unwrap(),
         origin.service(),
@@ -635,13 +650,12 @@ async fn requests_cancelled_mid_fill_leave_no_lease_behind() {
             send(&service, get(&format!("/items/{}", n % 40))).await
         }));
     }
-    // Long enough for every fill to have started (and taken its lease), far shorter
-    // than the origin's 50 ms.
-    assert!(eventually(Duration::from_secs(2), || async { origin.calls() == 40 }).await);
+    // Every fill has started (and taken its lease) once the origin has its 40 calls.
+    assert!(eventually(Duration::from_secs(10), || async { origin.calls() == 40 }).await);
     for task in &tasks {
         task.abort();
     }
-    let fills_done = eventually(Duration::from_secs(2), || async {
+    let fills_done = eventually(Duration::from_secs(10), || async {
         i.layer.stats().get(Event::ColdFill) == 40 && server.scan("*:entry").await.len() == 40
     })
     .await;
@@ -667,15 +681,23 @@ async fn fencing_holds_across_restarts_that_lose_counter_and_entries() {
     let origin = Origin::new(Duration::ZERO, |n, request| {
         Response::new(full(format!("{} call {n}", request.uri().path())))
     });
+    let policy = || {
+        policy()
+            .lease_ttl(Duration::from_secs(2))
+            .refresh_timeout(Duration::from_secs(2))
+            .error_backoff(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
     let a = instance(
-        guard_at(&server.url(), never_open()),
-        policy().build().unwrap(),
+        sturdy_guard_at(&server.url(), never_open()),
+        policy(),
         origin.service(),
     )
     .await;
     let b = instance(
-        guard_at(&server.url(), never_open()),
-        policy().build().unwrap(),
+        sturdy_guard_at(&server.url(), never_open()),
+        policy(),
         origin.service(),
     )
     .await;

@@ -16,7 +16,9 @@ use support::web::{self, Instance, Origin, all_within, full, get, keys, send, to
 use support::{RedisServer, eventually};
 use tokio::sync::Barrier;
 
-const TIMEOUT: Duration = Duration::from_millis(100);
+/// Generous: exact counts must not depend on every Redis reply coming within 100 ms
+/// on a machine whose cores are busy.
+const TIMEOUT: Duration = Duration::from_millis(250);
 
 fn guard(server: &RedisServer) -> StampedeGuard {
     let store = RedisStore::builder(server.url())
@@ -33,7 +35,7 @@ fn policy(route: &str) -> stampede_guard::policy::PolicyBuilder {
         .lease_ttl(Duration::from_secs(5))
         .refresh_timeout(Duration::from_secs(5))
         .cold_wait(Duration::from_secs(5))
-        .error_backoff(Duration::from_millis(400))
+        .error_backoff(Duration::from_secs(1))
 }
 
 async fn instance<S>(server: &RedisServer, policy: Policy, origin: S) -> Instance<S> {

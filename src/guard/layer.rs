@@ -41,14 +41,16 @@ impl Route {
     /// The keys of a request, with the headers the route has learned to vary on. Fails
     /// only for a key space whose key would be too long.
     pub(crate) fn keys_for<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
-        let learned = self.learned.names();
-        let identity = rules::identity(&self.policy, &learned, request);
+        let identity = self
+            .learned
+            .with_names(|learned| rules::identity(&self.policy, learned, request));
         self.shared.keys.cache(&self.policy.route, &identity).ok()
     }
 
     /// The request that fills or refreshes the entry of `request`.
     pub(crate) fn fill_request<B, F: Default>(&self, request: &Request<B>) -> Request<F> {
-        rules::fill_request(&self.policy, &self.learned.names(), request)
+        self.learned
+            .with_names(|learned| rules::fill_request(&self.policy, learned, request))
     }
 
     pub(crate) fn l1(&self) -> &L1 {

@@ -36,10 +36,16 @@ pub(crate) struct TooMany;
 impl Learned {
     /// The names learned so far, sorted.
     pub(crate) fn names(&self) -> Arc<[HeaderName]> {
-        if self.version.load(Ordering::Acquire) == 0 {
-            return Arc::from([]);
-        }
         self.names.read().expect("learned lock").clone()
+    }
+
+    /// Runs `f` on the names learned so far; on the request path, without a lock or an
+    /// allocation while none is learned.
+    pub(crate) fn with_names<R>(&self, f: impl FnOnce(&[HeaderName]) -> R) -> R {
+        if self.version.load(Ordering::Acquire) == 0 {
+            return f(&[]);
+        }
+        f(&self.names.read().expect("learned lock"))
     }
 
     /// Changes each time a name is learned.

@@ -172,9 +172,44 @@ impl KeySpace {
     /// request apart (host, path, keyed query and headers); it is hashed.
     pub fn cache(&self, route: &str, identity: &[u8]) -> Result<CacheKeys, ConfigError> {
         let mut entry = self.base(&[Scope::label(route), Scope::id("req", identity)], "fill")?;
+        let primary = entry.len();
         entry.push_str(":entry");
         Ok(CacheKeys {
             entry,
+            primary,
+            lease: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The keys of one variant of a cached response: a response that varies on request
+    /// headers (its `Vary`), for the values in `variant` (hashed, as `identity` is).
+    ///
+    /// A variant has its own entry, lease and fence counter, in the same hash slot as
+    /// the response's [`cache`](Self::cache) keys, and shares their invalidation: one
+    /// invalidation of the response reaches every variant.
+    pub fn cache_variant(
+        &self,
+        route: &str,
+        identity: &[u8],
+        variant: &[u8],
+    ) -> Result<CacheKeys, ConfigError> {
+        let mut entry = self.base(&[Scope::label(route), Scope::id("req", identity)], "fill")?;
+        let primary = entry.len();
+        entry.push(':');
+        self.push_hash(&mut entry, "v", variant);
+        entry.push_str(":entry");
+        if entry.len() > MAX_KEY_LEN {
+            return Err(ConfigError::invalid(
+                "scope",
+                format!(
+                    "the key would be {} bytes long, at most {MAX_KEY_LEN}",
+                    entry.len()
+                ),
+            ));
+        }
+        Ok(CacheKeys {
+            entry,
+            primary,
             lease: std::sync::OnceLock::new(),
         })
     }
@@ -316,6 +351,9 @@ impl LeaseName {
 #[derive(Clone, Debug)]
 pub struct CacheKeys {
     entry: String,
+    /// Where the response's own part of the key ends: `{…}:fill`, shared by all its
+    /// variants.
+    primary: usize,
     lease: std::sync::OnceLock<LeaseName>,
 }
 
@@ -333,11 +371,23 @@ impl CacheKeys {
         &self.entry
     }
 
-    /// The key that remembers the entry's last invalidation (its token), longer than the
-    /// tombstone at the entry key does.
+    /// The key that remembers the last invalidation of the response (its token), longer
+    /// than the tombstone at the entry key does. One for the response and all its
+    /// variants.
     pub fn invalidated_key(&self) -> String {
-        let base = self.entry.strip_suffix(":entry").unwrap_or(&self.entry);
-        format!("{base}:inval")
+        format!("{}:inval", self.primary())
+    }
+
+    /// The response's own part of the key, shared by all its variants (what invalidations
+    /// are remembered by in each process).
+    pub fn primary(&self) -> &str {
+        &self.entry[..self.primary]
+    }
+
+    /// Whether these are the keys of one variant of a response
+    /// ([`KeySpace::cache_variant`]).
+    pub fn is_variant(&self) -> bool {
+        self.entry.len() != self.primary + ":entry".len()
     }
 
     /// The refresh lease of the entry.
@@ -350,6 +400,20 @@ impl CacheKeys {
                 operation: metrics::SharedString::const_str("fill"),
             }
         })
+    }
+}
+
+/// The response's own part of an entry key made by [`KeySpace::cache`] or
+/// [`KeySpace::cache_variant`]: up to the end of its operation (`…}:fill`), where every
+/// variant's key starts too. Anything else is returned whole.
+pub(crate) fn primary_of(entry: &str) -> &str {
+    let Some(tag_end) = entry.find("}:") else {
+        return entry;
+    };
+    let operation = tag_end + 2;
+    match entry[operation..].find(':') {
+        Some(end) => &entry[..operation + end],
+        None => entry,
     }
 }
 
@@ -571,6 +635,32 @@ mod tests {
         }
         let many = [Scope::label("x"); MAX_SCOPE_PARTS + 1];
         assert_eq!(keys.lease(&many, "fill").unwrap_err().field(), "scope");
+    }
+
+    #[test]
+    fn variants_share_the_hash_tag_and_the_invalidation_of_their_response() {
+        let keys = space(b"a secret of sixteen bytes or more");
+        let plain = keys.cache("items", b"/items/1").unwrap();
+        let fr = keys.cache_variant("items", b"/items/1", b"fr").unwrap();
+        let de = keys.cache_variant("items", b"/items/1", b"de").unwrap();
+        assert!(!plain.is_variant() && fr.is_variant());
+        assert_ne!(fr.entry(), de.entry());
+        assert_ne!(fr.lease().key(), de.lease().key());
+        let tag = |k: &str| k[k.find('{').unwrap()..=k.find('}').unwrap()].to_owned();
+        for k in [
+            fr.entry(),
+            de.entry(),
+            fr.lease().key(),
+            fr.lease().fence_key(),
+        ] {
+            assert_eq!(tag(k), tag(plain.entry()));
+        }
+        assert_eq!(fr.invalidated_key(), plain.invalidated_key());
+        assert_eq!(fr.primary(), plain.primary());
+        for k in [plain.entry(), fr.entry(), de.entry()] {
+            assert_eq!(primary_of(k), plain.primary());
+        }
+        assert!(!fr.entry().contains("fr"));
     }
 
     #[test]

@@ -170,7 +170,9 @@ async fn handle(shared: &Shared, payload: &[u8]) {
             shared.filled_elsewhere(key);
         }
         Some(Notice::Invalidated(key, token)) => {
-            shared.tombstones.insert(key.into(), token);
+            shared
+                .tombstones
+                .insert(crate::keys::primary_of(key).into(), token);
             shared.l1.invalidate(key);
             shared.waiters.wake(key);
         }

@@ -576,3 +576,47 @@ async fn a_route_can_be_never_cached_and_a_route_name_is_taken_once() {
     assert_eq!(again.field(), "route");
     assert!(again.to_string().contains("admin"), "{again}");
 }
+
+/// A route learned `Vary: Accept-Language` and holds a French and a German variant on
+/// two instances. One invalidation, made with no `Accept-Language` at all, reaches every
+/// variant, in L2 and in every instance's L1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_invalidation_reaches_every_variant() {
+    let server = RedisServer::start();
+    let origin = by_language();
+    let policy = || {
+        policy("items")
+            .fresh_ttl(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let a = instance(&server, policy(), origin.service()).await;
+    let b = instance(&server, policy(), origin.service()).await;
+    for i in [&a, &b] {
+        for lang in ["fr", "de"] {
+            let got = send(&i.service, with("/items/1", "accept-language", lang)).await;
+            assert!(got.body.starts_with(&format!("lang={lang} ")));
+        }
+    }
+    // fr first (learned Vary from it), then de: two calls; B read both from L2.
+    assert_eq!(origin.calls(), 2);
+    for i in [&a, &b] {
+        let got = send(&i.service, with("/items/1", "accept-language", "de")).await;
+        assert_eq!(got.x_cache(), "hit");
+    }
+    a.layer.invalidate(&get("/items/1")).await.unwrap();
+    for i in [&a, &b] {
+        for lang in ["fr", "de"] {
+            let service = &i.service;
+            let fresh = eventually(Duration::from_secs(3), || async {
+                let got = send(service, with("/items/1", "accept-language", lang)).await;
+                // Refilled: the third or fourth call, never the first two.
+                got.body.starts_with(&format!("lang={lang} "))
+                    && (got.body.ends_with("call 3") || got.body.ends_with("call 4"))
+            });
+            assert!(fresh.await, "{lang} kept its invalidated variant");
+        }
+    }
+    // One fill per variant after the invalidation, for both instances.
+    assert_eq!(origin.calls(), 4);
+}

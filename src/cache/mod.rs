@@ -203,8 +203,10 @@ pub(crate) fn weigh(key: &str, stored: &Stored) -> usize {
         + L1_BOOKKEEPING
 }
 
-/// Tokens of recent invalidations, per entry key: L1 refuses entries older than them
-/// (read from L2, or filled, before the invalidation but put after it).
+/// Tokens of recent invalidations, per response (the primary part of its keys, shared by
+/// its variants: see [`CacheKeys::primary`]): L1 refuses entries older than them (read
+/// from L2, or filled, before the invalidation but put after it), and a variant older
+/// than its response's invalidation is not served.
 pub(crate) type Tombstones = Cache<Arc<str>, FencingToken>;
 
 /// How many bytes the tombstones of one guard may hold (weighed as L1 entries are): at
@@ -225,6 +227,14 @@ pub(crate) fn new_tombstones() -> Tombstones {
         .build()
 }
 
+/// Whether an invalidation seen here came after `stored` was written (for the response
+/// of `key`, whichever variant it is).
+pub(crate) fn invalidated(tombstones: &Tombstones, key: &str, stored: &Stored) -> bool {
+    tombstones
+        .get(crate::keys::primary_of(key))
+        .is_some_and(|tomb| stored.response.token < tomb)
+}
+
 /// Puts an entry in L1 unless an entry with a higher token is there, or the key was
 /// invalidated after the entry was made. Returns whether it was put.
 ///
@@ -239,11 +249,7 @@ pub(crate) fn l1_put(
     epoch: u64,
 ) -> bool {
     stored.epoch.fetch_max(epoch, Ordering::Relaxed);
-    let refused = |tombstones: &Tombstones| {
-        tombstones
-            .get(&key)
-            .is_some_and(|tomb| stored.response.token < tomb)
-    };
+    let refused = |tombstones: &Tombstones| invalidated(tombstones, &key, &stored);
     if refused(tombstones) {
         return false;
     }
@@ -274,11 +280,11 @@ pub(crate) enum L2Read {
 /// takes to move (`max_size`, the route's body limit: the same slack its write gets).
 pub(crate) async fn l2_read(
     store: &RedisStore,
-    key: &str,
+    keys: &CacheKeys,
     max_size: usize,
 ) -> Result<L2Read, StoreError> {
     let mut invocation = READ.prepare_invoke();
-    invocation.key(key);
+    invocation.key(keys.entry()).key(keys.invalidated_key());
     let value: Value = store
         .run_sized(Operation::Read, Request::Script(&invocation), max_size)
         .await?;

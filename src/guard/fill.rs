@@ -16,7 +16,9 @@ use super::body::ResponseBody;
 use super::layer::Route;
 use super::marks::Mark;
 use super::vary::TooMany;
-use crate::cache::{Ending, Freshness, L2Read, Notice, Stored, l2_read, l2_write, publish};
+use crate::cache::{
+    Ending, Freshness, L2Read, Notice, Stored, invalidated, l2_read, l2_write, publish,
+};
 use crate::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
 use crate::lease::{AcquireOutcome, FencingToken, Lease, LeaseLost};
@@ -402,23 +404,26 @@ fn asked<ReqBody>(request: Request<ReqBody>) -> (Request<ReqBody>, Arc<Request<(
     (Request::from_parts(parts, body), Arc::new(asked))
 }
 
-/// An entry newer than what the caller found (`seen`), that landed while it looked: in
-/// L1 (free to check), or in L2 when `notified` says another instance wrote one.
+/// An entry that landed while the caller looked: in L1 (free to check), or in L2 when
+/// `notified` says another instance wrote one. Servable, and at least as new as what the
+/// caller found (`seen`: the expired entry it may fall back on, or nothing), and so newer
+/// than it: a fill without Redis stores the entry it replaces under that entry's token.
 async fn landed_meanwhile(
     route: &Route,
     keys: &CacheKeys,
     seen: FencingToken,
     notified: bool,
 ) -> Option<Arc<Stored>> {
-    let usable = |s: &Stored| s.freshness() != Freshness::Expired && s.response.token > seen;
+    let usable = |s: &Stored| s.freshness() != Freshness::Expired && s.response.token >= seen;
     if let Some(stored) = route.l1().get(keys.entry())
         && usable(&stored)
+        && !invalidated(&route.shared.tombstones, keys.entry(), &stored)
     {
         return Some(stored);
     }
     if notified
         && let Ok(L2Read::Found(stored)) =
-            l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await
+            l2_read(&route.shared.store, &keys, route.policy.max_body).await
         && usable(&stored)
     {
         route.put_l1(keys.entry().into(), stored.clone()).await;
@@ -469,7 +474,7 @@ async fn wait_for_remote(
                 None => {}
             }
         }
-        match l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await {
+        match l2_read(&route.shared.store, &keys, route.policy.max_body).await {
             Ok(L2Read::Found(stored)) if stored.freshness() != Freshness::Expired => {
                 route.put_l1(keys.entry().into(), stored.clone()).await;
                 return Woke::Entry(stored);
@@ -519,7 +524,7 @@ where
     let read = if route.shared.store.is_local_only() {
         Err(())
     } else {
-        l2_read(&route.shared.store, keys.entry(), route.policy.max_body)
+        l2_read(&route.shared.store, &keys, route.policy.max_body)
             .await
             .map_err(|_| route.stats.record(Event::RedisError))
     };
@@ -792,7 +797,7 @@ async fn store(
                     "fenced write refused: a newer lease or entry exists"
                 );
                 if let Ok(L2Read::Found(newer)) =
-                    l2_read(&shared.store, keys.entry(), route.policy.max_body).await
+                    l2_read(&shared.store, keys, route.policy.max_body).await
                 {
                     route.put_l1(keys.entry().into(), newer.clone()).await;
                     return (newer, false);

@@ -41,10 +41,18 @@ impl Route {
     /// The keys of a request, with the headers the route has learned to vary on. Fails
     /// only for a key space whose key would be too long.
     pub(crate) fn keys_for<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
-        let identity = self
-            .learned
-            .with_names(|learned| rules::identity(&self.policy, learned, request));
-        self.shared.keys.cache(&self.policy.route, &identity).ok()
+        let identity = rules::identity(&self.policy, request);
+        let keys = &self.shared.keys;
+        let route = &self.policy.route;
+        self.learned
+            .with_names(|learned| {
+                if learned.is_empty() {
+                    keys.cache(route, &identity)
+                } else {
+                    keys.cache_variant(route, &identity, &rules::variant(learned, request))
+                }
+            })
+            .ok()
     }
 
     /// The request that fills or refreshes the entry of `request`.
@@ -70,9 +78,9 @@ impl Route {
         put
     }
 
-    /// The token of the key's last invalidation seen here, if any.
+    /// The token of the last invalidation of the key's response seen here, if any.
     pub(crate) async fn tombstone(&self, key: &str) -> Option<FencingToken> {
-        self.shared.tombstones.get(key)
+        self.shared.tombstones.get(crate::keys::primary_of(key))
     }
 
     /// How long a fill of this route can take at most: what an invalidation's tombstone
@@ -128,15 +136,25 @@ impl GuardLayer {
         self.route.keys_for(request)
     }
 
-    /// Removes the entry that `request` would be answered from, from L2 and from the L1
-    /// of every instance (through the notice channel), and from this process's L1 in any
-    /// case. Only the method, URI and headers of `request` are read: build one with
+    /// Removes the entry that `request` would be answered from, and every variant of it
+    /// (the responses its `Vary` told apart), from L2 and from the L1 of every instance
+    /// (through the notice channel), and from this process's L1 in any case. Only the
+    /// method, URI and headers of `request` are read, and only those that are part of the
+    /// key by the route's configuration: build one with
     /// `http::Request::get(uri).header("host", ...)`.
     ///
     /// Returns whether L2 held the entry. On a Redis error the local copy is gone but
     /// other instances keep theirs until it expires.
     pub async fn invalidate<B>(&self, request: &Request<B>) -> Result<bool, StoreError> {
-        let Some(keys) = self.route.keys_for(request) else {
+        // The response's own keys: one invalidation reaches every variant of it (those
+        // its `Vary` told apart), whatever the request's headers.
+        let identity = rules::identity(&self.route.policy, request);
+        let Ok(keys) = self
+            .route
+            .shared
+            .keys
+            .cache(&self.route.policy.route, &identity)
+        else {
             return Ok(false);
         };
         let shared = &self.route.shared;
@@ -147,7 +165,7 @@ impl GuardLayer {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
         );
-        shared.tombstones.insert(keys.entry().into(), local);
+        shared.tombstones.insert(keys.primary().into(), local);
         self.route.l1().invalidate(keys.entry());
         if shared.store.is_local_only() {
             return Ok(true);
@@ -156,7 +174,7 @@ impl GuardLayer {
             l2_invalidate(&shared.store, &keys, &shared.channel, self.route.max_fill()).await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from
         // the same clock (the local one only covered the round trip).
-        shared.tombstones.insert(keys.entry().into(), token);
+        shared.tombstones.insert(keys.primary().into(), token);
         self.route.l1().invalidate(keys.entry());
         Ok(existed)
     }

@@ -19,7 +19,7 @@ use super::future::ResponseFuture;
 use super::layer::Route;
 use super::marks::Mark;
 use crate::X_CACHE;
-use crate::cache::{Freshness, L2Read, Stored, l2_read};
+use crate::cache::{Freshness, L2Read, Stored, invalidated, l2_read};
 use crate::keys::CacheKeys;
 use crate::lease::FencingToken;
 use crate::metrics::Event;
@@ -123,7 +123,12 @@ where
         };
         // L1 answers fresh and stale entries here, without a future to allocate: the
         // common case costs a hash, a lookup and the response.
-        let fallback = match route.l1().get(keys.entry()) {
+        let found = route.l1().get(keys.entry()).filter(|stored| {
+            // A variant is not removed from L1 when its response is invalidated: it is
+            // older than the invalidation, and not served.
+            !(keys.is_variant() && invalidated(&route.shared.tombstones, keys.entry(), stored))
+        });
+        let fallback = match found {
             Some(stored) => {
                 route.stats.record(Event::L1Hit);
                 if let Some(response) = answer(route, &stored, kind, &keys, &request, &self.inner) {
@@ -189,7 +194,7 @@ where
         let wait = route.shared.waiters.register(keys.entry().into());
         let mut redis_ok = !route.shared.store.is_local_only();
         let read = if redis_ok {
-            l2_read(&route.shared.store, keys.entry(), route.policy.max_body).await
+            l2_read(&route.shared.store, &keys, route.policy.max_body).await
         } else {
             Ok(L2Read::Miss)
         };

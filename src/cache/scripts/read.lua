@@ -1,6 +1,11 @@
 -- Reads a cache entry with its remaining TTL, in one round trip.
 --
 -- KEYS[1]  the entry key (a hash: t = fencing token of its writer, d = the entry)
+-- KEYS[2]  where the token of the response's last invalidation is kept (the same key
+--          for every variant of a response, in the same hash slot)
+--
+-- An entry written before the response's last invalidation is a miss: that is how one
+-- invalidation reaches every variant of a response, without a list of them.
 --
 -- Returns an empty array when there is no entry (or only an invalidation's tombstone),
 -- {-3} when the key holds something that is not an entry of ours (another type, or a
@@ -18,5 +23,12 @@ end
 local data = redis.call('HGET', KEYS[1], 'd')
 if not data then
   return {-3}
+end
+if redis.call('TYPE', KEYS[2]).ok == 'string' then
+  local invalidated = tonumber(redis.call('GET', KEYS[2]))
+  local written = tonumber(redis.call('HGET', KEYS[1], 't'))
+  if invalidated and written and written < invalidated then
+    return {}
+  end
 end
 return {redis.call('PTTL', KEYS[1]), data}

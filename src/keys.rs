@@ -178,6 +178,7 @@ impl KeySpace {
             entry,
             primary,
             lease: std::sync::OnceLock::new(),
+            learned: 0,
         })
     }
 
@@ -211,6 +212,7 @@ impl KeySpace {
             entry,
             primary,
             lease: std::sync::OnceLock::new(),
+            learned: 0,
         })
     }
 
@@ -355,6 +357,9 @@ pub struct CacheKeys {
     /// variants.
     primary: usize,
     lease: std::sync::OnceLock<LeaseName>,
+    /// The version of the headers the route had learned to vary on when the keys were
+    /// made (see `guard::vary`); 0 until it learns one.
+    pub(crate) learned: u64,
 }
 
 impl PartialEq for CacheKeys {

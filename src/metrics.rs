@@ -135,7 +135,7 @@ events! {
     ColdWaitNotified => (COLD_WAITS, "result" => "notified"), "A wait for another instance's fill ended with the entry.";
     ColdWaitTimedOut => (COLD_WAITS, "result" => "timed_out"), "A wait for another instance's fill ran out.";
     ColdWaitEnded => (COLD_WAITS, "result" => "ended"), "A wait for another instance's fill ended early: its lease ended without a write.";
-    FillOverBudget => (COLD_WAITS, "result" => "over_budget"), "A cold fill found no slot of the refresh budget within the cold wait.";
+    FillOverBudget => (COLD_WAITS, "result" => "over_budget"), "A cold fill found no slot of the refresh budget within the cold wait (it went ahead without one, unless its callers could be answered otherwise).";
     VaryLearned => (VARY_LEARNED), "The route learned a header its responses vary on.";
     StaleIfError => (STALE_IF_ERROR), "A stale entry stood in for a failed origin.";
     RedisError => (REDIS_FALLBACKS), "A Redis operation failed and the route went on without it.";

@@ -125,8 +125,11 @@ pub mod defaults {
     /// How long a refresh may call the origin.
     pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(4);
     /// How long a caller with nothing to serve waits for a fill another instance is
-    /// doing: unless set, as long as that fill may take, the refresh timeout.
-    pub const COLD_WAIT: Duration = REFRESH_TIMEOUT;
+    /// doing: unless set, as long as that fill may take, the refresh timeout plus
+    /// [`COLD_WAIT_MARGIN`].
+    pub const COLD_WAIT: Duration = Duration::from_secs(REFRESH_TIMEOUT.as_secs() + 1);
+    /// What the default cold wait adds to the refresh timeout: the holder's write.
+    pub const COLD_WAIT_MARGIN: Duration = Duration::from_secs(1);
     /// How long past freshness a response may be served when the origin fails.
     pub const STALE_IF_ERROR: Duration = Duration::from_secs(300);
     /// How long the fleet leaves the origin alone after a failed refresh.
@@ -287,8 +290,8 @@ impl PolicyBuilder {
     /// is doing, and for a slot of the guard's refresh budget; then it follows
     /// [`cold_miss`](Self::cold_miss). Zero: not at all.
     ///
-    /// Default: the refresh timeout, as long as the other instance's fill may take. A
-    /// shorter wait trades origin calls for latency: with an origin slower than the
+    /// Default: the refresh timeout plus one second, as long as the other instance's
+    /// fill may take with its write. A shorter wait trades origin calls for latency: with an origin slower than the
     /// wait, every caller on every other instance calls the origin itself
     /// ([`ColdMiss::Passthrough`]) or gets a 503 ([`ColdMiss::Reject`]). Callers of the
     /// instance that fills wait for its fill, however long it takes (up to the refresh
@@ -494,7 +497,9 @@ impl PolicyBuilder {
         }
         let mut p = self.policy;
         if !self.cold_wait_set {
-            p.cold_wait = p.refresh_timeout.min(Duration::from_secs(60));
+            // The holder's fill, and the round trips of its write.
+            p.cold_wait =
+                (p.refresh_timeout + defaults::COLD_WAIT_MARGIN).min(Duration::from_secs(60));
         }
         check_route(&p.route)?;
         ConfigError::nonzero("fresh_ttl", p.fresh_ttl)?;

@@ -21,9 +21,10 @@ use crate::cache::{
 };
 use crate::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
-use crate::lease::{AcquireOutcome, FencingToken, Lease, LeaseLost};
+use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease, LeaseLost};
 use crate::metrics::Event;
 use crate::notify::Wait;
+use crate::policy::ColdMiss;
 use crate::rules::{self, NotStored};
 
 /// What a cold fill ended with; every caller waiting for the key turns it into its
@@ -186,7 +187,10 @@ async fn read<B: Body<Data = Bytes>>(response: Response<B>, max: usize) -> Read<
 }
 
 /// Fills a key that nothing is cached for. `wait` was registered before the lease was
-/// asked for, so a notice of another instance's fill cannot slip by.
+/// asked for, so a notice of another instance's fill cannot slip by. `local_token` is
+/// the token of what the caller found (an expired entry, or nothing: 1), `stand_in`
+/// whether that entry may stand in for a failed origin.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn cold_fill<S, ReqBody, B>(
     route: Arc<Route>,
     keys: CacheKeys,
@@ -194,6 +198,7 @@ pub(crate) async fn cold_fill<S, ReqBody, B>(
     inner: S,
     mut wait: Wait,
     local_token: FencingToken,
+    stand_in: bool,
     redis_ok: bool,
 ) -> FillOutcome<B, S::Error>
 where
@@ -209,29 +214,61 @@ where
             variant_of: None,
         };
     }
-    let version = route.learned.version();
+    // The names its key was made with: when the route learns more, the key is not its
+    // callers' any more.
+    let version = keys.learned;
     let deadline = tokio::time::Instant::now() + policy.cold_wait;
     // Since when this fill waits for another instance's (for the metric).
     let mut waiting_since = None;
+    // What to do when the origin must be left alone (the fleet backs off after a
+    // failure, or the budget is spent): callers that have an entry to stand in get it,
+    // and on a route that answers 503 rather than pass through, so do the others. Else
+    // this fill goes ahead on its own (without the lease, or without a slot): still one
+    // call for all its callers, where each would otherwise call the origin.
+    let stand_aside = stand_in || matches!(policy.cold_miss, ColdMiss::Reject { .. });
     // A slot of the budget first, then the lease: a lease held while waiting for a slot
     // could run out before the origin is even called.
     let (slot, mut lease) = loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let Some(slot) = route.shared.budget.take_within(left).await else {
+        let slot = route.shared.budget.take_within(left).await;
+        if slot.is_none() {
             route.stats.record(Event::FillOverBudget);
-            return FillOutcome::OverBudget;
-        };
+            if stand_aside {
+                return FillOutcome::OverBudget;
+            }
+        }
         // A request waits on Redis at most once: if its cache read failed, it does not
         // also wait on the lease.
         if !redis_ok {
             break (slot, None);
         }
-        match route
+        let acquired = route
             .shared
             .leases
-            .try_acquire(keys.lease(), policy.lease_ttl)
-            .await
-        {
+            .try_acquire_unless_written(keys.lease(), policy.lease_ttl, keys.entry(), local_token)
+            .await;
+        let outcome = match acquired {
+            Acquire::Outcome(outcome) => outcome,
+            // Another instance's fill landed since the caller looked (its notice may
+            // still be on its way).
+            Acquire::Written => match landed_meanwhile(&route, &keys, local_token, true).await {
+                Some(stored) => {
+                    return FillOutcome::Stored {
+                        stored,
+                        variant_of: None,
+                    };
+                }
+                // Not an entry that serves (garbage, say): take the lease as usual.
+                None => {
+                    route
+                        .shared
+                        .leases
+                        .try_acquire(keys.lease(), policy.lease_ttl)
+                        .await
+                }
+            },
+        };
+        match outcome {
             AcquireOutcome::Acquired(lease) if route.learned.version() != version => {
                 // The route learned a `Vary` header since this fill's key was made: the
                 // key is not its callers' any more.
@@ -241,7 +278,7 @@ where
             AcquireOutcome::Acquired(lease) => {
                 let notified = waiting_since.is_some() || wait.has_notice();
                 if let Some(stored) = landed_meanwhile(&route, &keys, local_token, notified).await {
-                    release(&route, lease).await;
+                    end(&route, &keys, Some(lease), Ending::Gone).await;
                     return FillOutcome::Stored {
                         stored,
                         variant_of: None,
@@ -256,7 +293,11 @@ where
                 // The last holder failed and keeps the fleet away: no fill to wait for.
                 let left = retry_after.unwrap_or(policy.error_backoff);
                 route.shared.marks.set(keys.entry(), Mark::BackOff, left);
-                return FillOutcome::BackedOff;
+                if stand_aside {
+                    return FillOutcome::BackedOff;
+                }
+                // Counted as a fill without Redis (`LocalOnly`), which it is.
+                break (slot, None);
             }
             AcquireOutcome::Busy { .. } => {
                 drop(slot);
@@ -280,6 +321,8 @@ where
                         variant_of: None,
                     },
                     Woke::Ended(Ended::Pass) => FillOutcome::Pass,
+                    // The lease is held off now: the next look decides.
+                    Woke::Ended(Ended::BackedOff) if !stand_aside => continue,
                     Woke::Ended(Ended::BackedOff) => FillOutcome::BackedOff,
                     Woke::Ended(Ended::Rekey) => FillOutcome::Rekey,
                     Woke::TimedOut | Woke::Look => FillOutcome::NoEntry,
@@ -423,7 +466,7 @@ async fn landed_meanwhile(
     }
     if notified
         && let Ok(L2Read::Found(stored)) =
-            l2_read(&route.shared.store, &keys, route.policy.max_body).await
+            l2_read(&route.shared.store, keys, route.policy.max_body).await
         && usable(&stored)
     {
         route.put_l1(keys.entry().into(), stored.clone()).await;
@@ -474,7 +517,7 @@ async fn wait_for_remote(
                 None => {}
             }
         }
-        match l2_read(&route.shared.store, &keys, route.policy.max_body).await {
+        match l2_read(&route.shared.store, keys, route.policy.max_body).await {
             Ok(L2Read::Found(stored)) if stored.freshness() != Freshness::Expired => {
                 route.put_l1(keys.entry().into(), stored.clone()).await;
                 return Woke::Entry(stored);
@@ -808,8 +851,11 @@ async fn store(
             }
             Err(_) => {
                 // Written or not, released or not: unknown. The lease ends by its TTL;
-                // the write is not retried.
+                // the write is not retried. Waiters elsewhere are told to look again,
+                // if Redis takes that.
                 route.stats.record(Event::RedisError);
+                let gone = Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO);
+                let _ = publish(&shared.store, &shared.channel, &gone).await;
                 crate::metrics::lease_released(
                     lease.name().operation_label(),
                     "error",
@@ -939,10 +985,6 @@ async fn end(route: &Route, keys: &CacheKeys, lease: Option<Lease>, ending: Endi
         // The waiters elsewhere find out when their cold wait ends.
         route.stats.record(Event::RedisError);
     }
-}
-
-async fn release(route: &Route, lease: Lease) {
-    let _ = route.shared.leases.release(lease).await;
 }
 
 /// The fenced write released the lease (or found it gone): counted as a release.

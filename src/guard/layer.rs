@@ -45,12 +45,16 @@ impl Route {
         let keys = &self.shared.keys;
         let route = &self.policy.route;
         self.learned
-            .with_names(|learned| {
-                if learned.is_empty() {
+            .with_names(|learned, version| {
+                let mut made = if learned.is_empty() {
                     keys.cache(route, &identity)
                 } else {
                     keys.cache_variant(route, &identity, &rules::variant(learned, request))
+                };
+                if let Ok(made) = &mut made {
+                    made.learned = version;
                 }
+                made
             })
             .ok()
     }
@@ -58,7 +62,7 @@ impl Route {
     /// The request that fills or refreshes the entry of `request`.
     pub(crate) fn fill_request<B, F: Default>(&self, request: &Request<B>) -> Request<F> {
         self.learned
-            .with_names(|learned| rules::fill_request(&self.policy, learned, request))
+            .with_names(|learned, _| rules::fill_request(&self.policy, learned, request))
     }
 
     pub(crate) fn l1(&self) -> &L1 {

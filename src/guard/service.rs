@@ -231,6 +231,15 @@ where
             route.stats.record(Event::Pass);
             return passthrough(&route, inner, request, "pass").await;
         }
+        if keys.learned != route.learned.version() && rekeys < MAX_REKEYS {
+            // The route learned a `Vary` header since the key was made: this caller's
+            // entry has another key now (a fill may have stored it already).
+            if let Some(new) = route.keys_for(&request) {
+                rekeys += 1;
+                keys = new;
+                continue;
+            }
+        }
         let (slot, is_leader) =
             join_fill(&route, &inner, &request, &keys, &fallback, redis_ok, wait);
         match cold(&route, slot, is_leader, request.headers(), &fallback).await {
@@ -295,6 +304,9 @@ where
         let local_token = fallback
             .as_ref()
             .map_or(FencingToken::new(1), |f| f.response.token);
+        let stand_in = fallback
+            .as_ref()
+            .is_some_and(|f| f.serves_on_error(route.policy.stale_if_error));
         // In a task of its own: a caller that goes away does not cancel the fill that
         // every other caller of the key awaits.
         let span = tracing::info_span!("stampede_guard.fill", route = %route.policy.route, entry = keys.entry());
@@ -306,6 +318,7 @@ where
                 inner.clone(),
                 wait,
                 local_token,
+                stand_in,
                 redis_ok,
                 lead,
             )
@@ -424,6 +437,7 @@ async fn fill_task<S, ReqBody, ResBody>(
     inner: S,
     wait: crate::notify::Wait,
     local_token: FencingToken,
+    stand_in: bool,
     redis_ok: bool,
     lead: flight::Lead,
 ) where
@@ -434,7 +448,17 @@ async fn fill_task<S, ReqBody, ResBody>(
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Send + 'static,
 {
-    let outcome = fill::cold_fill(route, keys, request, inner, wait, local_token, redis_ok).await;
+    let outcome = fill::cold_fill(
+        route,
+        keys,
+        request,
+        inner,
+        wait,
+        local_token,
+        stand_in,
+        redis_ok,
+    )
+    .await;
     lead.finish(Arc::new(outcome));
 }
 

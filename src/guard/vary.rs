@@ -39,13 +39,15 @@ impl Learned {
         self.names.read().expect("learned lock").clone()
     }
 
-    /// Runs `f` on the names learned so far; on the request path, without a lock or an
-    /// allocation while none is learned.
-    pub(crate) fn with_names<R>(&self, f: impl FnOnce(&[HeaderName]) -> R) -> R {
+    /// Runs `f` on the names learned so far and their version; on the request path,
+    /// without a lock or an allocation while none is learned.
+    pub(crate) fn with_names<R>(&self, f: impl FnOnce(&[HeaderName], u64) -> R) -> R {
         if self.version.load(Ordering::Acquire) == 0 {
-            return f(&[]);
+            return f(&[], 0);
         }
-        f(&self.names.read().expect("learned lock"))
+        let names = self.names.read().expect("learned lock");
+        // Read under the lock: the version of exactly these names.
+        f(&names, self.version.load(Ordering::Acquire))
     }
 
     /// Changes each time a name is learned.
@@ -73,6 +75,7 @@ impl Learned {
         }
         next.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         *current = next.into();
+        // Bumped under the lock, with the names.
         self.version.fetch_add(1, Ordering::AcqRel);
         Ok(true)
     }

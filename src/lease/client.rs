@@ -63,6 +63,14 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
 /// such as one-off cache keys, from piling up.
 pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(60 * 60);
 
+/// What [`LeaseClient::try_acquire_unless_written`] found.
+#[derive(Debug)]
+pub(crate) enum Acquire {
+    Outcome(AcquireOutcome),
+    /// The entry was written since its caller looked: the lease was not taken.
+    Written,
+}
+
 /// Takes, renews and releases leases in Redis. Cheap to clone.
 ///
 /// See the [module docs](super) for what a lease guarantees.
@@ -115,12 +123,36 @@ impl LeaseClient {
     /// Every attempt has a new owner value.
     pub async fn try_acquire(&self, name: &LeaseName, ttl: Duration) -> AcquireOutcome {
         let span = tracing::debug_span!("stampede_guard.lease.acquire", lease = name.key());
-        self.acquire_inner(name, ttl).instrument(span).await
+        match self.acquire_inner(name, ttl, None).instrument(span).await {
+            Acquire::Outcome(outcome) => outcome,
+            Acquire::Written => unreachable!("no entry was given to look at"),
+        }
     }
 
-    async fn acquire_inner(&self, name: &LeaseName, ttl: Duration) -> AcquireOutcome {
+    /// [`try_acquire`](Self::try_acquire) for the fill of a cache entry: the lease is not
+    /// taken when the entry was written since its caller looked (a token newer than
+    /// `seen`), in the same script.
+    pub(crate) async fn try_acquire_unless_written(
+        &self,
+        name: &LeaseName,
+        ttl: Duration,
+        entry: &str,
+        seen: FencingToken,
+    ) -> Acquire {
+        let span = tracing::debug_span!("stampede_guard.lease.acquire", lease = name.key());
+        self.acquire_inner(name, ttl, Some((entry, seen)))
+            .instrument(span)
+            .await
+    }
+
+    async fn acquire_inner(
+        &self,
+        name: &LeaseName,
+        ttl: Duration,
+        unless_written: Option<(&str, FencingToken)>,
+    ) -> Acquire {
         if let Err(error) = self.check_ttl("lease_ttl", ttl) {
-            return AcquireOutcome::Invalid(error);
+            return Acquire::Outcome(AcquireOutcome::Invalid(error));
         }
         let owner = self.inner.owners.next();
         let retention = self.inner.fence_retention.max(ttl * 2);
@@ -132,6 +164,9 @@ impl LeaseClient {
             .arg(millis(ttl))
             .arg(millis(retention))
             .arg(HELD_OFF);
+        if let Some((entry, seen)) = unless_written {
+            invocation.key(entry).arg(seen.get());
+        }
         let sent_at = Instant::now();
         let reply: Result<Vec<i64>, StoreError> = self
             .inner
@@ -139,6 +174,15 @@ impl LeaseClient {
             .run(Operation::Acquire, Request::Script(&invocation))
             .await;
         let outcome = match reply.as_deref() {
+            Ok(&[2, 0]) if unless_written.is_some() => {
+                tracing::debug!(lease = name.key(), "lease not taken: the entry was written");
+                crate::metrics::lease_acquired(
+                    name.operation_label(),
+                    "written",
+                    sent_at.elapsed(),
+                );
+                return Acquire::Written;
+            }
             Ok(&[1, token]) if token > 0 => AcquireOutcome::Acquired(Lease {
                 name: name.clone(),
                 owner,
@@ -181,7 +225,7 @@ impl LeaseClient {
                 sent_at.elapsed(),
             );
         }
-        outcome
+        Acquire::Outcome(outcome)
     }
 
     /// Extends `lease` to `ttl` from now, if it is still ours. On success the lease's

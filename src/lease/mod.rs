@@ -79,11 +79,11 @@ mod client;
 mod outcome;
 mod watchdog;
 
+pub(crate) use self::client::{Acquire, HELD_OFF, release_if_owner, with_next_token};
 pub use self::client::{
     DEFAULT_FENCE_RETENTION, DEFAULT_LEASE_TTL, LeaseClient, LeaseClientBuilder, MAX_LEASE_TTL,
     MIN_TTL_PER_COMMAND_TIMEOUT,
 };
-pub(crate) use self::client::{HELD_OFF, release_if_owner, with_next_token};
 pub use self::outcome::{
     AcquireOutcome, FencingToken, Lease, ReleaseOutcome, RenewOutcome, UncertainAcquire,
 };

@@ -871,21 +871,23 @@ async fn a_local_only_guard_coalesces_without_redis() {
     assert!(matches!(stats.get(Event::LocalOnly), 2 | 3), "{stats:?}");
 }
 
-/// A `Buffer` (over a `ConcurrencyLimit(1)`) inside the guard: misses fill through it,
-/// hits never wait for it, even while its one slot is held in a slow origin call.
+/// A full `Buffer` (bound 1, over a `ConcurrencyLimit(1)`) inside the guard: one fill
+/// in the origin, one held by the buffer's worker, one queued in its channel. Hits are answered all the same
+/// (a guard that asked the buffer for readiness would wait with them), and the fills
+/// land once the origin answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_buffer_inside_the_guard_bounds_the_origin_not_the_hits() {
+async fn a_full_buffer_inside_the_guard_bounds_the_origin_not_the_hits() {
     use tower::{Layer, ServiceExt};
     let server = RedisServer::start();
     let origin = Origin::versions(Duration::from_millis(50));
     let inner = tower::ServiceBuilder::new()
-        .buffer(4)
+        .buffer(1)
         .concurrency_limit(1)
         .service(origin.service());
     let guard = guard(&server);
     guard.ready().await.unwrap();
     let layer = guard.layer(policy("items").build().unwrap()).unwrap();
-    let service = layer.layer(inner);
+    let service = layer.layer(inner.clone());
     let fetch = |path: &'static str| {
         let service = service.clone();
         async move {
@@ -905,15 +907,35 @@ async fn a_buffer_inside_the_guard_bounds_the_origin_not_the_hits() {
     let started = origin.started.notified();
     let slow = tokio::spawn(fetch("/items/2"));
     started.await; // the limit's one slot is in the held origin call
+    let queued = vec![
+        tokio::spawn(fetch("/items/3")),
+        tokio::spawn(fetch("/items/4")),
+    ];
+    // The buffer is full once both fills wait in it: a ready check times out.
+    let full = eventually(Duration::from_secs(10), || {
+        let mut probe = inner.clone();
+        async move {
+            tokio::time::timeout(Duration::from_millis(50), probe.ready())
+                .await
+                .is_err()
+        }
+    });
+    assert!(full.await, "the buffer never filled up");
     let hits: Vec<_> = (0..20).map(|_| tokio::spawn(fetch("/items/1"))).collect();
     for got in all_within(hits, Duration::from_secs(10), "hits waited for the buffer").await {
         assert_eq!(got, ("v1".to_owned(), "hit".to_owned()));
     }
     origin.open();
-    let slow = tokio::time::timeout(Duration::from_secs(10), slow)
-        .await
-        .expect("the fill was starved")
-        .unwrap();
-    assert_eq!(slow, ("v2".to_owned(), "miss".to_owned()));
-    assert_eq!(origin.calls(), 2);
+    let slow = all_within(vec![slow], Duration::from_secs(10), "the fill starved").await;
+    assert_eq!(slow[0], ("v2".to_owned(), "miss".to_owned()));
+    let mut queued = all_within(queued, Duration::from_secs(10), "fills starved").await;
+    queued.sort();
+    assert_eq!(
+        queued,
+        [
+            ("v3".to_owned(), "miss".to_owned()),
+            ("v4".to_owned(), "miss".to_owned())
+        ]
+    );
+    assert_eq!(origin.calls(), 4);
 }

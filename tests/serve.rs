@@ -313,7 +313,7 @@ async fn private_answers_pass_through_axum() {
             }
         }
     };
-    let addr = serve(Router::new().route("/account", get(handler).layer(layer))).await;
+    let addr = serve(Router::new().route("/account", get(handler).layer(layer.clone()))).await;
     for n in 1..=3 {
         let got = fetch(addr, "/account", &[]).await;
         assert_eq!(
@@ -322,6 +322,18 @@ async fn private_answers_pass_through_axum() {
         );
     }
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // The first went through a fill; the next two straight to the handler.
+    let stats = layer.stats();
+    assert_eq!(
+        stats.get(stampede_guard::metrics::Event::ColdFill),
+        1,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.get(stampede_guard::metrics::Event::HitForPass),
+        2,
+        "{stats:?}"
+    );
 }
 
 /// Over real TCP, two instances (two apps, two guards) on one Redis: A's fill of a cold
@@ -425,13 +437,15 @@ async fn the_refresh_budget_through_axum() {
             let (gate, calls) = (gate.clone(), calls.clone());
             let (in_flight, peak) = (in_flight.clone(), peak.clone());
             async move {
+                // Made before the call is counted in flight: a `Notified` hears
+                // `notify_waiters` from the moment it exists.
+                let opened = gate.open.notified();
                 let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
                 peak.fetch_max(
                     in_flight.fetch_add(1, Ordering::SeqCst) + 1,
                     Ordering::SeqCst,
                 );
                 if n > KEYS {
-                    let opened = gate.open.notified();
                     opened.await;
                 }
                 in_flight.fetch_sub(1, Ordering::SeqCst);

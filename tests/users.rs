@@ -627,3 +627,123 @@ async fn one_invalidation_reaches_every_variant() {
     // One fill per variant after the invalidation, for both instances.
     assert_eq!(origin.calls(), 4);
 }
+
+/// A refresh gets an answer that may not be stored (a 404): the stale entry stays, and
+/// the fleet backs off as after an error. The lease is held off (nobody owns it, it ends
+/// by itself) and the stale entry's next callers do not refresh again meanwhile.
+#[tokio::test]
+async fn a_refresh_that_gets_an_answer_it_cannot_store_backs_off() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, _| {
+        let mut response = Response::new(full(format!("call {n}")));
+        if n > 1 {
+            *response.status_mut() = StatusCode::NOT_FOUND;
+        }
+        response
+    });
+    let i = instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    assert_eq!(send(&i.service, get("/items/1")).await.body, "call 1");
+    tokio::time::sleep(Duration::from_millis(600)).await; // stale
+    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            i.layer.stats().get(Event::RefreshNotStored) == 1
+        })
+        .await
+    );
+    let keys = i.layer.cache_keys(&get("/items/1")).unwrap();
+    let held: Option<String> = server.conn().await.get(keys.lease().key()).await.unwrap();
+    assert_eq!(held.as_deref(), Some("~held-off"));
+    let left: i64 = server.conn().await.pttl(keys.lease().key()).await.unwrap();
+    assert!(left > 0 && left <= 3000, "{left} ms");
+    for _ in 0..5 {
+        let got = send(&i.service, get("/items/1")).await;
+        assert_eq!((got.body.as_str(), got.x_cache()), ("call 1", "stale"));
+    }
+    assert_eq!(origin.calls(), 2);
+}
+
+/// `fresh_jitter`: keys filled together are fresh for different times, all within the
+/// fresh TTL minus the jitter and the fresh TTL.
+#[tokio::test]
+async fn fresh_jitter_spreads_the_freshness_of_keys_filled_together() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::ZERO);
+    let policy = policy("items")
+        .fresh_ttl(Duration::from_secs(10))
+        .fresh_jitter(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let i = instance(&server, policy, origin.service()).await;
+    let mut conn = server.conn().await;
+    let mut fresh = std::collections::BTreeSet::new();
+    for n in 0..40 {
+        let path = format!("/items/{n}");
+        assert_eq!(send(&i.service, get(&path)).await.x_cache(), "miss");
+        let keys = i.layer.cache_keys(&get(&path)).unwrap();
+        let data: Vec<u8> = conn.hget(keys.entry(), "d").await.unwrap();
+        let entry = stampede_guard::entry::decode(&data).unwrap();
+        assert!(
+            entry.fresh_for >= Duration::from_secs(5) && entry.fresh_for <= Duration::from_secs(10),
+            "{:?}",
+            entry.fresh_for
+        );
+        fresh.insert(entry.fresh_for);
+    }
+    assert!(
+        fresh.len() > 20,
+        "{} distinct fresh times in 40",
+        fresh.len()
+    );
+}
+
+/// A budget of one slot, held by a fill in the origin. A cold key of another route waits
+/// for a slot at most its cold wait; then, with nothing to stand in, it goes ahead
+/// without one on a route that passes through (one call for all its callers), and
+/// answers 503 on a route that rejects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_fill_over_the_budget_follows_the_route() {
+    let server = RedisServer::start();
+    let origin = Origin::new(Duration::ZERO, |n, request| {
+        Response::new(full(format!("{} call {n}", request.uri().path())))
+    });
+    let guard = guard_at(&server.url(), |b| b.refresh_budget(1));
+    guard.ready().await.unwrap();
+    let layer = |route: &str, reject: bool| {
+        let mut policy = policy(route).cold_wait(Duration::from_millis(300));
+        if reject {
+            policy = policy.cold_miss(stampede_guard::ColdMiss::Reject {
+                retry_after: Duration::from_secs(1),
+            });
+        }
+        let layer = guard.layer(policy.build().unwrap()).unwrap();
+        let service = tower::Layer::layer(&layer, origin.service());
+        (layer, service)
+    };
+    let (holder, holding) = layer("holder", false);
+    let (items, passing) = layer("items", false);
+    let (_reports, rejecting) = layer("reports", true);
+    origin.hold(1);
+    let started = origin.started.notified();
+    let held = tokio::spawn(async move { send(&holding, get("/holder")).await });
+    started.await; // the budget's one slot is in the origin
+    let callers: Vec<_> = (0..10)
+        .map(|_| {
+            let service = passing.clone();
+            tokio::spawn(async move { send(&service, get("/items/1")).await })
+        })
+        .collect();
+    for got in all_within(callers, Duration::from_secs(10), "callers waited").await {
+        assert_eq!(
+            (got.body.as_str(), got.x_cache()),
+            ("/items/1 call 2", "miss")
+        );
+    }
+    assert_eq!(items.stats().get(Event::FillOverBudget), 1);
+    let got = send(&rejecting, get("/reports")).await;
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+    origin.open();
+    assert_eq!(held.await.unwrap().body, "/holder call 1");
+    assert_eq!(holder.stats().get(Event::ColdFill), 1);
+    assert_eq!(origin.calls(), 2);
+}

@@ -4,8 +4,10 @@
 //! Without it, 10,000 keys going stale together mean 10,000 origin calls at once. A
 //! refresh that finds the budget spent is skipped (and counted): its key keeps being
 //! served stale, and the next caller after a slot frees starts it. A cold fill, which has
-//! nothing to serve meanwhile, waits for a slot, at most the route's cold wait. Nothing
-//! queues without bound.
+//! nothing to serve meanwhile, waits for a slot, at most the route's cold wait; then its
+//! callers get an entry that may stand in if they have one, a 503 on a route that
+//! rejects, or else the fill goes ahead without a slot (still one call for all of
+//! them). Nothing queues without bound.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -368,7 +368,9 @@ impl fmt::Debug for GuardBuilder {
 
 impl GuardBuilder {
     /// How many bytes of entries L1 may hold (default 64 MiB). Entries are weighed by
-    /// body and header size; the least used go first.
+    /// what they really cost in memory (every allocation an entry holds, and the cache's
+    /// bookkeeping for it), so this is what the process spends on them; the least used
+    /// go first.
     pub fn l1_capacity(mut self, bytes: u64) -> Self {
         self.l1_capacity = bytes;
         self

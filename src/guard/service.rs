@@ -36,8 +36,9 @@ use crate::rules::{self, Kind};
 /// A cache is always ready: `poll_ready` never waits for the inner service, so a hit is
 /// answered whatever the origin's capacity. Whatever needs the origin (a fill, a refresh,
 /// a pass-through) takes a clone of the inner service and waits for that clone to be
-/// ready in its own future (tower's `oneshot`), so a `ConcurrencyLimit`, a `Buffer` or a
-/// rate limit placed *inside* the guard bounds origin calls without holding up hits.
+/// ready in its own future (tower's `oneshot`), so a `ConcurrencyLimit` or a `Buffer`
+/// (in front of a rate limit, which is not `Clone` on its own) placed *inside* the guard
+/// bounds origin calls without holding up hits.
 pub struct Guard<S> {
     inner: S,
     route: Arc<Route>,

@@ -9,8 +9,14 @@
 //! saw; callers who waited for that fill and ask for another variant fill their own.
 //!
 //! What one instance learns it tells the others (a notice on the guard's channel), so a
-//! fleet learns once. Learned names only grow, and at most [`MAX_LEARNED`] per route: a
-//! response that would need more is not stored.
+//! fleet learns once. Learned names only grow, for as long as the process lives, and at
+//! most [`MAX_LEARNED`] per route: a response that would need more is not stored.
+//!
+//! Learning is per route, not per URL (Varnish keeps the variants of each object apart):
+//! one URL answering `Vary: User-Agent` keys every URL of the route on it. That costs
+//! one fill per entry of the route when a name is learned (their keys change), and
+//! fragments the route by the header's values; a header known in advance is better
+//! named in `key_headers`. In exchange a hit stays one lookup, whatever varies.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};

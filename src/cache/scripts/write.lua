@@ -15,7 +15,8 @@
 -- way, if it is still the writer's; if nothing was written, the instances waiting for
 -- the entry are told, so that they stop waiting.
 --
--- Returns {written (0/1), released (0/1), the token stored before}.
+-- Returns {written (0/1), released (0/1), the highest token it was measured against:
+-- the stored entry's, the last invalidation's or the last issued}.
 local token = tonumber(ARGV[1])
 -- Tokens are at most the server's time in microseconds (plus one per acquire); a stored
 -- token far beyond it (garbage, inf, nan) would refuse every write forever: it is not

@@ -10,18 +10,18 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use http::StatusCode;
-use stampede_guard::{KeySpace, Policy, RedisStore, StampedeGuard};
+use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::RedisServer;
 use support::http::{fetch, serve};
+use support::web::keys;
 use tokio::sync::Barrier;
 
-fn keys() -> KeySpace {
-    KeySpace::builder()
-        .env("test")
-        .service("catalog")
-        .secret(b"a test secret of more than sixteen bytes".to_vec())
-        .build()
-        .unwrap()
+/// A guard on `server`, ready (its notice subscription up).
+async fn ready_guard(server: &RedisServer) -> StampedeGuard {
+    let store = RedisStore::builder(server.url()).build().unwrap();
+    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
+    guard.ready().await.unwrap();
+    guard
 }
 
 /// The README's shape: a guard, a layer with the route's policy, on an axum route. The
@@ -87,9 +87,7 @@ async fn the_readme_shape_fills_a_cold_key_once_with_redis_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_readme_shape_fills_a_cold_key_once_with_redis_up_and_a_slow_origin() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).build().unwrap();
-    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
-    guard.ready().await.unwrap();
+    let guard = ready_guard(&server).await;
     let calls = Arc::new(AtomicU64::new(0));
     let addr = serve(readme_app(&guard, calls.clone(), Duration::from_secs(3))).await;
 
@@ -121,9 +119,7 @@ struct Gate {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_concurrency_limit_inside_the_guard_bounds_the_origin_not_the_hits() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).build().unwrap();
-    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
-    guard.ready().await.unwrap();
+    let guard = ready_guard(&server).await;
     // The handler reads the path through axum's `Path`: the route forwards extensions.
     let items = guard
         .layer(
@@ -207,9 +203,7 @@ async fn a_concurrency_limit_inside_the_guard_bounds_the_origin_not_the_hits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn variants_and_forwarded_headers_through_axum() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).build().unwrap();
-    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
-    guard.ready().await.unwrap();
+    let guard = ready_guard(&server).await;
     let layer = guard
         .layer(Policy::builder("pages").build().unwrap())
         .unwrap();
@@ -294,9 +288,7 @@ async fn variants_and_forwarded_headers_through_axum() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_answers_pass_through_axum() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).build().unwrap();
-    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
-    guard.ready().await.unwrap();
+    let guard = ready_guard(&server).await;
     let layer = guard
         .layer(Policy::builder("account").build().unwrap())
         .unwrap();
@@ -359,9 +351,7 @@ async fn callers_elsewhere_stop_waiting_when_the_holder_writes_nothing_through_a
     };
     let mut apps = Vec::new();
     for _ in 0..2 {
-        let store = RedisStore::builder(server.url()).build().unwrap();
-        let guard = StampedeGuard::builder(store, keys()).build().unwrap();
-        guard.ready().await.unwrap();
+        let guard = ready_guard(&server).await;
         let layer = guard
             .layer(
                 Policy::builder("items")

@@ -40,12 +40,7 @@ pub(crate) async fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]
             .await
             .unwrap();
         let (parts, body) = response.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        Got {
-            status: parts.status,
-            headers: parts.headers,
-            body: String::from_utf8_lossy(&body).into_owned(),
-        }
+        Got::new(parts, body.collect().await.unwrap().to_bytes())
     };
     tokio::time::timeout(Duration::from_secs(30), exchange)
         .await

@@ -211,6 +211,15 @@ pub(crate) struct Got {
 }
 
 impl Got {
+    /// A response's status and headers, with its body read whole.
+    pub(crate) fn new(parts: http::response::Parts, body: Bytes) -> Self {
+        Got {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
     pub(crate) fn x_cache(&self) -> &str {
         self.headers
             .get("x-cache")
@@ -224,12 +233,7 @@ where
 {
     let response = service.clone().oneshot(request).await.unwrap();
     let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    Got {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+    Got::new(parts, body.collect().await.unwrap().to_bytes())
 }
 
 pub(crate) fn total(instances: &[&GuardLayer], event: Event) -> u64 {

@@ -33,21 +33,21 @@ local stored = 0
 if redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('PTTL', KEYS[1]) >= 0 then
   stored = sane(tonumber(redis.call('HGET', KEYS[1], 't')))
 end
+-- The highest of the token stored at a string key and `floor`.
+local function at_least(key, floor)
+  if redis.call('TYPE', key).ok == 'string' then
+    local t = sane(tonumber(redis.call('GET', key)))
+    if t > floor then
+      return t
+    end
+  end
+  return floor
+end
 -- A write that Redis runs late (queued behind a stall) must not undo an invalidation
 -- whose tombstone has expired since: the invalidation's token outlives it.
-if redis.call('TYPE', KEYS[3]).ok == 'string' then
-  local invalidated = sane(tonumber(redis.call('GET', KEYS[3])))
-  if invalidated > stored then
-    stored = invalidated
-  end
-end
+stored = at_least(KEYS[3], stored)
 -- The last token issued for the lease: a newer holder exists if it is above ours.
-if redis.call('TYPE', KEYS[4]).ok == 'string' then
-  local issued = sane(tonumber(redis.call('GET', KEYS[4])))
-  if issued > stored then
-    stored = issued
-  end
-end
+stored = at_least(KEYS[4], stored)
 local written = 0
 if token >= stored then
   -- DEL first: the key may hold garbage of another type.

@@ -75,6 +75,10 @@ async fn the_readme_shape_fills_a_cold_key_once_with_redis_down() {
     let addr = serve(readme_app(&guard, calls.clone(), Duration::from_secs(1))).await;
 
     let responses = cold_burst(addr).await;
+    eprintln!(
+        "200 connections, a cold key: {} handler calls",
+        calls.load(Ordering::SeqCst)
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 1, "handler calls");
     for got in &responses {
         assert_eq!(got.status, StatusCode::OK);
@@ -92,6 +96,10 @@ async fn the_readme_shape_fills_a_cold_key_once_with_redis_up_and_a_slow_origin(
     let addr = serve(readme_app(&guard, calls.clone(), Duration::from_secs(3))).await;
 
     let responses = cold_burst(addr).await;
+    eprintln!(
+        "200 connections, a cold key: {} handler calls",
+        calls.load(Ordering::SeqCst)
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 1, "handler calls");
     for got in &responses {
         assert_eq!(got.status, StatusCode::OK);

@@ -111,6 +111,7 @@ async fn callers_elsewhere_are_answered_at_once_when_the_holder_writes_nothing()
         origin.open();
         let answers = all_within(followers, Duration::from_secs(8), "B's callers waited").await;
         let took = opened.elapsed();
+        eprintln!("{path}: B's 10 callers answered {took:?} after A's origin returned");
         assert!(took < Duration::from_secs(3), "{path}: {took:?}");
         assert_eq!(leader.await.unwrap().status, status, "{path}");
         for got in &answers {
@@ -183,6 +184,7 @@ async fn an_origin_in_outage_serves_stale_at_once_through_the_back_off() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    eprintln!("through the back-off: the slowest answer took {slowest:?}");
     assert!(
         slowest < Duration::from_secs(1),
         "a caller waited {slowest:?}"
@@ -251,6 +253,14 @@ async fn the_refresh_budget_bounds_origin_calls_when_5000_keys_go_stale() {
     );
     assert_eq!(origin.peak(), BUDGET);
     assert_eq!(origin.calls(), KEYS + BUDGET);
+    eprintln!(
+        "{KEYS} stale keys walked, budget {BUDGET}: {} stale answers, {} refreshes written, \
+         {} skipped, at most {} origin calls at once",
+        i.layer.stats().get(Event::Stale),
+        i.layer.stats().get(Event::RefreshWritten),
+        i.layer.stats().get(Event::RefreshSkipped),
+        origin.peak()
+    );
 }
 
 /// A's lease lapses while its refresh is in the origin; B takes the lease, refreshes

@@ -383,6 +383,12 @@ impl CacheKeys {
         format!("{}:inval", self.primary())
     }
 
+    /// The fence counter of the response (its invalidations issue from it); the lease's
+    /// own fence counter unless these are the keys of a variant.
+    pub fn primary_fence_key(&self) -> String {
+        format!("{}:fence", self.primary())
+    }
+
     /// The response's own part of the key, shared by all its variants (what invalidations
     /// are remembered by in each process).
     pub fn primary(&self) -> &str {

@@ -173,7 +173,7 @@ async fn handle(shared: &Shared, payload: &[u8]) {
             shared
                 .tombstones
                 .insert(crate::keys::primary_of(key).into(), token);
-            shared.l1.invalidate(key);
+            crate::cache::l1_invalidate_response(&shared.l1, crate::keys::primary_of(key));
             shared.waiters.wake(key);
         }
         Some(Notice::Ended(key, ending, lasting)) => {

@@ -595,15 +595,17 @@ async fn a_route_can_be_never_cached_and_a_route_name_is_taken_once() {
 }
 
 /// A route learned `Vary: Accept-Language` and holds a French and a German variant on
-/// two instances. One invalidation, made with no `Accept-Language` at all, reaches every
-/// variant, in L2 and in every instance's L1.
+/// two instances, fresh for 3 hours. One invalidation, made with no `Accept-Language` at
+/// all, reaches every variant, in L2 and in every instance's L1; what hides the variants
+/// in Redis lasts as long as they could; the variants' tokens and the invalidation's are
+/// ordered (one counter is raised to every variant's token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_invalidation_reaches_every_variant() {
     let server = RedisServer::start();
     let origin = by_language();
     let policy = || {
         policy("items")
-            .fresh_ttl(Duration::from_secs(60))
+            .fresh_ttl(Duration::from_secs(3 * 3600))
             .build()
             .unwrap()
     };
@@ -621,7 +623,26 @@ async fn one_invalidation_reaches_every_variant() {
         let got = send(&i.service, with("/items/1", "accept-language", "de")).await;
         assert_eq!(got.x_cache(), "hit");
     }
+    let mut conn = server.conn().await;
+    let variant = |lang: &str| {
+        a.layer
+            .cache_keys(&with("/items/1", "accept-language", lang))
+            .unwrap()
+    };
+    let (fr, de) = (variant("fr"), variant("de"));
+    assert!(fr.is_variant() && de.is_variant());
+    let counter: u64 = conn.get(fr.primary_fence_key()).await.unwrap();
+    for keys in [&fr, &de] {
+        let token: u64 = conn.hget(keys.entry(), "t").await.unwrap();
+        assert!(
+            counter >= token,
+            "the response's counter is behind a variant"
+        );
+    }
     a.layer.invalidate(&get("/items/1")).await.unwrap();
+    let hidden_for: i64 = conn.pttl(fr.invalidated_key()).await.unwrap();
+    assert!(hidden_for > 3 * 3600 * 1000, "{hidden_for} ms");
+    let invalidation: u64 = conn.get(fr.invalidated_key()).await.unwrap();
     for i in [&a, &b] {
         for lang in ["fr", "de"] {
             let service = &i.service;
@@ -634,8 +655,13 @@ async fn one_invalidation_reaches_every_variant() {
             assert!(fresh.await, "{lang} kept its invalidated variant");
         }
     }
-    // One fill per variant after the invalidation, for both instances.
+    // One fill per variant after the invalidation, for both instances, each with a token
+    // above the invalidation's.
     assert_eq!(origin.calls(), 4);
+    for keys in [&fr, &de] {
+        let token: u64 = conn.hget(keys.entry(), "t").await.unwrap();
+        assert!(token > invalidation);
+    }
 }
 
 /// A refresh gets an answer that may not be stored (a 404): the stale entry stays, and

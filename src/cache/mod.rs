@@ -22,10 +22,15 @@ use crate::keys::CacheKeys;
 use crate::lease::{FencingToken, Lease};
 use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
 
-static READ: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/read.lua")));
-static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/write.lua")));
+static READ: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&crate::lease::with_tokens(include_str!("scripts/read.lua"))));
+static WRITE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&crate::lease::with_tokens(include_str!(
+        "scripts/write.lua"
+    )))
+});
 static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&crate::lease::with_next_token(include_str!(
+    Script::new(&crate::lease::with_tokens(include_str!(
         "scripts/invalidate.lua"
     )))
 });
@@ -131,6 +136,8 @@ pub(crate) fn new_l1(capacity: u64) -> L1 {
             u32::try_from(weigh(key, value)).unwrap_or(u32::MAX)
         })
         .expire_after(UntilKept)
+        // For dropping every variant of an invalidated response at once.
+        .support_invalidation_closures()
         .build()
 }
 
@@ -228,12 +235,21 @@ pub(crate) fn new_tombstones() -> Tombstones {
         .build()
 }
 
-/// Whether an invalidation seen here came after `stored` was written (for the response
-/// of `key`, whichever variant it is).
-pub(crate) fn invalidated(tombstones: &Tombstones, key: &str, stored: &Stored) -> bool {
+/// Whether an invalidation seen here of the response whose keys start with `primary`
+/// (see [`CacheKeys::primary`]) came after `stored` was written.
+pub(crate) fn invalidated(tombstones: &Tombstones, primary: &str, stored: &Stored) -> bool {
     tombstones
-        .get(crate::keys::primary_of(key))
+        .get(primary)
         .is_some_and(|tomb| stored.response.token < tomb)
+}
+
+/// Drops from L1 every variant of the response whose keys start with `primary` (those
+/// its `Vary` told apart), and the response itself. Moka checks the predicate on every
+/// read until it has gone through the cache, so none is served after this returns.
+pub(crate) fn l1_invalidate_response(l1: &L1, primary: &str) {
+    let primary: Arc<str> = primary.into();
+    l1.invalidate(&*format!("{primary}:entry"));
+    let _ = l1.invalidate_entries_if(move |key, _| crate::keys::primary_of(key) == &*primary);
 }
 
 /// Puts an entry in L1 unless an entry with a higher token is there, or the key was
@@ -250,7 +266,8 @@ pub(crate) fn l1_put(
     epoch: u64,
 ) -> bool {
     stored.epoch.fetch_max(epoch, Ordering::Relaxed);
-    let refused = |tombstones: &Tombstones| invalidated(tombstones, &key, &stored);
+    let primary = crate::keys::primary_of(&key);
+    let refused = |tombstones: &Tombstones| invalidated(tombstones, primary, &stored);
     if refused(tombstones) {
         return false;
     }
@@ -370,11 +387,14 @@ pub(crate) async fn l2_write(
 
 /// Replaces an entry by a tombstone for everyone (see the script). Returns whether an
 /// entry was there, and the tombstone's token.
+/// `entries_live` is the longest an entry of the route may live: the invalidation's token
+/// outlives every variant it hides.
 pub(crate) async fn l2_invalidate(
     store: &RedisStore,
     keys: &CacheKeys,
     channel: &str,
     tombstone_for: Duration,
+    entries_live: Duration,
 ) -> Result<(bool, FencingToken), StoreError> {
     let mut invocation = INVALIDATE.prepare_invoke();
     invocation
@@ -385,6 +405,11 @@ pub(crate) async fn l2_invalidate(
         .arg(millis(tombstone_for))
         .arg(millis(
             crate::lease::DEFAULT_FENCE_RETENTION.max(tombstone_for),
+        ))
+        .arg(millis(
+            crate::lease::DEFAULT_FENCE_RETENTION
+                .max(tombstone_for)
+                .max(entries_live),
         ));
     let (existed, token): (i64, i64) = store
         .run(Operation::Invalidate, Request::Script(&invocation))

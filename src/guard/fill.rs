@@ -58,7 +58,8 @@ pub(crate) enum FillOutcome<B: Body, E> {
     /// The key's answers may not be stored (this fill's, or another instance's): its
     /// callers go to the origin themselves.
     Pass,
-    /// The origin failed (here or on another instance); the fleet leaves it alone.
+    /// The origin failed (here or on another instance) and the fleet backs off: callers
+    /// get what may stand in, or the route's 503.
     BackedOff,
     /// No slot of the refresh budget came free within the cold wait.
     OverBudget,
@@ -228,11 +229,15 @@ where
     let stand_aside = stand_in || matches!(policy.cold_miss, ColdMiss::Reject { .. });
     // A slot of the budget first, then the lease: a lease held while waiting for a slot
     // could run out before the origin is even called.
+    let mut over_budget = false;
     let (slot, mut lease) = loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let slot = route.shared.budget.take_within(left).await;
         if slot.is_none() {
-            route.stats.record(Event::FillOverBudget);
+            if !over_budget {
+                route.stats.record(Event::FillOverBudget);
+                over_budget = true;
+            }
             if stand_aside {
                 return FillOutcome::OverBudget;
             }
@@ -245,7 +250,7 @@ where
         let acquired = route
             .shared
             .leases
-            .try_acquire_unless_written(keys.lease(), policy.lease_ttl, keys.entry(), local_token)
+            .try_acquire_fill(&keys, policy.lease_ttl, local_token)
             .await;
         let outcome = match acquired {
             Acquire::Outcome(outcome) => outcome,
@@ -259,13 +264,15 @@ where
                     };
                 }
                 // Not an entry that serves (garbage, say): take the lease as usual.
-                None => {
-                    route
-                        .shared
-                        .leases
-                        .try_acquire(keys.lease(), policy.lease_ttl)
-                        .await
-                }
+                None => match route
+                    .shared
+                    .leases
+                    .try_acquire_fill(&keys, policy.lease_ttl, FencingToken::new(u64::MAX))
+                    .await
+                {
+                    Acquire::Outcome(outcome) => outcome,
+                    Acquire::Written => unreachable!("no entry is newer than the newest"),
+                },
             },
         };
         match outcome {
@@ -460,7 +467,7 @@ async fn landed_meanwhile(
     let usable = |s: &Stored| s.freshness() != Freshness::Expired && s.response.token >= seen;
     if let Some(stored) = route.l1().get(keys.entry())
         && usable(&stored)
-        && !invalidated(&route.shared.tombstones, keys.entry(), &stored)
+        && !invalidated(&route.shared.tombstones, keys.primary(), &stored)
     {
         return Some(stored);
     }
@@ -571,14 +578,21 @@ where
             .await
             .map_err(|_| route.stats.record(Event::RedisError))
     };
+    // The newest entry this refresh knows of: one written after it is another's refresh.
+    let mut seen = current.response.token;
     let redis_up = match read {
-        // Never an expired one: it would stand in for nothing.
+        // An expired entry is never taken (it would stand in for nothing), but is known:
+        // what is written after it is another instance's refresh.
+        Ok(L2Read::Found(stored)) if stored.freshness() == Freshness::Expired => {
+            seen = seen.max(stored.response.token);
+            true
+        }
         Ok(L2Read::Found(stored))
-            if stored.freshness() != Freshness::Expired
-                && (stored.response.token > current.response.token
-                    || stored.freshness() == Freshness::Fresh) =>
+            if stored.response.token > current.response.token
+                || stored.freshness() == Freshness::Fresh =>
         {
             let fresh = stored.freshness() == Freshness::Fresh;
+            seen = seen.max(stored.response.token);
             route.put_l1(keys.entry().into(), stored).await;
             if fresh {
                 route.stats.record(Event::RefreshAdopted);
@@ -595,12 +609,25 @@ where
         Err(()) => false,
     };
     let lease = if redis_up {
-        match route
+        let acquired = route
             .shared
             .leases
-            .try_acquire(keys.lease(), policy.lease_ttl)
-            .await
-        {
+            .try_acquire_fill(&keys, policy.lease_ttl, seen)
+            .await;
+        let outcome = match acquired {
+            Acquire::Outcome(outcome) => outcome,
+            // Written by another instance since the look above: take it.
+            Acquire::Written => {
+                if let Ok(L2Read::Found(stored)) =
+                    l2_read(&route.shared.store, &keys, route.policy.max_body).await
+                {
+                    route.put_l1(keys.entry().into(), stored).await;
+                }
+                route.stats.record(Event::RefreshAdopted);
+                return None;
+            }
+        };
+        match outcome {
             AcquireOutcome::Acquired(lease) => Some(lease),
             AcquireOutcome::Busy { retry_after, .. } => {
                 route.stats.record(Event::RefreshBusy);
@@ -740,11 +767,19 @@ async fn keep(
         match route
             .shared
             .leases
-            .try_acquire(own.lease(), route.policy.lease_ttl)
+            .try_acquire_fill(&own, route.policy.lease_ttl, FencingToken::new(0))
             .await
         {
-            AcquireOutcome::Acquired(own_lease) => lease = Some(own_lease),
-            other => {
+            Acquire::Outcome(AcquireOutcome::Acquired(own_lease)) => lease = Some(own_lease),
+            // Someone stored that variant meanwhile.
+            Acquire::Written => {
+                return Kept::NotStored {
+                    head,
+                    body,
+                    why: NotStored::VaryUnkeyed,
+                };
+            }
+            Acquire::Outcome(other) => {
                 // Someone fills that variant already, or Redis failed: the answer goes
                 // to its callers unstored.
                 if !matches!(other, AcquireOutcome::Busy { .. }) {

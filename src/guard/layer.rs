@@ -9,7 +9,7 @@ use super::Shared;
 use super::flight::Flights;
 use super::service::Guard;
 use super::vary::Learned;
-use crate::cache::{L1, Stored, l1_put, l2_invalidate};
+use crate::cache::{L1, Stored, l1_invalidate_response, l1_put, l2_invalidate};
 use crate::keys::CacheKeys;
 use crate::lease::FencingToken;
 use crate::metrics::{RouteStats, Stats};
@@ -170,16 +170,22 @@ impl GuardLayer {
                 .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
         );
         shared.tombstones.insert(keys.primary().into(), local);
-        self.route.l1().invalidate(keys.entry());
+        l1_invalidate_response(self.route.l1(), keys.primary());
         if shared.store.is_local_only() {
             return Ok(true);
         }
-        let (existed, token) =
-            l2_invalidate(&shared.store, &keys, &shared.channel, self.route.max_fill()).await?;
+        let (existed, token) = l2_invalidate(
+            &shared.store,
+            &keys,
+            &shared.channel,
+            self.route.max_fill(),
+            self.route.policy.keep(),
+        )
+        .await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from
         // the same clock (the local one only covered the round trip).
         shared.tombstones.insert(keys.primary().into(), token);
-        self.route.l1().invalidate(keys.entry());
+        l1_invalidate_response(self.route.l1(), keys.primary());
         Ok(existed)
     }
 }

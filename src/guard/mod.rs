@@ -51,8 +51,10 @@
 //!   its entry, woken by its notice. When the filler's lease ends without an entry, its
 //!   notice says so and they stop waiting at once: after an answer that may not be
 //!   stored they go to the origin themselves (and so do the key's callers for the
-//!   route's hit-for-pass time, `x-cache: pass`); after an origin failure they get an
-//!   entry that may stand in (stale-if-error), or follow the route's [`ColdMiss`].
+//!   route's hit-for-pass time, `x-cache: pass`); after an origin failure, while the
+//!   fleet backs off, they get an entry that may stand in (stale-if-error) at once, or a
+//!   503 on a route that rejects, or else share one call at a time of their process to
+//!   the origin (without the lease).
 //!
 //! # What reaches the origin
 //!

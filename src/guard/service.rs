@@ -19,7 +19,7 @@ use super::future::ResponseFuture;
 use super::layer::Route;
 use super::marks::Mark;
 use crate::X_CACHE;
-use crate::cache::{Freshness, L2Read, Stored, invalidated, l2_read};
+use crate::cache::{Freshness, L2Read, Stored, l2_read};
 use crate::keys::CacheKeys;
 use crate::lease::FencingToken;
 use crate::metrics::Event;
@@ -124,12 +124,7 @@ where
         };
         // L1 answers fresh and stale entries here, without a future to allocate: the
         // common case costs a hash, a lookup and the response.
-        let found = route.l1().get(keys.entry()).filter(|stored| {
-            // A variant is not removed from L1 when its response is invalidated: it is
-            // older than the invalidation, and not served.
-            !(keys.is_variant() && invalidated(&route.shared.tombstones, keys.entry(), stored))
-        });
-        let fallback = match found {
+        let fallback = match route.l1().get(keys.entry()) {
             Some(stored) => {
                 route.stats.record(Event::L1Hit);
                 if let Some(response) = answer(route, &stored, kind, &keys, &request, &self.inner) {
@@ -238,6 +233,8 @@ where
             if let Some(new) = route.keys_for(&request) {
                 rekeys += 1;
                 keys = new;
+                // What was found under the old key is not this key's.
+                fallback = None;
                 continue;
             }
         }
@@ -255,6 +252,7 @@ where
                 Some(new) if rekeys < MAX_REKEYS => {
                     rekeys += 1;
                     keys = new;
+                    fallback = None;
                 }
                 _ => {
                     route.stats.record(Event::Pass);

@@ -9,7 +9,7 @@ use super::outcome::{
     AcquireOutcome, FencingToken, Lease, ReleaseOutcome, RenewOutcome, UncertainAcquire,
 };
 use crate::error::ConfigError;
-use crate::keys::{KeySpace, LeaseName};
+use crate::keys::{CacheKeys, KeySpace, LeaseName};
 use crate::owner::{Owner, OwnerFactory, default_instance_id};
 use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
 
@@ -17,7 +17,7 @@ use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
 // Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH). Never put them in a pipeline:
 // there, NOSCRIPT is not handled.
 static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_next_token(include_str!("scripts/acquire.lua"))));
+    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/acquire.lua"))));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
@@ -43,9 +43,10 @@ pub(crate) async fn release_if_owner(
     Ok(released == 1)
 }
 
-/// A script that issues fencing tokens, with the one function that issues them.
-pub(crate) fn with_next_token(script: &str) -> String {
-    format!("{}{script}", include_str!("scripts/next_token.lua"))
+/// A script that issues or compares fencing tokens, with the functions that do it
+/// (`tokens.lua`: `next_token`, `sane_token`, `token_at`).
+pub(crate) fn with_tokens(script: &str) -> String {
+    format!("{}{script}", include_str!("scripts/tokens.lua"))
 }
 
 /// A lease must last at least this many command timeouts: long enough for an acquire, a
@@ -129,18 +130,19 @@ impl LeaseClient {
         }
     }
 
-    /// [`try_acquire`](Self::try_acquire) for the fill of a cache entry: the lease is not
-    /// taken when the entry was written since its caller looked (a token newer than
-    /// `seen`), in the same script.
-    pub(crate) async fn try_acquire_unless_written(
+    /// [`try_acquire`](Self::try_acquire) for the fill of a cache entry, in the same
+    /// script: the lease is not taken when the entry was written since its caller looked
+    /// (a token newer than `seen`), and the token is ordered against the invalidations
+    /// of the entry's response (see `acquire.lua`).
+    pub(crate) async fn try_acquire_fill(
         &self,
-        name: &LeaseName,
+        keys: &CacheKeys,
         ttl: Duration,
-        entry: &str,
         seen: FencingToken,
     ) -> Acquire {
+        let name = keys.lease();
         let span = tracing::debug_span!("stampede_guard.lease.acquire", lease = name.key());
-        self.acquire_inner(name, ttl, Some((entry, seen)))
+        self.acquire_inner(name, ttl, Some((keys, seen)))
             .instrument(span)
             .await
     }
@@ -149,7 +151,7 @@ impl LeaseClient {
         &self,
         name: &LeaseName,
         ttl: Duration,
-        unless_written: Option<(&str, FencingToken)>,
+        fill: Option<(&CacheKeys, FencingToken)>,
     ) -> Acquire {
         if let Err(error) = self.check_ttl("lease_ttl", ttl) {
             return Acquire::Outcome(AcquireOutcome::Invalid(error));
@@ -164,8 +166,12 @@ impl LeaseClient {
             .arg(millis(ttl))
             .arg(millis(retention))
             .arg(HELD_OFF);
-        if let Some((entry, seen)) = unless_written {
-            invocation.key(entry).arg(seen.get());
+        if let Some((keys, seen)) = fill {
+            invocation
+                .key(keys.entry())
+                .key(keys.invalidated_key())
+                .key(keys.primary_fence_key())
+                .arg(seen.get());
         }
         let sent_at = Instant::now();
         let reply: Result<Vec<i64>, StoreError> = self
@@ -174,7 +180,7 @@ impl LeaseClient {
             .run(Operation::Acquire, Request::Script(&invocation))
             .await;
         let outcome = match reply.as_deref() {
-            Ok(&[2, 0]) if unless_written.is_some() => {
+            Ok(&[2, 0]) if fill.is_some() => {
                 tracing::debug!(lease = name.key(), "lease not taken: the entry was written");
                 crate::metrics::lease_acquired(
                     name.operation_label(),

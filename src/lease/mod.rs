@@ -79,7 +79,7 @@ mod client;
 mod outcome;
 mod watchdog;
 
-pub(crate) use self::client::{Acquire, HELD_OFF, release_if_owner, with_next_token};
+pub(crate) use self::client::{Acquire, HELD_OFF, release_if_owner, with_tokens};
 pub use self::client::{
     DEFAULT_FENCE_RETENTION, DEFAULT_LEASE_TTL, LeaseClient, LeaseClientBuilder, MAX_LEASE_TTL,
     MIN_TTL_PER_COMMAND_TIMEOUT,

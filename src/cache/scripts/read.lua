@@ -24,11 +24,8 @@ local data = redis.call('HGET', KEYS[1], 'd')
 if not data then
   return {-3}
 end
-if redis.call('TYPE', KEYS[2]).ok == 'string' then
-  local invalidated = tonumber(redis.call('GET', KEYS[2]))
-  local written = tonumber(redis.call('HGET', KEYS[1], 't'))
-  if invalidated and written and written < invalidated then
-    return {}
-  end
+-- (token_at and sane_token: tokens.lua, prepended when the script is loaded.)
+if sane_token(tonumber(redis.call('HGET', KEYS[1], 't'))) < token_at(KEYS[2]) then
+  return {}
 end
 return {redis.call('PTTL', KEYS[1]), data}

@@ -16,38 +16,18 @@
 -- the entry are told, so that they stop waiting.
 --
 -- Returns {written (0/1), released (0/1), the highest token it was measured against:
--- the stored entry's, the last invalidation's or the last issued}.
+-- the stored entry's, the last invalidation's or the last issued}. The token helpers
+-- (tokens.lua) are prepended when the script is loaded.
 local token = tonumber(ARGV[1])
--- Tokens are at most the server's time in microseconds (plus one per acquire); a stored
--- token far beyond it (garbage, inf, nan) would refuse every write forever: it is not
--- one of ours.
-local now = redis.call('TIME')
-local ceiling = tonumber(now[1]) * 1000000 + tonumber(now[2]) + 60000000
-local function sane(t)
-  if t == nil or t ~= t or t > ceiling then
-    return 0
-  end
-  return t
-end
 local stored = 0
 if redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('PTTL', KEYS[1]) >= 0 then
-  stored = sane(tonumber(redis.call('HGET', KEYS[1], 't')))
-end
--- The highest of the token stored at a string key and `floor`.
-local function at_least(key, floor)
-  if redis.call('TYPE', key).ok == 'string' then
-    local t = sane(tonumber(redis.call('GET', key)))
-    if t > floor then
-      return t
-    end
-  end
-  return floor
+  stored = sane_token(tonumber(redis.call('HGET', KEYS[1], 't')))
 end
 -- A write that Redis runs late (queued behind a stall) must not undo an invalidation
 -- whose tombstone has expired since: the invalidation's token outlives it.
-stored = at_least(KEYS[3], stored)
+stored = math.max(stored, token_at(KEYS[3]))
 -- The last token issued for the lease: a newer holder exists if it is above ours.
-stored = at_least(KEYS[4], stored)
+stored = math.max(stored, token_at(KEYS[4]))
 local written = 0
 if token >= stored then
   -- DEL first: the key may hold garbage of another type.

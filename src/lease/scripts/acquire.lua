@@ -3,21 +3,34 @@
 -- KEYS[1]  the lease key       KEYS[2]  its fence counter (same hash slot)
 -- ARGV[1]  owner value         ARGV[2]  lease TTL, ms    ARGV[3]  fence counter TTL, ms
 -- ARGV[4]  the value of a held-off lease (see hold_off.lua)
--- KEYS[3], ARGV[5]  (optional) the cache entry the lease is for, and the token of the
---          entry its caller found (0 for none)
+--
+-- For the lease of a cache entry's fill, also (all in the same hash slot):
+-- KEYS[3]  the entry    KEYS[4]  its response's invalidation token
+-- KEYS[5]  its response's fence counter (the invalidation script issues from it; the
+--          same key as KEYS[2] unless the entry is one variant of a response)
+-- ARGV[5]  the token of the entry the caller found (0 for none)
 --
 -- Returns {1, token} when the lease was taken, {0, pttl, held_off (0/1)} when it is
 -- held, and {2, 0} when the entry was written since its caller looked (a newer token
--- than it found): the work is done, the lease is not taken. The caller's look and this
--- acquire are two round trips; another instance's whole fill can land between them, and
--- its notice come after this reply.
+-- than it found, and not invalidated since): the work is done, the lease is not taken.
+-- The caller's look and this acquire are two round trips; another instance's whole fill
+-- can land between them, and its notice come after this reply.
 --
--- The token comes from next_token (next_token.lua, prepended when loaded).
-if KEYS[3] and redis.call('TYPE', KEYS[3]).ok == 'hash'
-    and redis.call('HEXISTS', KEYS[3], 'd') == 1 and redis.call('HEXISTS', KEYS[3], 'x') == 0 then
-  local written = tonumber(redis.call('HGET', KEYS[3], 't'))
-  if written and written > tonumber(ARGV[5]) then
-    return {2, 0}
+-- A fill's token is above its response's last invalidation, and the response's counter
+-- is raised to it: an invalidation after this acquire issues a token above it, so the
+-- two are ordered even when they fall in the same microsecond, or the server's clock
+-- steps back. (next_token, token_at: tokens.lua, prepended when loaded.)
+--
+-- The token comes from next_token (tokens.lua, prepended when loaded).
+local invalidated = 0
+if KEYS[3] then
+  invalidated = token_at(KEYS[4])
+  if redis.call('TYPE', KEYS[3]).ok == 'hash' and redis.call('HEXISTS', KEYS[3], 'd') == 1
+      and redis.call('HEXISTS', KEYS[3], 'x') == 0 then
+    local written = tonumber(redis.call('HGET', KEYS[3], 't'))
+    if written and written > tonumber(ARGV[5]) and written >= invalidated then
+      return {2, 0}
+    end
   end
 end
 local pttl = redis.call('PTTL', KEYS[1])
@@ -30,6 +43,9 @@ if pttl >= 0 then
   end
   return {0, pttl, held_off}
 end
-local token = next_token(KEYS[2], ARGV[3])
+local token, token_s = next_token(KEYS[2], ARGV[3], invalidated + 1)
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if KEYS[5] and KEYS[5] ~= KEYS[2] and token_at(KEYS[5]) < token then
+  redis.call('SET', KEYS[5], token_s, 'PX', ARGV[3])
+end
 return {1, token}

@@ -47,6 +47,19 @@ fn readme_app(guard: &StampedeGuard, calls: Arc<AtomicU64>, delay: Duration) -> 
     Router::new().route("/items/{id}", get(handler).layer(items))
 }
 
+/// 200 requests at once on a cold key, each on its own connection: one handler call,
+/// and every caller gets its answer.
+async fn one_call_for_a_cold_burst(addr: std::net::SocketAddr, calls: &AtomicU64) {
+    let responses = cold_burst(addr).await;
+    let made = calls.load(Ordering::SeqCst);
+    eprintln!("200 connections, a cold key: {made} handler calls");
+    assert_eq!(made, 1, "handler calls");
+    for got in &responses {
+        assert_eq!(got.status, StatusCode::OK);
+        assert_eq!(got.body, "item (call 1)");
+    }
+}
+
 /// 200 requests at once on a cold key, each on its own connection.
 async fn cold_burst(addr: std::net::SocketAddr) -> Vec<support::web::Got> {
     let barrier = Arc::new(Barrier::new(200));
@@ -74,16 +87,7 @@ async fn the_readme_shape_fills_a_cold_key_once_with_redis_down() {
     let calls = Arc::new(AtomicU64::new(0));
     let addr = serve(readme_app(&guard, calls.clone(), Duration::from_secs(1))).await;
 
-    let responses = cold_burst(addr).await;
-    eprintln!(
-        "200 connections, a cold key: {} handler calls",
-        calls.load(Ordering::SeqCst)
-    );
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "handler calls");
-    for got in &responses {
-        assert_eq!(got.status, StatusCode::OK);
-        assert_eq!(got.body, "item (call 1)");
-    }
+    one_call_for_a_cold_burst(addr, &calls).await;
 }
 
 /// The same with Redis up and an origin slower than the cold wait of earlier defaults
@@ -95,16 +99,7 @@ async fn the_readme_shape_fills_a_cold_key_once_with_redis_up_and_a_slow_origin(
     let calls = Arc::new(AtomicU64::new(0));
     let addr = serve(readme_app(&guard, calls.clone(), Duration::from_secs(3))).await;
 
-    let responses = cold_burst(addr).await;
-    eprintln!(
-        "200 connections, a cold key: {} handler calls",
-        calls.load(Ordering::SeqCst)
-    );
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "handler calls");
-    for got in &responses {
-        assert_eq!(got.status, StatusCode::OK);
-        assert_eq!(got.body, "item (call 1)");
-    }
+    one_call_for_a_cold_burst(addr, &calls).await;
     // And the entry is shared: a new connection gets a hit.
     let again = fetch(addr, "/items/1", &[]).await;
     assert_eq!(

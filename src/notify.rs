@@ -1,33 +1,158 @@
-//! Instances telling each other about fills and invalidations, over Redis pub/sub.
+//! Instances telling each other what happened to entries, over Redis pub/sub.
 //!
 //! Every fenced write publishes a fill notice and every invalidation an invalidation
 //! notice on the key space's channel (inside the same Lua script, so a notice is sent
 //! exactly when the write happened); a fill whose lease ends without a write says so,
-//! and so does a route that learned a `Vary` header. The wire format is
-//! [`Notice`]'s. Each guard keeps one subscription:
+//! and so does a route that learned a `Vary` header. The wire format is [`Notice`]'s.
 //!
-//! * a fill notice wakes the callers of this process that wait for that entry;
-//! * an invalidation drops the entry from L1 and leaves a tombstone;
-//! * a fill that ended without a write marks the key (pass it through, or serve stale
-//!   at once: see `guard::marks`) and wakes its waiters, who then look again instead of
-//!   waiting out their cold wait;
-//! * a learned `Vary` teaches the route of this process the same header names.
+//! [`Notices`] is one guard's side of it: the subscription (one connection, pinged every
+//! second, reconnected with backoff), the callers waiting for an entry to be filled
+//! elsewhere ([`Wait`]), and the channel. It knows nothing of the guard's state: what a
+//! notice means for L1, tombstones, marks and routes, the guard says through [`Hears`].
+//! Callers waiting for a key are woken after the guard has heard the notice, so that
+//! they find its effects.
 //!
 //! A lost notice costs time, never correctness: a waiter that is not woken reads Redis
-//! when its cold wait ends. When the subscription is lost and comes back, invalidations
-//! sent meanwhile are lost with it: every entry L1 held then is no longer served as
-//! fresh, but as stale while a refresh reads it again from Redis.
+//! when its cold wait ends. When the subscription is lost and comes back, notices sent
+//! meanwhile are lost with it: the guard is told ([`Hears::subscribed`]) and no longer
+//! serves what it held then as fresh.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-use crate::cache::{Ending, Notice};
-use crate::guard::Shared;
-use crate::guard::marks::Mark;
+use crate::lease::FencingToken;
+use crate::store::{Operation, RedisStore, Request, StoreError};
+
+/// What the guard does with what it hears. Called from the subscription's task.
+pub(crate) trait Hears: Send + Sync + 'static {
+    /// Another instance (or this one) wrote the entry at `key`.
+    fn filled(&self, key: &str);
+    /// The response at `key` was invalidated, with its tombstone's token.
+    fn invalidated(&self, key: &str, token: FencingToken);
+    /// A fill's lease ended without a write, and what to make of the key for `lasting`.
+    fn ended(&self, key: &str, ending: Ending, lasting: Duration);
+    /// Route `route` learned that its responses vary on `names`.
+    fn learned(&self, route: &str, names: &[&str]);
+    /// The subscription came up (again): notices sent before may have been missed.
+    fn subscribed(&self);
+    /// Once a second while subscribed (for reporting gauges).
+    fn tick(&self);
+}
+
+/// One guard's notices: its channel, its subscription and its waiting callers.
+pub(crate) struct Notices {
+    channel: String,
+    waiters: Arc<Waiters>,
+    /// Shared with the subscription's task, which holds it weakly.
+    state: Arc<State>,
+    listener: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct State {
+    /// Whether the subscription's task runs (it is started again if its runtime went).
+    listening: AtomicBool,
+    /// Whether the subscription is up now.
+    subscribed: watch::Sender<bool>,
+}
+
+impl Drop for Notices {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.lock().expect("listener lock").take() {
+            listener.abort();
+        }
+    }
+}
+
+impl Notices {
+    pub(crate) fn new(channel: String) -> Self {
+        Self {
+            channel,
+            waiters: Arc::default(),
+            state: Arc::new(State {
+                listening: AtomicBool::new(false),
+                subscribed: watch::channel(false).0,
+            }),
+            listener: Mutex::default(),
+        }
+    }
+
+    /// The channel notices go on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// Registers a wait for `key` (see [`Waiters::register`]).
+    pub(crate) fn wait_for(&self, key: Arc<str>) -> Wait {
+        self.waiters.register(key)
+    }
+
+    /// Whether the subscription is up now.
+    pub(crate) fn is_subscribed(&self) -> bool {
+        *self.state.subscribed.borrow()
+    }
+
+    /// Follows the subscription's state.
+    pub(crate) fn subscription(&self) -> watch::Receiver<bool> {
+        self.state.subscribed.subscribe()
+    }
+
+    /// Starts the subscription on first use (a runtime is needed for it), and again if
+    /// its task ended (its runtime went away). One atomic load when it runs.
+    pub(crate) fn ensure_listening(&self, store: &RedisStore, hears: Weak<dyn Hears>) {
+        if self.state.listening.load(Ordering::Acquire) || store.is_local_only() {
+            return;
+        }
+        let mut listener = self.listener.lock().expect("listener lock");
+        if self.state.listening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let running = Running(Arc::downgrade(&self.state));
+        let task = listen(
+            store.clone(),
+            self.channel.clone(),
+            Arc::downgrade(&self.state),
+            self.waiters.clone(),
+            hears,
+        );
+        *listener = Some(tokio::spawn(async move {
+            let _running = running;
+            task.await;
+        }));
+    }
+
+    /// Publishes `notice` (those that no script sends itself).
+    pub(crate) async fn publish(
+        &self,
+        store: &RedisStore,
+        notice: &Notice<'_>,
+    ) -> Result<(), StoreError> {
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(&self.channel).arg(notice.to_string());
+        let _receivers: i64 = store
+            .run(Operation::Publish, Request::Command(&publish))
+            .await?;
+        Ok(())
+    }
+}
+
+/// Clears `listening` and `subscribed` when the subscription's task ends, however it
+/// ends.
+struct Running(Weak<State>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(state) = self.0.upgrade() {
+            state.listening.store(false, Ordering::Release);
+            state.subscribed.send_replace(false);
+        }
+    }
+}
 
 /// Callers waiting for an entry to be filled elsewhere.
 #[derive(Default)]
@@ -100,33 +225,27 @@ impl Drop for Wait {
 /// server stays open and silent, and would otherwise look subscribed forever.
 const PING_EVERY: Duration = Duration::from_secs(1);
 
-/// Keeps one subscription up for as long as the guard lives; reconnects with backoff.
-///
-/// Notices published while this instance is not subscribed are lost to it: entries
-/// invalidated then stay in its L1 until they expire.
-pub(crate) async fn listen(shared: Weak<Shared>, subscribed: watch::Sender<bool>) {
+/// Keeps one subscription up for as long as the guard lives (its `State` and what
+/// `Hears`); reconnects with backoff.
+async fn listen(
+    store: RedisStore,
+    channel: String,
+    state: Weak<State>,
+    waiters: Arc<Waiters>,
+    hears: Weak<dyn Hears>,
+) {
     let mut backoff = Duration::from_millis(50);
+    let timeout = store.connect_timeout();
     loop {
-        let (store, channel) = match shared.upgrade() {
-            Some(s) => (s.store.clone(), s.channel.clone()),
-            None => return,
-        };
-        if store.is_local_only() {
-            return; // nobody to hear, nobody to tell
-        }
-        let timeout = store.connect_timeout();
         if let Ok(mut pubsub) = store.pubsub(timeout).await
             && let Ok(Ok(())) = tokio::time::timeout(timeout, pubsub.subscribe(&channel)).await
         {
-            drop(store);
-            // Invalidations sent while this instance was not subscribed (or before it
-            // first was) did not reach it: what L1 holds may be invalidated. A new epoch
-            // makes those entries stale: served while a refresh reads Redis again.
-            if let Some(shared) = shared.upgrade() {
-                shared
-                    .epoch
-                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            }
+            let Some(guard) = hears.upgrade() else { return };
+            guard.subscribed();
+            drop(guard);
+            let Some(subscribed) = state.upgrade().map(|s| s.subscribed.clone()) else {
+                return;
+            };
             subscribed.send_replace(true);
             let (mut sink, mut messages) = pubsub.split();
             let mut ping = tokio::time::interval(PING_EVERY);
@@ -135,15 +254,13 @@ pub(crate) async fn listen(shared: Weak<Shared>, subscribed: watch::Sender<bool>
                 tokio::select! {
                     message = messages.next() => {
                         let Some(message) = message else { break };
-                        let Some(shared) = shared.upgrade() else { return };
-                        handle(&shared, message.get_payload_bytes()).await;
+                        let Some(guard) = hears.upgrade() else { return };
+                        deliver(&*guard, &waiters, message.get_payload_bytes());
                     }
                     _ = ping.tick() => {
-                        let Some(alive) = shared.upgrade() else { return };
-                        // A second's tick is as good a time as any to report L1.
-                        metrics::gauge!(crate::metrics::L1_ENTRIES).set(alive.l1.entry_count() as f64);
-                        metrics::gauge!(crate::metrics::L1_BYTES).set(alive.l1.weighted_size() as f64);
-                        drop(alive);
+                        let Some(guard) = hears.upgrade() else { return };
+                        guard.tick();
+                        drop(guard);
                         let pong = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
                         if !matches!(pong, Ok(Ok(_))) {
                             break;
@@ -162,44 +279,143 @@ pub(crate) async fn listen(shared: Weak<Shared>, subscribed: watch::Sender<bool>
     }
 }
 
-async fn handle(shared: &Shared, payload: &[u8]) {
+/// Hands a notice to the guard, then wakes the callers waiting for its key.
+fn deliver(guard: &dyn Hears, waiters: &Waiters, payload: &[u8]) {
     match Notice::parse(payload) {
         Some(Notice::Filled(key)) => {
-            shared.marks.clear(key);
-            shared.waiters.wake(key);
-            shared.filled_elsewhere(key);
+            guard.filled(key);
+            waiters.wake(key);
         }
         Some(Notice::Invalidated(key, token)) => {
-            shared
-                .tombstones
-                .insert(crate::keys::primary_of(key).into(), token);
-            crate::cache::l1_invalidate_response(&shared.l1, crate::keys::primary_of(key));
-            shared.waiters.wake(key);
+            guard.invalidated(key, token);
+            waiters.wake(key);
         }
         Some(Notice::Ended(key, ending, lasting)) => {
-            match ending {
-                Ending::Pass => shared.marks.set(key, Mark::Pass, lasting),
-                Ending::Error => shared.marks.set(key, Mark::BackOff, lasting),
-                Ending::Gone => {}
-            }
-            shared.waiters.wake(key);
+            guard.ended(key, ending, lasting);
+            waiters.wake(key);
         }
-        Some(Notice::Learned(route, names)) => {
-            if let Some(learned) = shared.learned(route) {
-                let names: Vec<http::HeaderName> = names
-                    .iter()
-                    .filter_map(|n| http::HeaderName::from_bytes(n.as_bytes()).ok())
-                    .collect();
-                let _ = learned.learn(&names);
-            }
-        }
+        Some(Notice::Learned(route, names)) => guard.learned(route, &names),
         None => {}
+    }
+}
+
+/// How a fill's lease ended without a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The answer may not be stored: pass the key through for a while.
+    Pass,
+    /// The origin failed: leave it alone for a while.
+    Error,
+    /// Nothing to say (the write was refused, the fill was abandoned): look again.
+    Gone,
+}
+
+/// What instances tell each other, on the key space's channel. On the wire:
+///
+/// * `f {entry key}`: an entry was written (sent by the write script);
+/// * `i {token} {entry key}`: an entry was invalidated, with its tombstone's token (sent
+///   by the invalidation script);
+/// * `e {pass|error|gone} {ms} {entry key}`: a fill's lease ended without a write, and
+///   what to make of the key for the next `ms`;
+/// * `v {route} {name,name,...}`: a route learned the headers its responses vary on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Notice<'a> {
+    Filled(&'a str),
+    Invalidated(&'a str, FencingToken),
+    Ended(&'a str, Ending, Duration),
+    Learned(&'a str, Vec<&'a str>),
+}
+
+impl std::fmt::Display for Notice<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Filled(key) => write!(f, "f {key}"),
+            Self::Invalidated(key, token) => write!(f, "i {token} {key}"),
+            Self::Ended(key, ending, lasting) => {
+                let how = match ending {
+                    Ending::Pass => "pass",
+                    Ending::Error => "error",
+                    Ending::Gone => "gone",
+                };
+                write!(f, "e {how} {} {key}", lasting.as_millis())
+            }
+            Self::Learned(route, names) => write!(f, "v {route} {}", names.join(",")),
+        }
+    }
+}
+
+impl<'a> Notice<'a> {
+    /// Reads a notice; `None` for anything else.
+    pub(crate) fn parse(payload: &'a [u8]) -> Option<Self> {
+        let text = std::str::from_utf8(payload).ok()?;
+        let (kind, rest) = text.split_once(' ')?;
+        match kind {
+            "f" => Some(Self::Filled(rest)),
+            "i" => {
+                let (token, key) = rest.split_once(' ')?;
+                Some(Self::Invalidated(
+                    key,
+                    FencingToken::new(token.parse().ok()?),
+                ))
+            }
+            "e" => {
+                let (how, rest) = rest.split_once(' ')?;
+                let (ms, key) = rest.split_once(' ')?;
+                let ending = match how {
+                    "pass" => Ending::Pass,
+                    "error" => Ending::Error,
+                    "gone" => Ending::Gone,
+                    _ => return None,
+                };
+                Some(Self::Ended(
+                    key,
+                    ending,
+                    Duration::from_millis(ms.parse().ok()?),
+                ))
+            }
+            "v" => {
+                let (route, names) = rest.split_once(' ')?;
+                Some(Self::Learned(
+                    route,
+                    names.split(',').filter(|n| !n.is_empty()).collect(),
+                ))
+            }
+            _ => None,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn notices_round_trip_and_garbage_is_none() {
+        let token = FencingToken::new(42);
+        let notices = [
+            Notice::Filled("sg:k:entry"),
+            Notice::Invalidated("sg:k:entry", token),
+            Notice::Ended("sg:k:entry", Ending::Pass, Duration::from_millis(1500)),
+            Notice::Ended("sg:k:entry", Ending::Error, Duration::from_millis(400)),
+            Notice::Ended("sg:k:entry", Ending::Gone, Duration::ZERO),
+            Notice::Learned("items", vec!["accept-language", "x-tenant"]),
+        ];
+        for notice in notices {
+            let wire = notice.to_string();
+            assert_eq!(Notice::parse(wire.as_bytes()), Some(notice), "{wire}");
+        }
+        for garbage in [
+            "",
+            "f",
+            "i x key",
+            "e maybe 5 key",
+            "e pass x key",
+            "z key",
+            "\u{0}",
+        ] {
+            assert_eq!(Notice::parse(garbage.as_bytes()), None, "{garbage}");
+        }
+    }
 
     /// Two waits of one key dropped at once, over and over: after each round the key
     /// is gone from the map (a key left with no receiver would never be removed).

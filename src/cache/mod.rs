@@ -20,6 +20,7 @@ use redis::{Script, Value};
 use crate::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
 use crate::lease::{FencingToken, Lease};
+use crate::notify::{Ending, Notice};
 use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
 
 static READ: LazyLock<Script> =
@@ -419,139 +420,6 @@ pub(crate) async fn l2_invalidate(
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-/// Publishes a notice on the guard's channel (the notices that no script sends itself).
-pub(crate) async fn publish(
-    store: &RedisStore,
-    channel: &str,
-    notice: &Notice<'_>,
-) -> Result<(), StoreError> {
-    let mut publish = redis::cmd("PUBLISH");
-    publish.arg(channel).arg(notice.to_string());
-    let _receivers: i64 = store
-        .run(Operation::Publish, Request::Command(&publish))
-        .await?;
-    Ok(())
-}
-
-/// How a fill's lease ended without a write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ending {
-    /// The answer may not be stored: pass the key through for a while.
-    Pass,
-    /// The origin failed: leave it alone for a while.
-    Error,
-    /// Nothing to say (the write was refused, the fill was abandoned): look again.
-    Gone,
-}
-
-/// What instances tell each other, on the key space's channel. On the wire:
-///
-/// * `f {entry key}`: an entry was written (sent by the write script);
-/// * `i {token} {entry key}`: an entry was invalidated, with its tombstone's token (sent
-///   by the invalidation script);
-/// * `e {pass|error|gone} {ms} {entry key}`: a fill's lease ended without a write, and
-///   what to make of the key for the next `ms`;
-/// * `v {route} {name,name,...}`: a route learned the headers its responses vary on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Notice<'a> {
-    Filled(&'a str),
-    Invalidated(&'a str, FencingToken),
-    Ended(&'a str, Ending, Duration),
-    Learned(&'a str, Vec<&'a str>),
-}
-
-impl std::fmt::Display for Notice<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Filled(key) => write!(f, "f {key}"),
-            Self::Invalidated(key, token) => write!(f, "i {token} {key}"),
-            Self::Ended(key, ending, lasting) => {
-                let how = match ending {
-                    Ending::Pass => "pass",
-                    Ending::Error => "error",
-                    Ending::Gone => "gone",
-                };
-                write!(f, "e {how} {} {key}", lasting.as_millis())
-            }
-            Self::Learned(route, names) => write!(f, "v {route} {}", names.join(",")),
-        }
-    }
-}
-
-impl<'a> Notice<'a> {
-    /// Reads a notice; `None` for anything else.
-    pub(crate) fn parse(payload: &'a [u8]) -> Option<Self> {
-        let text = std::str::from_utf8(payload).ok()?;
-        let (kind, rest) = text.split_once(' ')?;
-        match kind {
-            "f" => Some(Self::Filled(rest)),
-            "i" => {
-                let (token, key) = rest.split_once(' ')?;
-                Some(Self::Invalidated(
-                    key,
-                    FencingToken::new(token.parse().ok()?),
-                ))
-            }
-            "e" => {
-                let (how, rest) = rest.split_once(' ')?;
-                let (ms, key) = rest.split_once(' ')?;
-                let ending = match how {
-                    "pass" => Ending::Pass,
-                    "error" => Ending::Error,
-                    "gone" => Ending::Gone,
-                    _ => return None,
-                };
-                Some(Self::Ended(
-                    key,
-                    ending,
-                    Duration::from_millis(ms.parse().ok()?),
-                ))
-            }
-            "v" => {
-                let (route, names) = rest.split_once(' ')?;
-                Some(Self::Learned(
-                    route,
-                    names.split(',').filter(|n| !n.is_empty()).collect(),
-                ))
-            }
-            _ => None,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn notices_round_trip_and_garbage_is_none() {
-        let token = FencingToken::new(42);
-        let notices = [
-            Notice::Filled("sg:k:entry"),
-            Notice::Invalidated("sg:k:entry", token),
-            Notice::Ended("sg:k:entry", Ending::Pass, Duration::from_millis(1500)),
-            Notice::Ended("sg:k:entry", Ending::Error, Duration::from_millis(400)),
-            Notice::Ended("sg:k:entry", Ending::Gone, Duration::ZERO),
-            Notice::Learned("items", vec!["accept-language", "x-tenant"]),
-        ];
-        for notice in notices {
-            let wire = notice.to_string();
-            assert_eq!(Notice::parse(wire.as_bytes()), Some(notice), "{wire}");
-        }
-        for garbage in [
-            "",
-            "f",
-            "i x key",
-            "e maybe 5 key",
-            "e pass x key",
-            "z key",
-            "\u{0}",
-        ] {
-            assert_eq!(Notice::parse(garbage.as_bytes()), None, "{garbage}");
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,17 +1,16 @@
+//! The layer of one route.
+
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::Request;
 use tower_layer::Layer;
 
-use super::Shared;
-use super::flight::Flights;
+use super::handle::Shared;
+use super::route::Route;
 use super::service::Guard;
 use super::vary::Learned;
-use crate::cache::{L1, Stored, l1_invalidate_response, l1_put, l2_invalidate};
 use crate::keys::CacheKeys;
-use crate::lease::FencingToken;
 use crate::metrics::{RouteStats, Stats};
 use crate::policy::Policy;
 use crate::rules;
@@ -22,80 +21,6 @@ use crate::store::StoreError;
 #[derive(Clone)]
 pub struct GuardLayer {
     route: Arc<Route>,
-}
-
-/// What every request of a route shares.
-pub(crate) struct Route {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) policy: Policy,
-    pub(crate) stats: RouteStats,
-    /// The cold fills in flight, one per key. Here, with the route, and not in what
-    /// `layer()` makes: frameworks apply a route's layer again for each connection
-    /// (axum does), and single-flight must hold across all of them.
-    pub(crate) flights: Arc<Flights>,
-    /// The headers this route's responses vary on, learned from them.
-    pub(crate) learned: Arc<Learned>,
-}
-
-impl Route {
-    /// The keys of a request, with the headers the route has learned to vary on. Fails
-    /// only for a key space whose key would be too long.
-    pub(crate) fn keys_for<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
-        let identity = rules::identity(&self.policy, request);
-        let keys = &self.shared.keys;
-        let route = &self.policy.route;
-        self.learned
-            .with_names(|learned, version| {
-                let mut made = if learned.is_empty() {
-                    keys.cache(route, &identity)
-                } else {
-                    keys.cache_variant(route, &identity, &rules::variant(learned, request))
-                };
-                if let Ok(made) = &mut made {
-                    made.learned = version;
-                }
-                made
-            })
-            .ok()
-    }
-
-    /// The request that fills or refreshes the entry of `request`.
-    pub(crate) fn fill_request<B, F: Default>(&self, request: &Request<B>) -> Request<F> {
-        self.learned
-            .with_names(|learned, _| rules::fill_request(&self.policy, learned, request))
-    }
-
-    pub(crate) fn l1(&self) -> &L1 {
-        &self.shared.l1
-    }
-
-    /// Puts an entry in L1, fenced against newer entries and invalidations.
-    pub(crate) async fn put_l1(&self, key: Arc<str>, stored: Arc<Stored>) -> bool {
-        let epoch = self.shared.epoch.load(std::sync::atomic::Ordering::Acquire);
-        let put = l1_put(&self.shared.l1, &self.shared.tombstones, key, stored, epoch);
-        if self.shared.store.is_local_only() {
-            // No notice listener to report L1 once a second: report on each fill.
-            let l1 = &self.shared.l1;
-            metrics::gauge!(crate::metrics::L1_ENTRIES).set(l1.entry_count() as f64);
-            metrics::gauge!(crate::metrics::L1_BYTES).set(l1.weighted_size() as f64);
-        }
-        put
-    }
-
-    /// The token of the last invalidation of the key's response seen here, if any.
-    pub(crate) async fn tombstone(&self, key: &str) -> Option<FencingToken> {
-        self.shared.tombstones.get(crate::keys::primary_of(key))
-    }
-
-    /// How long a fill of this route can take at most: what an invalidation's tombstone
-    /// must outlive.
-    pub(crate) fn max_fill(&self) -> Duration {
-        let p = &self.policy;
-        p.lease_ttl
-            .max(p.refresh_timeout)
-            .max(p.watchdog.unwrap_or_default())
-            + self.shared.store.command_timeout() * 4
-    }
 }
 
 impl fmt::Debug for GuardLayer {
@@ -150,43 +75,7 @@ impl GuardLayer {
     /// Returns whether L2 held the entry. On a Redis error the local copy is gone but
     /// other instances keep theirs until it expires.
     pub async fn invalidate<B>(&self, request: &Request<B>) -> Result<bool, StoreError> {
-        // The response's own keys: one invalidation reaches every variant of it (those
-        // its `Vary` told apart), whatever the request's headers.
-        let identity = rules::identity(&self.route.policy, request);
-        let Ok(keys) = self
-            .route
-            .shared
-            .keys
-            .cache(&self.route.policy.route, &identity)
-        else {
-            return Ok(false);
-        };
-        let shared = &self.route.shared;
-        // Locally first, and whatever Redis says: a fill in flight here must not put the
-        // old entry back. A local tombstone outranks every token issued so far.
-        let local = crate::lease::FencingToken::new(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
-        );
-        shared.tombstones.insert(keys.primary().into(), local);
-        l1_invalidate_response(self.route.l1(), keys.primary());
-        if shared.store.is_local_only() {
-            return Ok(true);
-        }
-        let (existed, token) = l2_invalidate(
-            &shared.store,
-            &keys,
-            &shared.channel,
-            self.route.max_fill(),
-            self.route.policy.keep(),
-        )
-        .await?;
-        // Redis's token from now on: it orders against the fills' tokens, which come from
-        // the same clock (the local one only covered the round trip).
-        shared.tombstones.insert(keys.primary().into(), token);
-        l1_invalidate_response(self.route.l1(), keys.primary());
-        Ok(existed)
+        self.route.invalidate(request).await
     }
 }
 

@@ -1,0 +1,163 @@
+//! Answering a caller: from an entry (a hit, or a stale entry while its refresh
+//! starts), from the origin straight (a pass-through), or by the route's cold-miss
+//! behaviour; and the `x-cache` and `age` each answer carries.
+
+use std::sync::Arc;
+
+use http::header::{AGE, HeaderValue, RETRY_AFTER};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use tower::ServiceExt;
+
+use super::body::ResponseBody;
+use super::origin::{Buffered, FillBody, Inner, OriginBody};
+use super::refresh::spawn_refresh;
+use super::route::Route;
+use crate::X_CACHE;
+use crate::cache::{Freshness, Stored};
+use crate::keys::CacheKeys;
+use crate::metrics::Event;
+use crate::policy::ColdMiss;
+use crate::rules::Kind;
+
+/// Answers from an entry that is fresh (a hit) or stale (served, and refreshed in the
+/// background with a clone of the service); `None` for an expired one.
+pub(crate) fn answer<S, ReqBody, ResBody>(
+    route: &Arc<Route>,
+    stored: &Arc<Stored>,
+    kind: Kind,
+    keys: &CacheKeys,
+    request: &Request<ReqBody>,
+    inner: &S,
+) -> Option<Response<ResponseBody<ResBody>>>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: FillBody,
+    ResBody: OriginBody,
+{
+    let freshness = match stored.freshness() {
+        // Put in L1 before the notice subscription last came up: it may have missed an
+        // invalidation. Served, but not as fresh.
+        Freshness::Fresh
+            if stored.epoch()
+                < route
+                    .shared
+                    .epoch
+                    .load(std::sync::atomic::Ordering::Relaxed) =>
+        {
+            Freshness::Stale
+        }
+        freshness => freshness,
+    };
+    match freshness {
+        Freshness::Fresh => {
+            route.stats.record(Event::Hit);
+            Some(serve(stored, kind, "hit"))
+        }
+        Freshness::Stale => {
+            route.stats.record(Event::Stale);
+            spawn_refresh(route, keys, stored.clone(), request, inner);
+            Some(serve(stored, kind, "stale"))
+        }
+        Freshness::Expired => None,
+    }
+}
+
+pub(crate) fn serve<B: Body>(
+    stored: &Stored,
+    kind: Kind,
+    x_cache: &'static str,
+) -> Response<ResponseBody<B>> {
+    let cached = &stored.response;
+    let body = match kind {
+        Kind::Get => ResponseBody::full(cached.body.clone()),
+        Kind::Head => ResponseBody::empty(),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = cached.status;
+    *response.headers_mut() = cached.headers.clone();
+    let headers = response.headers_mut();
+    headers.insert(AGE, HeaderValue::from(stored.age().as_secs()));
+    set_x_cache(headers, x_cache);
+    response
+}
+
+/// An answer of the origin that was not stored, for one more of its waiters.
+pub(crate) fn serve_buffered<B: Body>(buffered: &Buffered) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::full(buffered.body.clone()));
+    *response.status_mut() = buffered.status;
+    *response.headers_mut() = buffered.headers.clone();
+    set_x_cache(response.headers_mut(), "pass");
+    response
+}
+
+pub(crate) fn set_x_cache(headers: &mut http::HeaderMap, value: &'static str) {
+    headers.insert(X_CACHE, HeaderValue::from_static(value));
+}
+
+pub(crate) async fn passthrough<S, ReqBody, ResBody>(
+    route: &Route,
+    inner: S,
+    request: Request<ReqBody>,
+    x_cache: &'static str,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: FillBody,
+    ResBody: OriginBody,
+{
+    route.stats.record(Event::OriginCall);
+    // A clone that has not been polled: `oneshot` waits for it to be ready.
+    let response = inner.oneshot(request).await?;
+    let mut response = response.map(ResponseBody::stream);
+    set_x_cache(response.headers_mut(), x_cache);
+    Ok(response)
+}
+
+/// The entry that may stand in for a failed origin, as a response.
+pub(crate) fn usable_on_error<B: Body>(
+    route: &Route,
+    fallback: &Option<Arc<Stored>>,
+) -> Option<Response<ResponseBody<B>>> {
+    let stored = fallback.as_ref()?;
+    if !stored.serves_on_error(route.policy.stale_if_error) {
+        return None;
+    }
+    route.stats.record(Event::StaleIfError);
+    route.stats.record(Event::Stale);
+    Some(serve(stored, Kind::Get, "stale"))
+}
+
+/// The cold wait is over with nothing to serve: the route's cold-miss behaviour.
+pub(crate) async fn cold_miss<S, ReqBody, ResBody>(
+    route: &Route,
+    inner: S,
+    request: Request<ReqBody>,
+    fallback: Option<Arc<Stored>>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: FillBody,
+    ResBody: OriginBody,
+{
+    if let Some(stale) = usable_on_error(route, &fallback) {
+        return Ok(stale);
+    }
+    match route.policy.cold_miss {
+        ColdMiss::Reject { retry_after } => {
+            route.stats.record(Event::Rejected);
+            let mut response = Response::new(ResponseBody::empty());
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(seconds));
+            set_x_cache(response.headers_mut(), "miss");
+            Ok(response)
+        }
+        _ => {
+            route.stats.record(Event::Passthrough);
+            passthrough(route, inner, request, "pass").await
+        }
+    }
+}

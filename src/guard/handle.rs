@@ -1,0 +1,320 @@
+//! The shared handle of a guard, its builder, and what its routes share.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use super::budget::Budget;
+use super::layer::GuardLayer;
+use super::marks::{Mark, Marks};
+use super::refresh::RefreshMap;
+use super::vary::Learned;
+use crate::cache::{L1, Tombstones, l1_invalidate_response, new_l1, new_tombstones};
+use crate::error::ConfigError;
+use crate::keys::KeySpace;
+use crate::lease::{FencingToken, LeaseClient};
+use crate::notify::{Ending, Hears, Notices};
+use crate::policy::Policy;
+use crate::store::{RedisStore, StoreError, StoreErrorKind};
+
+/// Default L1 capacity, in bytes of entries.
+pub const DEFAULT_L1_CAPACITY: u64 = 64 * 1024 * 1024;
+
+/// Default refresh budget: refreshes and cold fills of one guard at work at once.
+pub const DEFAULT_REFRESH_BUDGET: usize = 64;
+
+/// The shared handle: Redis, keys, the L1 cache and the notice subscription. Cheap to
+/// clone; make one per process and a [`GuardLayer`] per route from it.
+#[derive(Clone)]
+pub struct StampedeGuard {
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    /// Redis, behind its deadlines and breaker.
+    pub(crate) store: RedisStore,
+    /// Builds every key (identities hashed with the key space's secret).
+    pub(crate) keys: KeySpace,
+    /// Takes the fills' and refreshes' leases.
+    pub(crate) leases: LeaseClient,
+    /// The local tier.
+    pub(crate) l1: L1,
+    /// Tokens of recent invalidations, per response: what L1 refuses entries older than.
+    pub(crate) tombstones: Tombstones,
+    /// The fleet's notices: the subscription, and the callers waiting on it.
+    pub(crate) notices: Notices,
+    /// Keys whose last fill wrote nothing: pass them through, or serve stale at once.
+    pub(crate) marks: Marks,
+    /// Bounds the refreshes and cold fills at work at once.
+    pub(crate) budget: Budget,
+    /// The routes made from this guard, by name (a name is refused twice: its metrics
+    /// and keys would merge), with the headers each has learned to vary on.
+    pub(crate) routes: Mutex<HashMap<String, Arc<Learned>>>,
+    /// Keys with a refresh running in this process, or held off because another
+    /// instance holds the lease.
+    pub(crate) refreshing: Mutex<RefreshMap>,
+    /// Counts the times the notice subscription came up. Entries put in L1 in an earlier
+    /// epoch may have missed an invalidation sent while it was down: they are not served
+    /// as fresh (stale instead, and refreshed).
+    pub(crate) epoch: AtomicU64,
+}
+
+impl fmt::Debug for StampedeGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StampedeGuard")
+            .field("keys", &self.shared.keys)
+            .field("store", &self.shared.store)
+            .field("l1_entries", &self.shared.l1.entry_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StampedeGuard {
+    /// Starts a guard on a store and a key space.
+    pub fn builder(store: RedisStore, keys: KeySpace) -> GuardBuilder {
+        GuardBuilder {
+            store,
+            keys,
+            l1_capacity: DEFAULT_L1_CAPACITY,
+            refresh_budget: DEFAULT_REFRESH_BUDGET,
+            instance_id: None,
+        }
+    }
+
+    /// Makes the layer of one route. Refused, naming the field, when the policy does not
+    /// fit the store (lease TTLs against the command timeout), or when the guard already
+    /// made a layer for a route of that name (their metrics and keys would merge: clone
+    /// the [`GuardLayer`] to put one route's layer in several places).
+    pub fn layer(&self, policy: Policy) -> Result<GuardLayer, ConfigError> {
+        policy.check_against(self.shared.store.command_timeout())?;
+        self.shared
+            .keys
+            .cache(&policy.route, b"")
+            .map_err(|e| ConfigError::invalid("route", e.to_string()))?;
+        let learned = {
+            let mut routes = self.shared.routes.lock().expect("routes lock");
+            if routes.contains_key(&policy.route) {
+                return Err(ConfigError::invalid(
+                    "route",
+                    format!(
+                        "`{}` is already a route of this guard: clone its layer instead",
+                        policy.route
+                    ),
+                ));
+            }
+            let learned = Arc::new(Learned::default());
+            routes.insert(policy.route.clone(), learned.clone());
+            learned
+        };
+        Ok(GuardLayer::new(self.shared.clone(), policy, learned))
+    }
+
+    /// Opens a Redis connection and the notice subscription, waiting at most the store's
+    /// connect timeout for each. Not needed (the guard connects on first use), but lets a
+    /// service start warm, and lets tests know other instances will hear this one's
+    /// notices.
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        if self.shared.store.is_local_only() {
+            return Ok(());
+        }
+        self.shared.store.ping().await?;
+        self.shared.ensure_listening();
+        let mut subscribed = self.shared.notices.subscription();
+        match tokio::time::timeout(
+            self.shared.store.connect_timeout() * 2,
+            subscribed.wait_for(|up| *up),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(StoreError::new(
+                crate::store::Operation::Subscribe,
+                StoreErrorKind::NoConnection,
+                None,
+            )),
+        }
+    }
+
+    /// Whether the guard hears other instances' notices (fills, invalidations) now. Off
+    /// before the first request (or [`ready`](Self::ready)), while Redis cannot be
+    /// reached, and always for a local-only store. For health pages: an instance that
+    /// does not hear them serves what it holds, but learns of invalidations late.
+    pub fn notices_connected(&self) -> bool {
+        self.shared.notices.is_subscribed()
+    }
+
+    /// How many entries L1 holds (approximate: moka counts lazily).
+    pub fn l1_entries(&self) -> u64 {
+        self.shared.l1.entry_count()
+    }
+
+    /// How many bytes of entries L1 holds (approximate).
+    pub fn l1_bytes(&self) -> u64 {
+        self.shared.l1.weighted_size()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &RedisStore {
+        &self.shared.store
+    }
+}
+
+impl Shared {
+    /// The headers route `route` has learned to vary on (for notices from other
+    /// instances).
+    pub(crate) fn learned(&self, route: &str) -> Option<Arc<Learned>> {
+        self.routes.lock().expect("routes lock").get(route).cloned()
+    }
+
+    /// Starts the notice subscription on first use, and again if it ended (see
+    /// [`Notices::ensure_listening`]).
+    pub(crate) fn ensure_listening(self: &Arc<Self>) {
+        let hears: std::sync::Weak<dyn Hears> = Arc::downgrade(self) as _;
+        self.notices.ensure_listening(&self.store, hears);
+    }
+
+    /// Reports L1's size to the metrics.
+    pub(crate) fn report_l1(&self) {
+        metrics::gauge!(crate::metrics::L1_ENTRIES).set(self.l1.entry_count() as f64);
+        metrics::gauge!(crate::metrics::L1_BYTES).set(self.l1.weighted_size() as f64);
+    }
+}
+
+/// What the guard makes of the fleet's notices.
+impl Hears for Shared {
+    fn filled(&self, key: &str) {
+        self.marks.clear(key);
+        self.filled_elsewhere(key);
+    }
+
+    fn invalidated(&self, key: &str, token: FencingToken) {
+        let primary = crate::keys::primary_of(key);
+        self.tombstones.insert(primary.into(), token);
+        l1_invalidate_response(&self.l1, primary);
+    }
+
+    fn ended(&self, key: &str, ending: Ending, lasting: Duration) {
+        match ending {
+            Ending::Pass => self.marks.set(key, Mark::Pass, lasting),
+            Ending::Error => self.marks.set(key, Mark::BackOff, lasting),
+            Ending::Gone => {}
+        }
+    }
+
+    fn learned(&self, route: &str, names: &[&str]) {
+        if let Some(learned) = Shared::learned(self, route) {
+            let names: Vec<http::HeaderName> = names
+                .iter()
+                .filter_map(|n| http::HeaderName::from_bytes(n.as_bytes()).ok())
+                .collect();
+            let _ = learned.learn(&names);
+        }
+    }
+
+    /// Invalidations sent while the subscription was down (or before it first was) did
+    /// not reach this process: what L1 holds may be invalidated. A new epoch makes those
+    /// entries stale: served while a refresh reads Redis again.
+    fn subscribed(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A second's tick is as good a time as any to report L1.
+    fn tick(&self) {
+        self.report_l1();
+    }
+}
+
+/// Builds a [`StampedeGuard`].
+#[must_use]
+pub struct GuardBuilder {
+    store: RedisStore,
+    keys: KeySpace,
+    l1_capacity: u64,
+    refresh_budget: usize,
+    instance_id: Option<String>,
+}
+
+impl fmt::Debug for GuardBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardBuilder")
+            .field("l1_capacity", &self.l1_capacity)
+            .field("refresh_budget", &self.refresh_budget)
+            .field("instance_id", &self.instance_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuardBuilder {
+    /// How many bytes of entries L1 may hold (default 64 MiB). Entries are weighed by
+    /// what they really cost in memory (every allocation an entry holds, and the cache's
+    /// bookkeeping for it), so this is what the process spends on them; the least used
+    /// go first.
+    pub fn l1_capacity(mut self, bytes: u64) -> Self {
+        self.l1_capacity = bytes;
+        self
+    }
+
+    /// How many refreshes and cold fills may be at work at once, over all routes of the
+    /// guard (default 64): each calls the origin at most once. Over it, a stale entry is
+    /// served without a refresh (counted as skipped; a later caller starts it), and a
+    /// cold fill waits for a slot, at most its route's cold wait. Size it to what the
+    /// origin can take from one instance.
+    pub fn refresh_budget(mut self, slots: usize) -> Self {
+        self.refresh_budget = slots;
+        self
+    }
+
+    /// The instance part of lease owner values (see
+    /// [`LeaseClientBuilder::instance_id`](crate::lease::LeaseClientBuilder::instance_id)).
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.instance_id = Some(id.into());
+        self
+    }
+
+    /// Checks the settings and builds the guard. Connects nothing.
+    pub fn build(self) -> Result<StampedeGuard, ConfigError> {
+        if self.l1_capacity == 0 {
+            return Err(ConfigError::Zero {
+                field: "l1_capacity",
+            });
+        }
+        if self.refresh_budget == 0 {
+            return Err(ConfigError::Zero {
+                field: "refresh_budget",
+            });
+        }
+        if self.refresh_budget > Semaphore::MAX_PERMITS {
+            return Err(ConfigError::invalid("refresh_budget", "too large"));
+        }
+        let mut leases = LeaseClient::builder(self.store.clone(), &self.keys)
+            // Any valid TTL: every call passes the route's own.
+            .lease_ttl(
+                (self.store.command_timeout() * crate::lease::MIN_TTL_PER_COMMAND_TIMEOUT)
+                    .max(Duration::from_secs(1)),
+            );
+        if let Some(id) = self.instance_id {
+            leases = leases.instance_id(id);
+        }
+        let leases = leases.build()?;
+        let channel = self.keys.channel();
+        Ok(StampedeGuard {
+            shared: Arc::new(Shared {
+                store: self.store,
+                keys: self.keys,
+                leases,
+                l1: new_l1(self.l1_capacity),
+                tombstones: new_tombstones(),
+                notices: Notices::new(channel),
+                marks: Marks::default(),
+                budget: Budget::new(self.refresh_budget),
+                routes: Mutex::default(),
+                refreshing: Mutex::default(),
+                epoch: AtomicU64::new(0),
+            }),
+        })
+    }
+}

@@ -1,0 +1,280 @@
+//! Refreshing a stale entry in the background, while it is served.
+//!
+//! One refresh per key per process, within the guard's refresh budget (over it, the
+//! refresh is skipped and counted). A refresh reads L2 first and takes a newer entry
+//! that another instance wrote; otherwise it takes the key's lease (when another
+//! instance holds it, the process leaves the key alone until that lease ends or its
+//! fill notice comes), calls the origin and stores the answer, or ends the lease and
+//! backs off. Nobody awaits it; a caller that disconnects does not cancel it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::Request;
+use tracing::Instrument;
+
+use super::handle::Shared;
+use super::origin::{
+    Called, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease, end, keep,
+    lease_unavailable, local_floor, not_stored,
+};
+use super::route::Route;
+use crate::cache::{Freshness, L2Read, Stored, l2_read};
+use crate::keys::CacheKeys;
+use crate::lease::{Acquire, AcquireOutcome};
+use crate::metrics::Event;
+use crate::notify::Ending;
+use crate::rules;
+
+/// The refresh state of a key in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refresh {
+    Running,
+    /// Running, and another instance's fill notice came meanwhile.
+    RunningFilled,
+    /// Until then, the lease is someone else's: do not try.
+    HeldOff(Instant),
+}
+
+pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
+    route: &Arc<Route>,
+    keys: &CacheKeys,
+    current: Arc<Stored>,
+    request: &Request<ReqBody>,
+    inner: &S,
+) where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: FillBody,
+    ResBody: OriginBody,
+{
+    let key: Arc<str> = keys.entry().into();
+    let slot = {
+        let mut refreshing = route.shared.refreshing.lock().expect("refreshing lock");
+        match refreshing.get(&key) {
+            // One refresh per key per process.
+            Some(Refresh::Running | Refresh::RunningFilled) => return,
+            // Someone else has the lease; their notice, or its TTL, lifts the hold.
+            Some(Refresh::HeldOff(until)) if Instant::now() < *until => return,
+            _ => {}
+        }
+        // Hold-offs of keys nobody asks for any more would pile up: sweep them now and
+        // then (amortized: only when the map has grown).
+        if refreshing.len() >= 1024 && refreshing.len().is_power_of_two() {
+            let now = Instant::now();
+            refreshing
+                .retain(|_, state| !matches!(state, Refresh::HeldOff(until) if *until <= now));
+        }
+        // Within the budget, or not at all: the entry is served stale meanwhile, and a
+        // later caller starts the refresh once a slot is free.
+        let Some(slot) = route.shared.budget.try_take() else {
+            route.stats.record(Event::RefreshSkipped);
+            return;
+        };
+        refreshing.insert(key.clone(), Refresh::Running);
+        slot
+    };
+    let done = Refreshing {
+        route: route.clone(),
+        key,
+        hold_off: None,
+    };
+    let request = route.fill_request(request);
+    let (route, keys, inner) = (route.clone(), keys.clone(), inner.clone());
+    // The span follows the refresh into its task; it names the route and the hashed
+    // key, nothing that came with the request.
+    let span = tracing::info_span!("stampede_guard.refresh", route = %route.policy.route, entry = keys.entry());
+    tokio::spawn(
+        async move {
+            // Moved in whole (not just the field written), so that it drops with the task.
+            let mut done = done;
+            let _slot = slot;
+            let started = Instant::now();
+            done.hold_off = refresh(route.clone(), keys, current, request, inner).await;
+            route.stats.refresh_seconds.record(started.elapsed());
+        }
+        .instrument(span),
+    );
+}
+
+/// Marks a key as no longer refreshing, however the refresh ends (a panic included).
+pub(crate) struct Refreshing {
+    route: Arc<Route>,
+    key: Arc<str>,
+    /// How long to leave the key alone, when the refresh found the lease elsewhere.
+    hold_off: Option<Duration>,
+}
+
+impl Drop for Refreshing {
+    fn drop(&mut self) {
+        let mut refreshing = self
+            .route
+            .shared
+            .refreshing
+            .lock()
+            .expect("refreshing lock");
+        let filled = refreshing.get(&self.key) == Some(&Refresh::RunningFilled);
+        match self.hold_off {
+            Some(hold_off) if !filled => {
+                refreshing.insert(
+                    self.key.clone(),
+                    Refresh::HeldOff(Instant::now() + hold_off),
+                );
+            }
+            _ => {
+                refreshing.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Refreshes a stale entry in the background. Nobody awaits it. Returns how long the
+/// process should leave the key alone: while another instance holds its lease, or
+/// after a failure.
+pub(crate) async fn refresh<S, ReqBody, B>(
+    route: Arc<Route>,
+    keys: CacheKeys,
+    current: Arc<Stored>,
+    request: Request<ReqBody>,
+    inner: S,
+) -> Option<Duration>
+where
+    S: Inner<ReqBody, B>,
+    ReqBody: FillBody,
+    B: OriginBody,
+{
+    let policy = &route.policy;
+    // Another instance may have refreshed already: take its entry rather than the lease.
+    let read = if route.shared.store.is_local_only() {
+        Err(())
+    } else {
+        l2_read(&route.shared.store, &keys, route.policy.max_body)
+            .await
+            .map_err(|_| route.stats.record(Event::RedisError))
+    };
+    // The newest entry this refresh knows of: one written after it is another's refresh.
+    let mut seen = current.response.token;
+    let redis_up = match read {
+        // An expired entry is never taken (it would stand in for nothing), but is known:
+        // what is written after it is another instance's refresh.
+        Ok(L2Read::Found(stored)) if stored.freshness() == Freshness::Expired => {
+            seen = seen.max(stored.response.token);
+            true
+        }
+        Ok(L2Read::Found(stored))
+            if stored.response.token > current.response.token
+                || stored.freshness() == Freshness::Fresh =>
+        {
+            let fresh = stored.freshness() == Freshness::Fresh;
+            seen = seen.max(stored.response.token);
+            route.put_l1(keys.entry().into(), stored).await;
+            if fresh {
+                route.stats.record(Event::RefreshAdopted);
+                return None;
+            }
+            // Newer, but stale too: it is served meanwhile, and refreshed here.
+            true
+        }
+        Ok(L2Read::Garbage(_)) => {
+            route.stats.record(Event::DecodeFailure);
+            true
+        }
+        Ok(_) => true,
+        Err(()) => false,
+    };
+    let lease = if redis_up {
+        let acquired = route
+            .shared
+            .leases
+            .try_acquire_fill(&keys, policy.lease_ttl, seen)
+            .await;
+        let outcome = match acquired {
+            Acquire::Outcome(outcome) => outcome,
+            // Written by another instance since the look above: take it.
+            Acquire::Written => {
+                if let Ok(L2Read::Found(stored)) =
+                    l2_read(&route.shared.store, &keys, route.policy.max_body).await
+                {
+                    route.put_l1(keys.entry().into(), stored).await;
+                }
+                route.stats.record(Event::RefreshAdopted);
+                return None;
+            }
+        };
+        match outcome {
+            AcquireOutcome::Acquired(lease) => Some(lease),
+            AcquireOutcome::Busy { retry_after, .. } => {
+                route.stats.record(Event::RefreshBusy);
+                let ttl = policy.lease_ttl;
+                return Some(retry_after.map_or(ttl, |left| left.min(ttl)));
+            }
+            other => {
+                route.stats.record(Event::RefreshRedisError);
+                lease_unavailable(&route, other);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if lease.is_none() {
+        route.stats.record(Event::LocalOnly);
+    }
+    let failed = Some(policy.error_backoff);
+    let mut lease = lease;
+    let local_token = local_floor(&route, &keys, current.response.token).await;
+    let (request, asked) = asked(request);
+    let Some(origin) = call_under_lease(&route, &keys, inner, request, &mut lease).await else {
+        return failed;
+    };
+    let (event, why) = match origin {
+        Called::TimedOut => (Event::RefreshTimeout, None),
+        Called::Error(_) => (Event::RefreshOriginError, None),
+        Called::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
+            Ok(()) => match keep(&route, &keys, &asked, head, body, lease, local_token).await {
+                Kept::Stored { written, .. } => {
+                    if written {
+                        route.stats.record(Event::RefreshWritten);
+                    }
+                    return None;
+                }
+                // Ended with the lease already.
+                Kept::NotStored { .. } => {
+                    route.stats.record(Event::RefreshNotStored);
+                    return failed;
+                }
+            },
+            Err(_) if rules::is_failure(head.status()) => (Event::RefreshOriginError, None),
+            Err(why) => (Event::RefreshNotStored, Some(why)),
+        },
+        Called::Read(Read::Partial { error: Some(_), .. }) => (Event::RefreshOriginError, None),
+        Called::Read(Read::Partial { why, .. }) => (Event::RefreshNotStored, Some(why)),
+    };
+    if let Some(why) = why {
+        not_stored(&route, why);
+    }
+    // An answer that may not be stored is no better than a failure here: the stale entry
+    // stays, and the fleet leaves the origin alone for the back-off.
+    end(&route, &keys, lease, Ending::Error).await;
+    route.stats.record(event);
+    failed
+}
+
+impl Shared {
+    /// Another instance wrote `key`: a refresh held off for it may go ahead (and will
+    /// adopt the new entry).
+    pub(crate) fn filled_elsewhere(&self, key: &str) {
+        let mut refreshing = self.refreshing.lock().expect("refreshing lock");
+        match refreshing.get_mut(key) {
+            Some(Refresh::HeldOff(_)) => {
+                refreshing.remove(key);
+            }
+            // Seen while the refresh runs: a hold-off it ends with is moot.
+            Some(state @ Refresh::Running) => *state = Refresh::RunningFilled,
+            _ => {}
+        }
+    }
+}
+
+/// The refresh state of the keys of one guard.
+pub(crate) type RefreshMap = HashMap<Arc<str>, Refresh>;

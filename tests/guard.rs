@@ -791,7 +791,11 @@ async fn invalidation_removes_the_entry_from_every_instance() {
         assert_eq!(got.body, "v1");
     }
     assert_eq!(origin.calls(), 1);
-    let removed = fleet[0].layer.invalidate(&get("/items/1")).await.unwrap();
+    let item = get("/items/1");
+    let invalidation = fleet[0].layer.invalidate(&item);
+    let removed = within(HANG, invalidation, "the invalidation")
+        .await
+        .unwrap();
     assert!(removed);
     for i in &fleet {
         let service = &i.service;
@@ -896,7 +900,13 @@ async fn an_invalidation_is_not_undone_by_a_refresh_that_began_before_it() {
     let (origin, fleet) =
         a_refresh_held_in_the_origin(&server, "read-before-invalidation", "after").await;
     let (a, b) = (&fleet[0], &fleet[1]);
-    assert!(b.layer.invalidate(&get("/items/1")).await.unwrap());
+    let item = get("/items/1");
+    let invalidation = b.layer.invalidate(&item);
+    assert!(
+        within(HANG, invalidation, "the invalidation")
+            .await
+            .unwrap()
+    );
     origin.open();
     assert!(
         eventually(Duration::from_secs(3), || async {
@@ -1040,7 +1050,9 @@ async fn a_full_buffer_inside_the_guard_bounds_the_origin_not_the_hits() {
         .concurrency_limit(1)
         .service(origin.service());
     let guard = guard(&server);
-    guard.ready().await.unwrap();
+    within(HANG, guard.ready(), "the guard's readiness")
+        .await
+        .unwrap();
     let layer = guard.layer(policy("items").build().unwrap()).unwrap();
     let service = layer.layer(inner.clone());
     let fetch = |path: &'static str| {

@@ -475,7 +475,9 @@ async fn extensions_reach_fills_only_where_the_route_says_so() {
         Response::new(full(format!("user={user}")))
     });
     let guard = guard_at(&server.url(), |b| b);
-    guard.ready().await.unwrap();
+    within(HANG, guard.ready(), "the guard's readiness")
+        .await
+        .unwrap();
     for (route, forward, expected) in [
         ("plain", false, "user=none"),
         ("params", true, "user=alice"),
@@ -765,7 +767,9 @@ async fn a_cold_fill_over_the_budget_follows_the_route() {
         Response::new(full(format!("{} call {n}", request.uri().path())))
     });
     let guard = guard_at(&server.url(), |b| b.refresh_budget(1));
-    guard.ready().await.unwrap();
+    within(HANG, guard.ready(), "the guard's readiness")
+        .await
+        .unwrap();
     let layer = |route: &str, reject: bool| {
         let mut policy = policy(route).cold_wait(Duration::from_millis(300));
         if reject {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stampede_guard::keys::Scope;
-use stampede_guard::lease::{AcquireOutcome, LeaseClient};
+use stampede_guard::lease::{AcquireOutcome, LeaseClient, ReleaseOutcome, RenewOutcome};
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::web::{Origin, full, get, instance, keys, send};
@@ -99,8 +99,10 @@ fn logs_and_spans_hold_no_owner_value_raw_key_or_body() {
             leases.try_acquire(&name, Duration::from_secs(1)).await,
             AcquireOutcome::Busy { .. }
         ));
-        let _ = leases.renew(&mut lease, Duration::from_secs(1)).await;
-        let _ = leases.release(lease).await;
+        let renewed = leases.renew(&mut lease, Duration::from_secs(1)).await;
+        assert!(matches!(renewed, RenewOutcome::Renewed), "{renewed:?}");
+        let released = leases.release(lease).await;
+        assert!(matches!(released, ReleaseOutcome::Released), "{released:?}");
         server.pause();
         let outcome = leases.try_acquire(&name, Duration::from_secs(1)).await;
         server.resume();

@@ -17,7 +17,7 @@ use stampede_guard::metrics::Event;
 use stampede_guard::store::{BreakerConfig, StoreErrorKind};
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::web::{Instance, Origin, full, get, instance, keys, send};
-use support::{Mode, Proxy, RedisServer, eventually};
+use support::{HANG, Mode, Proxy, RedisServer, eventually, within};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 const MARGIN: Duration = Duration::from_millis(400);
@@ -85,6 +85,8 @@ struct Sample {
 
 /// 2 instances, 100 warm keys, about 1,000 requests/s for 15 s (2 % of them for keys
 /// never seen, which take the cold path); Redis is broken at 5 s and mended at 10 s.
+/// Every instance's breaker opens while Redis is broken, stays open until it is
+/// mended, and closes soon after.
 async fn outage_under_load(outage: Outage) {
     let _heavy = HEAVY.lock().await;
     const KEYS: usize = 100;
@@ -170,9 +172,25 @@ async fn outage_under_load(outage: Outage) {
         Outage::Kill => server.kill(),
         Outage::Pause => server.pause(),
     }
-    tokio::time::sleep_until((start + Duration::from_secs(7)).into()).await;
-    let breaker_opened = fleet.iter().any(|i| i.guard.store().circuit_open());
-    tokio::time::sleep_until((start + Duration::from_secs(10)).into()).await;
+    // Watched through the outage: when each instance's breaker opened, and whether one
+    // closed again while Redis was still broken.
+    let mut opened_after: Vec<Option<Duration>> = vec![None; fleet.len()];
+    let mut open_now = vec![false; fleet.len()];
+    let mut closed_in_outage = Vec::new();
+    let mend_at = start + Duration::from_secs(10);
+    while Instant::now() < mend_at {
+        for (n, i) in fleet.iter().enumerate() {
+            let open = i.guard.store().circuit_open();
+            if open && opened_after[n].is_none() {
+                opened_after[n] = Some(broken_at.elapsed());
+            }
+            if open_now[n] && !open {
+                closed_in_outage.push((n, broken_at.elapsed()));
+            }
+            open_now[n] = open;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let mended_at = Instant::now();
     match outage {
         Outage::Kill => server.restart(),
@@ -185,9 +203,12 @@ async fn outage_under_load(outage: Outage) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    for worker in workers {
-        worker.await.unwrap();
-    }
+    support::web::all_within(
+        workers,
+        (end - Instant::now()) + Duration::from_secs(10),
+        "the load's workers",
+    )
+    .await;
 
     let samples = std::mem::take(&mut *samples.lock().unwrap());
     let outage_window = (broken_at - start)..(mended_at - start);
@@ -235,9 +256,9 @@ async fn outage_under_load(outage: Outage) {
         "outage {outage:?}: {} requests ({} during the outage), {fives} 5xx; warm-key origin \
          calls during the outage {} (bound {}), after recovery {} over {windows_after:.1} \
          windows for {KEYS} keys (max per key {}); latency during the outage p99.9 \
-         {p999_in_outage:?}, worst {worst_in_outage:?}, overall {worst_overall:?}; breaker \
-         open at 7 s: {breaker_opened}; \
-         closed again {recovered_after:?} after Redis came back",
+         {p999_in_outage:?}, worst {worst_in_outage:?}, overall {worst_overall:?}; breakers \
+         opened {opened_after:?} after the break, closed during the outage \
+         {closed_in_outage:?}, closed again {recovered_after:?} after Redis came back",
         samples.len(),
         in_outage.len(),
         during.len(),
@@ -290,12 +311,18 @@ async fn outage_under_load(outage: Outage) {
         worst_in_outage < Duration::from_secs(1),
         "a request waited {worst_in_outage:?} during the outage"
     );
-    if outage == Outage::Pause {
+    // Both ways of breaking Redis open every instance's breaker (each sends its share of
+    // the load), and it stays open until Redis is back: its probes find nothing.
+    for (n, opened) in opened_after.iter().enumerate() {
         assert!(
-            breaker_opened,
-            "the breaker did not open while Redis was paused"
+            opened.is_some(),
+            "{outage:?}: instance {n}'s breaker never opened during the outage"
         );
     }
+    assert!(
+        closed_in_outage.is_empty(),
+        "{outage:?}: breakers closed while Redis was broken: {closed_in_outage:?}"
+    );
     let recovered_after = recovered_after.expect("the breaker never closed");
     assert!(
         recovered_after < Duration::from_secs(2),
@@ -383,9 +410,13 @@ async fn network_faults_are_classified_and_fall_back() {
                 "{mode:?}: request took {took:?}"
             );
         }
+        // One failed operation per request (the read; a fill that found Redis failing
+        // goes on without it), each falling back to a local fill.
         let stats = i.layer.stats();
-        assert!(stats.get(Event::RedisError) >= 10, "{mode:?}: {stats:?}");
+        assert_eq!(stats.get(Event::RedisError), 10, "{mode:?}: {stats:?}");
         assert_eq!(stats.get(Event::LocalOnly), 10, "{mode:?}: {stats:?}");
+        // A bound, not a count: how often the pool redials depends on when it sees each
+        // connection die. A storm would be one or more per operation.
         let reconnects = proxy.accepted() - before;
         assert!(
             reconnects <= 15,
@@ -439,11 +470,11 @@ async fn error_replies_are_classified_and_fall_back() {
             );
             assert!(started.elapsed() < TIMEOUT * 2 + MARGIN, "{code}");
         }
-        assert!(
-            layer.stats().get(Event::RedisError) >= 5,
-            "{code}: {:?}",
-            layer.stats()
-        );
+        // One failed operation per request (the read, or the acquire where reads
+        // work), each falling back to a local fill.
+        let stats = layer.stats();
+        assert_eq!(stats.get(Event::RedisError), 5, "{code}: {stats:?}");
+        assert_eq!(stats.get(Event::LocalOnly), 5, "{code}: {stats:?}");
         match code {
             "READONLY" => server.make_primary().await,
             "OOM" => server.free_memory().await,
@@ -496,17 +527,14 @@ async fn a_hung_origin_stops_being_renewed_at_the_maximum() {
     let policy = policy().lease_ttl(ttl).refresh_timeout(max).watchdog(max);
     let (_origin, i, keys, token_before) = refresh_in_origin(&server, policy, Stall::Hang).await;
     let refresh_started = Instant::now();
-    // Past the first TTL, the lease is still there: renewed.
+    let holder: String = server.conn().await.get(keys.lease().key()).await.unwrap();
+    // Past the first TTL (time must pass here: that is the claim), the lease is still
+    // there, and still the refresh's own: renewed, not taken again.
     tokio::time::sleep(ttl * 2).await;
-    assert!(
-        server
-            .conn()
-            .await
-            .pttl::<_, i64>(keys.lease().key())
-            .await
-            .unwrap()
-            > 0
-    );
+    let mut conn = server.conn().await;
+    assert!(conn.pttl::<_, i64>(keys.lease().key()).await.unwrap() > 0);
+    let still: String = conn.get(keys.lease().key()).await.unwrap();
+    assert_eq!(still, holder, "the lease changed hands");
     // The watchdog gives up at the maximum (or the refresh timeout, set to the same, fires
     // in the same millisecond); the lease then ends within one TTL.
     assert!(
@@ -538,8 +566,8 @@ async fn a_hung_origin_stops_being_renewed_at_the_maximum() {
     assert_eq!(i.layer.stats().get(Event::RefreshWritten), 0);
 }
 
-/// A renewal that finds another owner cancels the refresh: nothing is written and the
-/// other owner's lease is left alone.
+/// A renewal that finds another owner cancels the refresh (its origin call is dropped,
+/// unanswered): nothing is written and the other owner's lease is left alone.
 #[tokio::test]
 async fn a_renewal_that_finds_another_owner_cancels_the_refresh() {
     let server = RedisServer::start();
@@ -560,8 +588,20 @@ async fn a_renewal_that_finds_another_owner_cancels_the_refresh() {
         })
         .await
     );
+    // Cancelled: the held origin call is dropped before it could answer, so opening the
+    // gate afterwards has nothing left to let through.
+    assert!(
+        eventually(Duration::from_secs(2), || async { origin.in_flight() == 0 }).await,
+        "the refresh's origin call was not cancelled"
+    );
     origin.open();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Only the first fill's call ever answered.
+    assert_eq!(
+        origin.returned.lock().unwrap().len(),
+        1,
+        "the refresh's origin call answered"
+    );
+    assert_eq!(origin.calls(), 2);
     let holder: String = server.conn().await.get(keys.lease().key()).await.unwrap();
     assert_eq!(holder, "someone-else");
     assert_eq!(stored_token(&server, keys.entry()).await, token_before);
@@ -615,7 +655,7 @@ async fn refresh_in_origin(
     }
     let started_call = origin.started.notified();
     assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
-    started_call.await;
+    within(HANG, started_call, "the refresh reaching the origin").await;
     (origin, i, keys, token_before)
 }
 
@@ -623,26 +663,29 @@ async fn stored_token(server: &RedisServer, entry: &str) -> String {
     server.conn().await.hget(entry, "t").await.unwrap()
 }
 
-/// 400 requests dropped while their fills take leases: the fills go on without their
-/// callers, and release their leases when they write, so no lease key is left, long
-/// before any lease could have ended by its TTL.
+/// 400 requests on 40 cold keys, dropped while their 40 fills are in the origin
+/// (holding their leases, at a gate): the fills go on without their callers, and
+/// release their leases when they write, so no lease key is left, long before any lease
+/// could have ended by its TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_cancelled_mid_fill_leave_no_lease_behind() {
     let server = RedisServer::start();
-    let origin = Origin::versions(Duration::from_millis(50));
+    let origin = Origin::versions(Duration::ZERO);
     // Far longer than the test: a lease key gone at the end was released, not expired.
     let ttl = Duration::from_secs(30);
     let i = instance(
         sturdy_guard_at(&server.url(), BreakerConfig::default()),
         policy()
             .lease_ttl(ttl)
-            .refresh_timeout(Duration::from_secs(2))
+            // Past the test too: the fills are held at the gate as long as it takes.
+            .refresh_timeout(Duration::from_secs(20))
             .error_backoff(Duration::from_secs(1))
             .build()
             .unwrap(),
         origin.service(),
     )
     .await;
+    origin.hold_from(1);
     let mut tasks = Vec::new();
     for n in 0..400 {
         let service = i.service.clone();
@@ -650,11 +693,31 @@ async fn requests_cancelled_mid_fill_leave_no_lease_behind() {
             send(&service, get(&format!("/items/{}", n % 40))).await
         }));
     }
-    // Every fill has started (and taken its lease) once the origin has its 40 calls.
-    assert!(eventually(Duration::from_secs(10), || async { origin.calls() == 40 }).await);
+    // Every fill is in the origin, at the gate, with its lease taken.
+    let in_origin = eventually(Duration::from_secs(10), || async {
+        origin.in_flight() == 40 && server.scan("*:lease").await.len() == 40
+    });
+    assert!(
+        in_origin.await,
+        "{} fills in the origin, {} leases",
+        origin.in_flight(),
+        server.scan("*:lease").await.len()
+    );
+    // Every caller is dropped while its fill is still held: none got an answer.
     for task in &tasks {
         task.abort();
     }
+    for (n, task) in tasks.into_iter().enumerate() {
+        let ended = support::within(HANG, task, format!("aborted request {n}")).await;
+        assert!(
+            ended.as_ref().is_err_and(|e| e.is_cancelled()),
+            "request {n} was not cancelled mid-fill: it ended with {:?}",
+            ended.map(|got| got.status)
+        );
+    }
+    assert_eq!(origin.in_flight(), 40, "a fill ended with its callers");
+    assert_eq!(server.scan("*:entry").await.len(), 0);
+    origin.open();
     let fills_done = eventually(Duration::from_secs(10), || async {
         i.layer.stats().get(Event::ColdFill) == 40 && server.scan("*:entry").await.len() == 40
     })
@@ -668,6 +731,7 @@ async fn requests_cancelled_mid_fill_leave_no_lease_behind() {
     );
     // One fill per key, whatever happened to the callers.
     assert_eq!(origin.calls(), 40);
+    assert_eq!(origin.returned.lock().unwrap().len(), 40);
 }
 
 /// Randomized trials: a refresher takes its lease and reads the origin; then Redis
@@ -718,7 +782,12 @@ async fn fencing_holds_across_restarts_that_lose_counter_and_entries() {
         origin.hold(late_call);
         let started_call = origin.started.notified();
         assert_eq!(send(&a.service, get(&path)).await.x_cache(), "stale");
-        started_call.await;
+        within(
+            HANG,
+            started_call,
+            format!("trial {trial}: a's refresh reaching the origin"),
+        )
+        .await;
         let keys = a.layer.cache_keys(&get(&path)).unwrap();
         if restart {
             restarts += 1;

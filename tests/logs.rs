@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stampede_guard::keys::Scope;
-use stampede_guard::lease::{AcquireOutcome, LeaseClient};
+use stampede_guard::lease::{AcquireOutcome, LeaseClient, ReleaseOutcome, RenewOutcome};
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::web::{Origin, full, get, instance, keys, send};
-use support::{RedisServer, eventually};
+use support::{HANG, RedisServer, eventually, within};
 
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -75,7 +75,11 @@ fn logs_and_spans_hold_no_owner_value_raw_key_or_body() {
             })
             .await
         );
-        i.layer.invalidate(&get(path)).await.unwrap();
+        let item = get(path);
+        let invalidation = i.layer.invalidate(&item);
+        within(HANG, invalidation, "the invalidation")
+            .await
+            .unwrap();
 
         // The lease client's own logs, on every outcome.
         let leases = LeaseClient::builder(store, &keys())
@@ -95,8 +99,10 @@ fn logs_and_spans_hold_no_owner_value_raw_key_or_body() {
             leases.try_acquire(&name, Duration::from_secs(1)).await,
             AcquireOutcome::Busy { .. }
         ));
-        let _ = leases.renew(&mut lease, Duration::from_secs(1)).await;
-        let _ = leases.release(lease).await;
+        let renewed = leases.renew(&mut lease, Duration::from_secs(1)).await;
+        assert!(matches!(renewed, RenewOutcome::Renewed), "{renewed:?}");
+        let released = leases.release(lease).await;
+        assert!(matches!(released, ReleaseOutcome::Released), "{released:?}");
         server.pause();
         let outcome = leases.try_acquire(&name, Duration::from_secs(1)).await;
         server.resume();

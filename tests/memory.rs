@@ -7,6 +7,8 @@
 //!
 //! One test in this file: it measures the whole process.
 
+mod support;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -121,9 +123,8 @@ async fn l1_memory_stays_within_its_capacity_for_entries_filled_through_a_hyper_
                     })
                 })
                 .collect();
-            for worker in workers {
-                worker.await.unwrap();
-            }
+            let what = format!("filling entries {from} to {to}");
+            support::web::all_within(workers, Duration::from_secs(120), &what).await;
         }
     };
     // Warm the runtime, the client's pool and the allocator with a few entries.

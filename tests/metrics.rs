@@ -11,7 +11,7 @@ use stampede_guard::lease::{AcquireOutcome, LeaseClient};
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::web::{Origin, get, instance, keys, send};
-use support::{RedisServer, eventually};
+use support::{HANG, RedisServer, eventually, within};
 
 /// `name{labels}` → value, labels sorted, from the text format.
 fn parse(rendered: &str) -> BTreeMap<String, f64> {
@@ -98,8 +98,14 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
     origin.hold(origin.calls() + 1);
     let started = origin.started.notified();
     assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "stale");
-    started.await;
-    assert!(i.layer.invalidate(&get("/items/1")).await.unwrap());
+    within(HANG, started, "the refresh reaching the origin").await;
+    let item = get("/items/1");
+    let invalidation = i.layer.invalidate(&item);
+    assert!(
+        within(HANG, invalidation, "the invalidation")
+            .await
+            .unwrap()
+    );
     origin.open();
     assert!(
         eventually(Duration::from_secs(2), || async {
@@ -107,8 +113,14 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
         })
         .await
     );
-    // Let the refused refresh's last look at L2 end before Redis goes.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Let the refused refresh's last look at L2 end before Redis goes: its task records
+    // how long it took once it is over, the third refresh to do so.
+    let refreshes_over = eventually(Duration::from_secs(2), || async {
+        parse(&handle.render())
+            .get("stampede_guard_refresh_seconds_count{route=\"items\"}")
+            .is_some_and(|&n| n == 3.0)
+    });
+    assert!(refreshes_over.await, "the refused refresh did not end");
     // Redis killed: a cold key is served by the origin, without Redis.
     server.kill();
     assert_eq!(send(&i.service, get("/items/2")).await.x_cache(), "miss");

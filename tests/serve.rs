@@ -11,16 +11,18 @@ use axum::Router;
 use axum::routing::get;
 use http::StatusCode;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
-use support::RedisServer;
 use support::http::{fetch, serve};
 use support::web::keys;
+use support::{HANG, RedisServer, joined, within};
 use tokio::sync::Barrier;
 
 /// A guard on `server`, ready (its notice subscription up).
 async fn ready_guard(server: &RedisServer) -> StampedeGuard {
     let store = RedisStore::builder(server.url()).build().unwrap();
     let guard = StampedeGuard::builder(store, keys()).build().unwrap();
-    guard.ready().await.unwrap();
+    within(HANG, guard.ready(), "the guard's readiness")
+        .await
+        .unwrap();
     guard
 }
 
@@ -174,7 +176,8 @@ async fn a_concurrency_limit_inside_the_guard_bounds_the_origin_not_the_hits() {
 
     let entered = gate.entered.notified();
     let slow = tokio::spawn(async move { fetch(addr, "/items/slow", &[]).await });
-    entered.await; // the origin's one slot is taken, until the gate opens
+    // the origin's one slot is taken, until the gate opens
+    within(HANG, entered, "the slow fill reaching the handler").await;
     let mut hits = Vec::new();
     for _ in 0..20 {
         hits.push(tokio::spawn(async move {
@@ -191,10 +194,7 @@ async fn a_concurrency_limit_inside_the_guard_bounds_the_origin_not_the_hits() {
         assert_eq!((got.body.as_str(), got.x_cache()), ("item fast", "hit"));
     }
     gate.open.notify_one();
-    let slow = tokio::time::timeout(Duration::from_secs(20), slow)
-        .await
-        .expect("the slow fill was starved")
-        .unwrap();
+    let slow = joined(slow, Duration::from_secs(20), "the slow fill (starved)").await;
     assert_eq!((slow.body.as_str(), slow.x_cache()), ("item slow", "miss"));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
@@ -248,7 +248,7 @@ async fn variants_and_forwarded_headers_through_axum() {
         ];
         fetch(addr, "/page", &headers).await
     });
-    entered.await;
+    within(HANG, entered, "the first fill reaching the handler").await;
     let mut callers = Vec::new();
     for lang in ["fr", "de"] {
         for _ in 0..20 {
@@ -266,7 +266,7 @@ async fn variants_and_forwarded_headers_through_axum() {
     });
     assert!(joined.await, "{:?}", layer.stats());
     gate.open.notify_one();
-    let first = first.await.unwrap();
+    let first = support::joined(first, HANG, "the first caller").await;
     assert_eq!(first.body, "lang=fr trace=00-aa-bb-01 host=none");
     let callers =
         support::web::all_within(callers, Duration::from_secs(20), "callers waited").await;
@@ -369,7 +369,7 @@ async fn callers_elsewhere_stop_waiting_when_the_holder_writes_nothing_through_a
     let (a, b) = (apps[0].0, apps[1].0);
     let entered = gate.entered.notified();
     let holder = tokio::spawn(async move { fetch(a, "/items/404", &[]).await });
-    entered.await;
+    within(HANG, entered, "A's fill reaching the handler").await;
     let callers: Vec<_> = (0..20)
         .map(|_| tokio::spawn(async move { fetch(b, "/items/404", &[]).await }))
         .collect();
@@ -383,7 +383,8 @@ async fn callers_elsewhere_stop_waiting_when_the_holder_writes_nothing_through_a
     assert!(waiting.await);
     let opened = std::time::Instant::now();
     gate.open.notify_one();
-    assert_eq!(holder.await.unwrap().status, StatusCode::NOT_FOUND);
+    let holder = joined(holder, HANG, "A's caller").await;
+    assert_eq!(holder.status, StatusCode::NOT_FOUND);
     for got in
         support::web::all_within(callers, Duration::from_secs(15), "B's callers waited").await
     {
@@ -407,7 +408,9 @@ async fn the_refresh_budget_through_axum() {
         .refresh_budget(4)
         .build()
         .unwrap();
-    guard.ready().await.unwrap();
+    within(HANG, guard.ready(), "the guard's readiness")
+        .await
+        .unwrap();
     let layer = guard
         .layer(
             Policy::builder("items")

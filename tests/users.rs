@@ -15,7 +15,7 @@ use stampede_guard::guard::GuardBuilder;
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::web::{self, Instance, Origin, all_within, full, get, keys, send};
-use support::{Mode, Proxy, RedisServer, eventually};
+use support::{HANG, Mode, Proxy, RedisServer, eventually, joined, within};
 
 /// Generous: these tests must pass on a machine whose cores are busy.
 const TIMEOUT: Duration = Duration::from_millis(250);
@@ -92,7 +92,13 @@ async fn callers_elsewhere_are_answered_at_once_when_the_holder_writes_nothing()
             let service = a.service.clone();
             async move { send(&service, get(path)).await }
         });
-        started.await; // A holds the lease, in the origin
+        // A holds the lease, in the origin
+        within(
+            HANG,
+            started,
+            format!("{path}: A's fill reaching the origin"),
+        )
+        .await;
         let followers: Vec<_> = (0..10)
             .map(|_| {
                 let service = b.service.clone();
@@ -113,7 +119,8 @@ async fn callers_elsewhere_are_answered_at_once_when_the_holder_writes_nothing()
         let took = opened.elapsed();
         eprintln!("{path}: B's 10 callers answered {took:?} after A's origin returned");
         assert!(took < Duration::from_secs(3), "{path}: {took:?}");
-        assert_eq!(leader.await.unwrap().status, status, "{path}");
+        let leader = joined(leader, HANG, format!("{path}: A's caller")).await;
+        assert_eq!(leader.status, status, "{path}");
         for got in &answers {
             assert_eq!((got.status, got.x_cache()), (status, "pass"), "{path}");
         }
@@ -278,7 +285,8 @@ async fn a_write_is_refused_when_a_newer_lease_was_issued_even_if_its_entry_is_g
     origin.hold(2);
     let started = origin.started.notified();
     assert_eq!(send(&a.service, get("/items/1")).await.x_cache(), "stale");
-    started.await; // A's refresh holds the lease, in the origin
+    // A's refresh holds the lease, in the origin
+    within(HANG, started, "A's refresh reaching the origin").await;
 
     let keys = a.layer.cache_keys(&get("/items/1")).unwrap();
     let mut conn = server.conn().await;
@@ -338,7 +346,7 @@ async fn each_caller_gets_the_variant_its_headers_ask_for() {
         let service = a.service.clone();
         async move { send(&service, with("/items/1", "accept-language", "fr")).await }
     });
-    started.await;
+    within(HANG, started, "A's fill reaching the origin").await;
     let mut callers = Vec::new();
     for i in [&a, &b] {
         for lang in ["fr", "de"] {
@@ -362,7 +370,7 @@ async fn each_caller_gets_the_variant_its_headers_ask_for() {
         .await
     );
     origin.open();
-    let first = leader.await.unwrap();
+    let first = joined(leader, HANG, "the first French caller").await;
     assert_eq!(first.body, "lang=fr call 1");
     for (lang, got) in all_within(callers, Duration::from_secs(10), "callers waited").await {
         assert_eq!(got.status, StatusCode::OK);
@@ -467,7 +475,9 @@ async fn extensions_reach_fills_only_where_the_route_says_so() {
         Response::new(full(format!("user={user}")))
     });
     let guard = guard_at(&server.url(), |b| b);
-    guard.ready().await.unwrap();
+    within(HANG, guard.ready(), "the guard's readiness")
+        .await
+        .unwrap();
     for (route, forward, expected) in [
         ("plain", false, "user=none"),
         ("params", true, "user=alice"),
@@ -551,7 +561,13 @@ async fn after_the_subscription_comes_back_l1_entries_are_not_served_as_fresh() 
         })
         .await
     );
-    assert!(b.layer.invalidate(&get("/items/1")).await.unwrap());
+    let item = get("/items/1");
+    let invalidation = b.layer.invalidate(&item);
+    assert!(
+        within(HANG, invalidation, "the invalidation")
+            .await
+            .unwrap()
+    );
     proxy.set(Mode::Pass);
     proxy.reset_all();
     assert!(
@@ -562,7 +578,7 @@ async fn after_the_subscription_comes_back_l1_entries_are_not_served_as_fresh() 
     );
     let service = &a.service;
     let got = send(service, get("/items/1")).await;
-    assert_ne!(got.x_cache(), "hit", "{}", got.body);
+    assert_eq!((got.x_cache(), got.body.as_str()), ("stale", "v1"));
     assert!(
         eventually(Duration::from_secs(5), || async {
             send(service, get("/items/1")).await.body == "v2"
@@ -632,14 +648,21 @@ async fn one_invalidation_reaches_every_variant() {
     let (fr, de) = (variant("fr"), variant("de"));
     assert!(fr.is_variant() && de.is_variant());
     let counter: u64 = conn.get(fr.primary_fence_key()).await.unwrap();
+    let mut tokens = Vec::new();
     for keys in [&fr, &de] {
-        let token: u64 = conn.hget(keys.entry(), "t").await.unwrap();
-        assert!(
-            counter >= token,
-            "the response's counter is behind a variant"
-        );
+        tokens.push(conn.hget::<_, _, u64>(keys.entry(), "t").await.unwrap());
     }
-    a.layer.invalidate(&get("/items/1")).await.unwrap();
+    // Raised to each variant's token as it was filled: the last one's.
+    assert_eq!(
+        Some(counter),
+        tokens.iter().copied().max(),
+        "the response's counter against its variants' tokens {tokens:?}"
+    );
+    let item = get("/items/1");
+    let invalidation = a.layer.invalidate(&item);
+    within(HANG, invalidation, "the invalidation")
+        .await
+        .unwrap();
     let hidden_for: i64 = conn.pttl(fr.invalidated_key()).await.unwrap();
     assert!(hidden_for > 3 * 3600 * 1000, "{hidden_for} ms");
     let invalidation: u64 = conn.get(fr.invalidated_key()).await.unwrap();
@@ -744,7 +767,9 @@ async fn a_cold_fill_over_the_budget_follows_the_route() {
         Response::new(full(format!("{} call {n}", request.uri().path())))
     });
     let guard = guard_at(&server.url(), |b| b.refresh_budget(1));
-    guard.ready().await.unwrap();
+    within(HANG, guard.ready(), "the guard's readiness")
+        .await
+        .unwrap();
     let layer = |route: &str, reject: bool| {
         let mut policy = policy(route).cold_wait(Duration::from_millis(300));
         if reject {
@@ -762,7 +787,8 @@ async fn a_cold_fill_over_the_budget_follows_the_route() {
     origin.hold(1);
     let started = origin.started.notified();
     let held = tokio::spawn(async move { send(&holding, get("/holder")).await });
-    started.await; // the budget's one slot is in the origin
+    // the budget's one slot is in the origin
+    within(HANG, started, "the holder's fill reaching the origin").await;
     let callers: Vec<_> = (0..10)
         .map(|_| {
             let service = passing.clone();
@@ -779,7 +805,8 @@ async fn a_cold_fill_over_the_budget_follows_the_route() {
     let got = send(&rejecting, get("/reports")).await;
     assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
     origin.open();
-    assert_eq!(held.await.unwrap().body, "/holder call 1");
+    let held = joined(held, HANG, "the holder's caller").await;
+    assert_eq!(held.body, "/holder call 1");
     assert_eq!(holder.stats().get(Event::ColdFill), 1);
     assert_eq!(origin.calls(), 2);
 }

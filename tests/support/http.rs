@@ -3,7 +3,6 @@
 //! that nothing is shared between requests but what the framework itself shares.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::Request;
@@ -23,7 +22,8 @@ pub(crate) async fn serve(app: axum::Router) -> SocketAddr {
     addr
 }
 
-/// `GET path` on a connection of its own, with `headers`, within 30 s.
+/// `GET path` on a connection of its own, with `headers`, within
+/// [`HANG`](super::HANG).
 pub(crate) async fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Got {
     let exchange = async {
         let stream = TcpStream::connect(addr).await.unwrap();
@@ -42,7 +42,5 @@ pub(crate) async fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]
         let (parts, body) = response.into_parts();
         Got::new(parts, body.collect().await.unwrap().to_bytes())
     };
-    tokio::time::timeout(Duration::from_secs(30), exchange)
-        .await
-        .unwrap_or_else(|_| panic!("GET {path} on {addr} took over 30 s"))
+    super::within(super::HANG, exchange, format!("GET {path} on {addr}")).await
 }

@@ -3,7 +3,10 @@
 //! Each server runs on a free loopback port, in a temporary directory, with persistence
 //! off and a log file that is printed when the test fails. It is killed when the handle
 //! is dropped, and (through `setpriv --pdeathsig`, where available) when the thread that
-//! started it dies, so a test that panics or is killed leaves no server behind.
+//! started it dies, so a test that panics or is killed leaves no server behind. A
+//! server counts as started (or restarted) only once the process answering on its port
+//! is the one it started (`process_id` in `INFO server`), never another test's server
+//! that took the port first.
 //!
 //! Start servers from the test's own thread (the body of a `#[tokio::test]`), not from a
 //! `spawn_blocking` thread: the parent-death signal follows the starting thread.
@@ -180,6 +183,8 @@ impl RedisServer {
         let _: () = self
             .cmd(&["CONFIG", "SET", "busy-reply-threshold", "50"])
             .await;
+        // Connected before the script runs: a handshake then could meet `BUSY` itself.
+        let probe = self.conn().await;
         let url = self.url();
         tokio::spawn(async move {
             let mut conn = redis::Client::open(url)
@@ -194,7 +199,16 @@ impl RedisServer {
                 .query_async(&mut conn)
                 .await;
         });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Running once another connection is answered `BUSY`.
+        let busy = super::eventually(READY_TIMEOUT, || {
+            let mut probe = probe.clone();
+            async move {
+                let reply: redis::RedisResult<()> =
+                    redis::cmd("PING").query_async(&mut probe).await;
+                reply.is_err_and(|e| e.code() == Some("BUSY"))
+            }
+        });
+        assert!(busy.await, "the busy script did not start");
     }
 
     pub(crate) async fn end_busy_script(&self) {
@@ -269,13 +283,14 @@ impl RedisServer {
                 self.child = None;
                 return Err(format!("exited with {status}\n{}", self.log()));
             }
-            if answers_ping(self.addr()) {
+            if answers_as(self.addr(), self.pid()) {
                 return Ok(());
             }
             if Instant::now() > deadline {
                 self.kill();
                 return Err(format!(
-                    "no answer to PING in {READY_TIMEOUT:?}\n{}",
+                    "no answer from this server (its process id in `INFO server`) in \
+                     {READY_TIMEOUT:?}\n{}",
                     self.log()
                 ));
             }
@@ -301,17 +316,48 @@ impl Drop for RedisServer {
     }
 }
 
-/// Any reply means the server is up (`-NOAUTH` included, for servers with a password).
-fn answers_ping(addr: SocketAddr) -> bool {
+/// Whether the server answering on `addr` is the process `pid`: up, and ours. A port
+/// picked as free can be taken by another test's server before ours binds it (ours then
+/// exits with "Address already in use"); that server answers too, and must not be
+/// adopted. `INFO server` names the process that answers (setpriv execs redis-server,
+/// so the child's pid is the server's).
+fn answers_as(addr: SocketAddr, pid: u32) -> bool {
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    if stream.write_all(b"PING\r\n").is_err() {
+    if stream.write_all(b"INFO server\r\n").is_err() {
         return false;
     }
-    let mut buf = [0u8; 64];
-    matches!(stream.read(&mut buf), Ok(n) if n > 0 && (buf[0] == b'+' || buf[0] == b'-'))
+    // A bulk string: `$<length>\r\n<text>\r\n`. Anything else (`-LOADING`, or `-NOAUTH`
+    // from a server that is not ours) means not ready, or not ours.
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(n) if n > 0 => reply.extend_from_slice(&buf[..n]),
+            _ => return false,
+        }
+        if reply[0] != b'$' {
+            return false;
+        }
+        let Some(end) = reply.windows(2).position(|w| w == b"\r\n") else {
+            continue;
+        };
+        let Some(length) = std::str::from_utf8(&reply[1..end])
+            .ok()
+            .and_then(|l| l.parse::<usize>().ok())
+        else {
+            return false;
+        };
+        if reply.len() >= end + 2 + length {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&reply);
+    text.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .is_some_and(|found| found.trim() == pid.to_string())
 }
 
 fn free_port() -> u16 {

@@ -82,6 +82,17 @@ impl Origin {
         }
     }
 
+    /// How many calls started before `at`.
+    pub(crate) fn calls_started_before(&self, at: std::time::Instant) -> u64 {
+        let log = self.log.lock().unwrap();
+        log.iter().filter(|(started, _)| *started < at).count() as u64
+    }
+
+    /// Calls in progress now.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
     /// The most calls that were ever in progress at once.
     pub(crate) fn peak(&self) -> u64 {
         self.peak.load(Ordering::SeqCst)
@@ -187,7 +198,13 @@ pub(crate) struct Instance<S> {
 }
 
 pub(crate) async fn instance<S>(guard: StampedeGuard, policy: Policy, origin: S) -> Instance<S> {
-    guard.ready().await.expect("redis up for the test");
+    super::within(
+        super::HANG,
+        guard.ready(),
+        "the guard's readiness (notice subscription)",
+    )
+    .await
+    .expect("redis up for the test");
     let layer = guard.layer(policy).unwrap();
     let service = layer.layer(origin);
     Instance {
@@ -227,13 +244,28 @@ impl Got {
     }
 }
 
+/// Sends `request` through the guard and reads the response whole, within
+/// [`HANG`](super::HANG): a request that hangs fails the test, naming the request.
 pub(crate) async fn send<S: Clone>(service: &Guard<S>, request: Req) -> Got
 where
     Guard<S>: Service<Req, Response = Response<ResponseBody<Body>>, Error = Infallible>,
 {
-    let response = service.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    Got::new(parts, body.collect().await.unwrap().to_bytes())
+    // Named only if it hangs: no formatting on the path the benches measure.
+    let what = RequestName(request.method().clone(), request.uri().clone());
+    let exchange = async {
+        let response = service.clone().oneshot(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        Got::new(parts, body.collect().await.unwrap().to_bytes())
+    };
+    super::within(super::HANG, exchange, what).await
+}
+
+struct RequestName(http::Method, http::Uri);
+
+impl std::fmt::Display for RequestName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.0, self.1)
+    }
 }
 
 pub(crate) fn total(instances: &[&GuardLayer], event: Event) -> u64 {
@@ -247,14 +279,11 @@ pub(crate) async fn all_within<T: Send + 'static>(
     within: Duration,
     what: &str,
 ) -> Vec<T> {
-    let all = async {
-        let mut out = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            out.push(task.await.unwrap());
-        }
-        out
-    };
-    tokio::time::timeout(within, all)
-        .await
-        .unwrap_or_else(|_| panic!("{what}"))
+    let deadline = tokio::time::Instant::now() + within;
+    let mut out = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        out.push(super::joined(task, left, what).await);
+    }
+    out
 }

@@ -21,8 +21,8 @@ use super::body::ResponseBody;
 use super::flight;
 use super::marks::Mark;
 use super::origin::{
-    Buffered, Called, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease, end, keep,
-    lease_unavailable, local_floor, not_stored,
+    Buffered, Called, Claim, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease, end,
+    keep, lease_unavailable, local_floor, not_stored,
 };
 use super::route::Route;
 use crate::cache::{Freshness, L2Read, Stored, invalidated, l2_read};
@@ -54,8 +54,8 @@ pub(crate) fn join_fill<S, ReqBody, ResBody>(
     request: &Request<ReqBody>,
     keys: &CacheKeys,
     fallback: &Option<Arc<Stored>>,
-    redis_ok: bool,
-    wait: crate::notify::Wait,
+    redis: Redis,
+    wait: Wait,
 ) -> (flight::Slot, bool)
 where
     S: Inner<ReqBody, ResBody>,
@@ -66,30 +66,24 @@ where
     let (slot, lead) = route.flights.join(&key);
     let is_leader = lead.is_some();
     if let Some(lead) = lead {
-        let fill_request = route.fill_request(request);
-        let local_token = fallback
-            .as_ref()
-            .map_or(FencingToken::new(1), |f| f.response.token);
-        let stand_in = fallback
-            .as_ref()
-            .is_some_and(|f| f.serves_on_error(route.policy.stale_if_error));
+        let fill = ColdFill {
+            route: route.clone(),
+            keys: keys.clone(),
+            request: route.fill_request(request),
+            inner: inner.clone(),
+            wait,
+            found: fallback
+                .as_ref()
+                .map_or(FencingToken::new(1), |f| f.response.token),
+            stand_in: fallback
+                .as_ref()
+                .is_some_and(|f| f.serves_on_error(route.policy.stale_if_error)),
+            redis,
+        };
         // In a task of its own: a caller that goes away does not cancel the fill that
         // every other caller of the key awaits.
         let span = tracing::info_span!("stampede_guard.fill", route = %route.policy.route, entry = keys.entry());
-        tokio::spawn(
-            fill_task(
-                route.clone(),
-                keys.clone(),
-                fill_request,
-                inner.clone(),
-                wait,
-                local_token,
-                stand_in,
-                redis_ok,
-                lead,
-            )
-            .instrument(span),
-        );
+        tokio::spawn(fill_task::<S, ReqBody, ResBody>(fill, lead).instrument(span));
     }
     (slot, is_leader)
 }
@@ -195,33 +189,14 @@ where
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn fill_task<S, ReqBody, ResBody>(
-    route: Arc<Route>,
-    keys: CacheKeys,
-    request: Request<ReqBody>,
-    inner: S,
-    wait: crate::notify::Wait,
-    local_token: FencingToken,
-    stand_in: bool,
-    redis_ok: bool,
-    lead: flight::Lead,
-) where
+/// The task of a fill that callers await: its outcome goes to all of them.
+pub(crate) async fn fill_task<S, ReqBody, ResBody>(fill: ColdFill<S, ReqBody>, lead: flight::Lead)
+where
     S: Inner<ReqBody, ResBody>,
     ReqBody: FillBody,
     ResBody: OriginBody,
 {
-    let outcome = cold_fill(
-        route,
-        keys,
-        request,
-        inner,
-        wait,
-        local_token,
-        stand_in,
-        redis_ok,
-    )
-    .await;
+    let outcome: FillOutcome<ResBody, S::Error> = cold_fill(fill).await;
     lead.finish(Arc::new(outcome));
 }
 
@@ -266,26 +241,48 @@ pub(crate) enum FillOutcome<B: Body, E> {
     Rekey,
 }
 
-/// Fills a key that nothing is cached for. `wait` was registered before the lease was
-/// asked for, so a notice of another instance's fill cannot slip by. `local_token` is
-/// the token of what the caller found (an expired entry, or nothing: 1), `stand_in`
-/// whether that entry may stand in for a failed origin.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn cold_fill<S, ReqBody, B>(
-    route: Arc<Route>,
-    keys: CacheKeys,
-    request: Request<ReqBody>,
-    inner: S,
-    mut wait: Wait,
-    local_token: FencingToken,
-    stand_in: bool,
-    redis_ok: bool,
-) -> FillOutcome<B, S::Error>
+/// Whether the caller's request could use Redis: a request waits on Redis at most
+/// once, so when its read failed, its fill does not also wait on the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Redis {
+    Usable,
+    Failed,
+}
+
+/// What a cold fill starts from.
+pub(crate) struct ColdFill<S, ReqBody> {
+    pub(crate) route: Arc<Route>,
+    pub(crate) keys: CacheKeys,
+    /// The request the origin gets (see `Route::fill_request`).
+    pub(crate) request: Request<ReqBody>,
+    pub(crate) inner: S,
+    /// Registered before the caller looked in L2: a notice of another instance's fill
+    /// cannot slip by.
+    pub(crate) wait: Wait,
+    /// The token of what the caller found: an expired entry, or nothing (1).
+    pub(crate) found: FencingToken,
+    /// Whether what it found may stand in for a failed origin.
+    pub(crate) stand_in: bool,
+    pub(crate) redis: Redis,
+}
+
+/// Fills a key that nothing is cached for.
+pub(crate) async fn cold_fill<S, ReqBody, B>(fill: ColdFill<S, ReqBody>) -> FillOutcome<B, S::Error>
 where
     S: Inner<ReqBody, B>,
     ReqBody: FillBody,
     B: OriginBody,
 {
+    let ColdFill {
+        route,
+        keys,
+        request,
+        inner,
+        mut wait,
+        found: local_token,
+        stand_in,
+        redis,
+    } = fill;
     let policy = &route.policy;
     // The caller looked in the caches before this fill began; another fill may have
     // landed since (here, or elsewhere: its notice then came). Take that instead.
@@ -310,7 +307,7 @@ where
     // A slot of the budget first, then the lease: a lease held while waiting for a slot
     // could run out before the origin is even called.
     let mut over_budget = false;
-    let (slot, mut lease) = loop {
+    let (slot, lease) = loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let slot = route.shared.budget.take_within(left).await;
         if slot.is_none() {
@@ -324,7 +321,7 @@ where
         }
         // A request waits on Redis at most once: if its cache read failed, it does not
         // also wait on the lease.
-        if !redis_ok {
+        if let Redis::Failed = redis {
             break (slot, None);
         }
         let acquired = route
@@ -359,13 +356,13 @@ where
             AcquireOutcome::Acquired(lease) if route.learned.version() != version => {
                 // The route learned a `Vary` header since this fill's key was made: the
                 // key is not its callers' any more.
-                end(&route, &keys, Some(lease), Ending::Gone).await;
+                end(&route, &keys, Claim::Leased(lease), Ending::Gone).await;
                 return FillOutcome::Rekey;
             }
             AcquireOutcome::Acquired(lease) => {
                 let notified = waiting_since.is_some() || wait.has_notice();
                 if let Some(stored) = landed_meanwhile(&route, &keys, local_token, notified).await {
-                    end(&route, &keys, Some(lease), Ending::Gone).await;
+                    end(&route, &keys, Claim::Leased(lease), Ending::Gone).await;
                     return FillOutcome::Stored {
                         stored,
                         variant_of: None,
@@ -421,26 +418,29 @@ where
             }
         }
     };
-    if lease.is_none() {
-        route.stats.record(Event::LocalOnly);
-    }
-    // Taken before the origin is called: an invalidation that comes during the call then
-    // has a higher token than this fill's local entry, and refuses it.
-    let local_token = local_floor(&route, &keys, local_token).await;
+    let mut claim = match lease {
+        Some(lease) => Claim::Leased(lease),
+        None => {
+            route.stats.record(Event::LocalOnly);
+            // Taken before the origin is called: an invalidation that comes during the
+            // call then has a higher token than this fill's local entry, and refuses it.
+            Claim::Local(local_floor(&route, &keys, local_token).await)
+        }
+    };
     route.stats.record(Event::ColdFill);
     let (request, asked) = asked(request);
-    let origin = call_under_lease(&route, &keys, inner, request, &mut lease).await;
+    let origin = call_under_lease(&route, &keys, inner, request, &mut claim).await;
     drop(slot);
     let Some(origin) = origin else {
         return FillOutcome::TimedOut;
     };
     match origin {
         Called::TimedOut => {
-            end(&route, &keys, lease, Ending::Error).await;
+            end(&route, &keys, claim, Ending::Error).await;
             FillOutcome::TimedOut
         }
         Called::Error(error) => {
-            end(&route, &keys, lease, Ending::Error).await;
+            end(&route, &keys, claim, Ending::Error).await;
             FillOutcome::Handoff {
                 slot: Mutex::new(Some(Err(error))),
                 failure: true,
@@ -448,7 +448,7 @@ where
         }
         Called::Read(Read::Whole { head, body }) => {
             let why = match rules::storable(policy, &head) {
-                Ok(()) => match keep(&route, &keys, &asked, head, body, lease, local_token).await {
+                Ok(()) => match keep(&route, &keys, &asked, head, body, claim).await {
                     Kept::Stored {
                         stored, rekeyed, ..
                     } => {
@@ -466,7 +466,7 @@ where
             not_stored(&route, why);
             let failure = rules::is_failure(head.status());
             let ending = if failure { Ending::Error } else { Ending::Pass };
-            end(&route, &keys, lease, ending).await;
+            end(&route, &keys, claim, ending).await;
             not_kept(&route, head, body, why, failure, asked)
         }
         Called::Read(Read::Partial {
@@ -479,7 +479,7 @@ where
             not_stored(&route, why);
             let failure = error.is_some();
             let ending = if failure { Ending::Error } else { Ending::Pass };
-            end(&route, &keys, lease, ending).await;
+            end(&route, &keys, claim, ending).await;
             let (parts, ()) = head.into_parts();
             let response = Response::from_parts(parts, ResponseBody::resume(prefix, error, rest));
             FillOutcome::Handoff {

@@ -208,15 +208,15 @@ pub(crate) async fn call_under_lease<S, ReqBody, B>(
     keys: &CacheKeys,
     inner: S,
     request: Request<ReqBody>,
-    lease: &mut Option<Lease>,
+    claim: &mut Claim,
 ) -> Option<Called<B, S::Error>>
 where
     S: Inner<ReqBody, B>,
     ReqBody: FillBody,
     B: OriginBody,
 {
-    let origin = match (lease.as_mut(), route.policy.watchdog) {
-        (Some(held), Some(max_total)) => {
+    let origin = match (&mut *claim, route.policy.watchdog) {
+        (Claim::Leased(held), Some(max_total)) => {
             match route
                 .shared
                 .leases
@@ -226,9 +226,9 @@ where
                 Ok(origin) => origin,
                 Err(lost) => {
                     route.stats.record(Event::ExpiredWhileWorking);
-                    let lease = lease.take();
+                    let lost_claim = std::mem::replace(claim, Claim::Local(FencingToken::new(1)));
                     if !matches!(lost, LeaseLost::NotOwner) {
-                        end(route, keys, lease, Ending::Error).await;
+                        end(route, keys, lost_claim, Ending::Error).await;
                     }
                     return None;
                 }
@@ -236,12 +236,30 @@ where
         }
         _ => call_origin(route, inner, request).await,
     };
-    if lease.as_ref().is_some_and(|l| l.remaining().is_zero()) {
+    if matches!(claim, Claim::Leased(lease) if lease.remaining().is_zero()) {
         // No watchdog, and the origin outlasted the lease: the write that follows is
         // fenced, so it cannot replace a newer entry; count it all the same.
         route.stats.record(Event::ExpiredWhileWorking);
     }
     Some(origin)
+}
+
+/// What a fill or a refresh works under.
+pub(crate) enum Claim {
+    /// The key's lease: the write is fenced by its token, goes to L2, releases the lease
+    /// and tells the fleet.
+    Leased(Lease),
+    /// No lease (Redis unusable, or the fleet backing off after a failure): only this
+    /// process's single-flight, and only L1 is filled, under this token: that of the
+    /// entry it replaces, or of the last invalidation seen here if higher, so that
+    /// neither refuses it.
+    Local(FencingToken),
+}
+
+impl Claim {
+    pub(crate) fn is_leased(&self) -> bool {
+        matches!(self, Self::Leased(_))
+    }
 }
 
 /// What became of a storable answer.
@@ -271,8 +289,7 @@ pub(crate) async fn keep(
     asked: &Request<()>,
     head: Response<()>,
     body: Bytes,
-    mut lease: Option<Lease>,
-    local_token: FencingToken,
+    claim: Claim,
 ) -> Kept {
     let unkeyed = rules::unkeyed_vary(&route.policy, &route.learned.names(), head.headers());
     if !unkeyed.is_empty() {
@@ -285,7 +302,7 @@ pub(crate) async fn keep(
                     vary = ?unkeyed,
                     "route learned headers its responses vary on: keyed from now on"
                 );
-                if lease.is_some() {
+                if claim.is_leased() {
                     let names: Vec<&str> = unkeyed.iter().map(HeaderName::as_str).collect();
                     let notice = Notice::Learned(&route.policy.route, names);
                     let _ = route
@@ -297,7 +314,7 @@ pub(crate) async fn keep(
             }
             Err(TooMany) => {
                 not_stored(route, NotStored::VaryUnkeyed);
-                end(route, keys, lease, Ending::Pass).await;
+                end(route, keys, claim, Ending::Pass).await;
                 return Kept::NotStored {
                     head,
                     body,
@@ -307,7 +324,7 @@ pub(crate) async fn keep(
         }
     }
     let Some(own) = route.keys_for(asked) else {
-        end(route, keys, lease, Ending::Pass).await;
+        end(route, keys, claim, Ending::Pass).await;
         return Kept::NotStored {
             head,
             body,
@@ -315,7 +332,7 @@ pub(crate) async fn keep(
         };
     };
     if own == *keys {
-        let (stored, written) = store(route, keys, head, body, lease, local_token).await;
+        let (stored, written) = store(route, keys, head, body, claim).await;
         return Kept::Stored {
             stored,
             written,
@@ -323,39 +340,41 @@ pub(crate) async fn keep(
         };
     }
     // The caller's lease is not the lease of the key the answer belongs to.
-    let had_lease = lease.is_some();
-    end(route, keys, lease.take(), Ending::Gone).await;
-    if had_lease {
-        match route
-            .shared
-            .leases
-            .try_acquire_fill(&own, route.policy.lease_ttl, FencingToken::new(0))
-            .await
-        {
-            Acquire::Outcome(AcquireOutcome::Acquired(own_lease)) => lease = Some(own_lease),
-            // Someone stored that variant meanwhile.
-            Acquire::Written => {
-                return Kept::NotStored {
-                    head,
-                    body,
-                    why: NotStored::VaryUnkeyed,
-                };
-            }
-            Acquire::Outcome(other) => {
-                // Someone fills that variant already, or Redis failed: the answer goes
-                // to its callers unstored.
-                if !matches!(other, AcquireOutcome::Busy { .. }) {
-                    lease_unavailable(route, other);
+    let claim = match claim {
+        Claim::Local(token) => Claim::Local(token),
+        leased @ Claim::Leased(_) => {
+            end(route, keys, leased, Ending::Gone).await;
+            match route
+                .shared
+                .leases
+                .try_acquire_fill(&own, route.policy.lease_ttl, FencingToken::new(0))
+                .await
+            {
+                Acquire::Outcome(AcquireOutcome::Acquired(own_lease)) => Claim::Leased(own_lease),
+                // Someone stored that variant meanwhile.
+                Acquire::Written => {
+                    return Kept::NotStored {
+                        head,
+                        body,
+                        why: NotStored::VaryUnkeyed,
+                    };
                 }
-                return Kept::NotStored {
-                    head,
-                    body,
-                    why: NotStored::VaryUnkeyed,
-                };
+                Acquire::Outcome(other) => {
+                    // Someone fills that variant already, or Redis failed: the answer goes
+                    // to its callers unstored.
+                    if !matches!(other, AcquireOutcome::Busy { .. }) {
+                        lease_unavailable(route, other);
+                    }
+                    return Kept::NotStored {
+                        head,
+                        body,
+                        why: NotStored::VaryUnkeyed,
+                    };
+                }
             }
         }
-    }
-    let (stored, written) = store(route, &own, head, body, lease, local_token).await;
+    };
+    let (stored, written) = store(route, &own, head, body, claim).await;
     Kept::Stored {
         stored,
         written,
@@ -363,16 +382,15 @@ pub(crate) async fn keep(
     }
 }
 
-/// Stores a response: the fenced write to L2 (which releases the lease), then L1. A
-/// write refused because a newer entry is stored gives way to that entry. Without a
-/// lease (Redis unusable) only L1 is filled, under `local_token`.
+/// Stores a response: under a lease, the fenced write to L2 (which releases the
+/// lease), then L1; a write refused because a newer entry is stored gives way to that
+/// entry. Without one, only L1 is filled.
 pub(crate) async fn store(
     route: &Route,
     keys: &CacheKeys,
     head: Response<()>,
     body: Bytes,
-    lease: Option<Lease>,
-    local_token: FencingToken,
+    claim: Claim,
 ) -> (Arc<Stored>, bool) {
     let policy = &route.policy;
     let (parts, ()) = head.into_parts();
@@ -399,15 +417,13 @@ pub(crate) async fn store(
         fresh_for,
         grace: policy.grace,
         keep: policy.keep(),
-        token: match &lease {
-            Some(lease) => lease.fencing_token(),
-            // Without Redis, the entry stands in for the one it replaces, and for an
-            // invalidation seen since: it must not be refused by either.
-            None => local_token,
+        token: match &claim {
+            Claim::Leased(lease) => lease.fencing_token(),
+            Claim::Local(token) => *token,
         },
     };
     let stored = Arc::new(Stored::aged(response, Duration::ZERO));
-    if let Some(lease) = lease {
+    if let Claim::Leased(lease) = claim {
         let shared = &route.shared;
         match l2_write(
             &shared.store,
@@ -508,7 +524,7 @@ pub(crate) fn not_stored(route: &Route, why: NotStored) {
 ///
 /// After a failure the lease is not released but held off for the route's error
 /// back-off, so that the fleet does not retry at once.
-pub(crate) async fn end(route: &Route, keys: &CacheKeys, lease: Option<Lease>, ending: Ending) {
+pub(crate) async fn end(route: &Route, keys: &CacheKeys, claim: Claim, ending: Ending) {
     let policy = &route.policy;
     let lasting = match ending {
         Ending::Pass => {
@@ -527,7 +543,7 @@ pub(crate) async fn end(route: &Route, keys: &CacheKeys, lease: Option<Lease>, e
         }
         Ending::Gone => Duration::ZERO,
     };
-    let Some(lease) = lease else {
+    let Claim::Leased(lease) = claim else {
         return;
     };
     let leases = &route.shared.leases;

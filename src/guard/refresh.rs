@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::handle::Shared;
 use super::origin::{
-    Called, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease, end, keep,
+    Called, Claim, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease, end, keep,
     lease_unavailable, local_floor, not_stored,
 };
 use super::route::Route;
@@ -217,21 +217,23 @@ where
     } else {
         None
     };
-    if lease.is_none() {
-        route.stats.record(Event::LocalOnly);
-    }
+    let mut claim = match lease {
+        Some(lease) => Claim::Leased(lease),
+        None => {
+            route.stats.record(Event::LocalOnly);
+            Claim::Local(local_floor(&route, &keys, current.response.token).await)
+        }
+    };
     let failed = Some(policy.error_backoff);
-    let mut lease = lease;
-    let local_token = local_floor(&route, &keys, current.response.token).await;
     let (request, asked) = asked(request);
-    let Some(origin) = call_under_lease(&route, &keys, inner, request, &mut lease).await else {
+    let Some(origin) = call_under_lease(&route, &keys, inner, request, &mut claim).await else {
         return failed;
     };
     let (event, why) = match origin {
         Called::TimedOut => (Event::RefreshTimeout, None),
         Called::Error(_) => (Event::RefreshOriginError, None),
         Called::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
-            Ok(()) => match keep(&route, &keys, &asked, head, body, lease, local_token).await {
+            Ok(()) => match keep(&route, &keys, &asked, head, body, claim).await {
                 Kept::Stored { written, .. } => {
                     if written {
                         route.stats.record(Event::RefreshWritten);
@@ -255,7 +257,7 @@ where
     }
     // An answer that may not be stored is no better than a failure here: the stale entry
     // stays, and the fleet leaves the origin alone for the back-off.
-    end(&route, &keys, lease, Ending::Error).await;
+    end(&route, &keys, claim, Ending::Error).await;
     route.stats.record(event);
     failed
 }

@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use super::answer::{answer, cold_miss, passthrough, usable_on_error};
 use super::body::ResponseBody;
-use super::cold::{Next, cold, join_fill};
+use super::cold::{Next, Redis, cold, join_fill};
 use super::future::ResponseFuture;
 use super::marks::Mark;
 use super::origin::{FillBody, Inner, OriginBody};
@@ -180,8 +180,12 @@ where
         // Registered before looking in L2: a fill notice that comes between the look and
         // this request's own fill is then seen, and the fill takes that entry instead.
         let wait = route.shared.notices.wait_for(keys.entry().into());
-        let mut redis_ok = !route.shared.store.is_local_only();
-        let read = if redis_ok {
+        let mut redis = if route.shared.store.is_local_only() {
+            Redis::Failed
+        } else {
+            Redis::Usable
+        };
+        let read = if redis == Redis::Usable {
             l2_read(&route.shared.store, &keys, route.policy.max_body).await
         } else {
             Ok(L2Read::Miss)
@@ -200,7 +204,7 @@ where
                     fallback = Some(stored);
                 }
             }
-            Ok(L2Read::Miss) if redis_ok => route.stats.record(Event::L2Miss),
+            Ok(L2Read::Miss) if redis == Redis::Usable => route.stats.record(Event::L2Miss),
             Ok(L2Read::Miss) => {}
             Ok(L2Read::Garbage(reason)) => {
                 route.stats.record(Event::DecodeFailure);
@@ -208,7 +212,7 @@ where
                 tracing::debug!(entry = keys.entry(), reason, "garbage at an entry's key");
             }
             Err(error) => {
-                redis_ok = false;
+                redis = Redis::Failed;
                 route.stats.record(Event::RedisError);
                 tracing::debug!(%error, "cache read failed; going on without Redis");
             }
@@ -230,8 +234,7 @@ where
                 continue;
             }
         }
-        let (slot, is_leader) =
-            join_fill(&route, &inner, &request, &keys, &fallback, redis_ok, wait);
+        let (slot, is_leader) = join_fill(&route, &inner, &request, &keys, &fallback, redis, wait);
         match cold(&route, slot, is_leader, request.headers(), &fallback).await {
             Next::Answer(response) => return Ok(response),
             Next::Error(error) => return Err(error),

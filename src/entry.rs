@@ -17,6 +17,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use crate::lease::FencingToken;
+use crate::store::millis;
 
 const MAGIC: [u8; 2] = *b"SG";
 /// The encoding's version. Bump it on any change of the encoded fields; old entries then decode as
@@ -198,10 +199,6 @@ pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
         keep: Duration::from_millis(wire.keep_ms),
         token: FencingToken::new(wire.token),
     })
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

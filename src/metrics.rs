@@ -18,70 +18,88 @@ use metrics::{Counter, Histogram, SharedString, counter, histogram};
 /// Prefix of every metric name.
 pub const PREFIX: &str = "stampede_guard";
 
-/// Requests by how they were answered (`outcome` label).
-pub const REQUESTS: &str = "stampede_guard_requests_total";
-/// L1 lookups (`result`: hit, miss).
-pub const L1_LOOKUPS: &str = "stampede_guard_l1_lookups_total";
-/// L2 lookups (`result`: hit, miss).
-pub const L2_LOOKUPS: &str = "stampede_guard_l2_lookups_total";
-/// Values at an entry's key that did not decode.
-pub const DECODE_FAILURES: &str = "stampede_guard_decode_failures_total";
-/// Background refreshes by result.
-pub const REFRESHES: &str = "stampede_guard_refreshes_total";
-/// Fenced writes that Redis refused because a newer entry was stored.
-pub const FENCED_WRITES_REFUSED: &str = "stampede_guard_fenced_writes_refused_total";
-/// Origin responses that were not stored (private, uncacheable status, too large).
-pub const NOT_STORED: &str = "stampede_guard_not_stored_total";
-/// Cold misses this process filled.
-pub const COLD_FILLS: &str = "stampede_guard_cold_fills_total";
-/// Waits for another instance's fill, by how they ended.
-pub const COLD_WAITS: &str = "stampede_guard_cold_waits_total";
-/// Waits for another instance's fill that began (those in progress: this minus
-/// [`COLD_WAITS`]).
-pub const COLD_WAITS_STARTED: &str = "stampede_guard_cold_waits_started_total";
-/// Stale responses served because the origin failed.
-pub const STALE_IF_ERROR: &str = "stampede_guard_stale_if_error_total";
-/// Redis operations that failed, by operation and kind (counted by the store, for all
-/// routes together).
-pub const REDIS_ERRORS: &str = crate::store::REDIS_ERRORS;
-/// Requests and refreshes of a route that went on without Redis after a Redis error.
-pub const REDIS_FALLBACKS: &str = "stampede_guard_redis_fallbacks_total";
-/// Fills and refreshes done without Redis (no lease to be had).
-pub const LOCAL_ONLY: &str = "stampede_guard_local_only_total";
-/// Refreshes and fills stopped because their lease was lost or ran past its maximum.
-pub const EXPIRED_WHILE_WORKING: &str = "stampede_guard_expired_while_working_total";
-/// Lease acquires whose reply never came (outcome unknown).
-pub const UNCERTAIN_ACQUIRES: &str = "stampede_guard_uncertain_acquires_total";
-/// Fills that ran past the soft timeout while an expired entry could be served.
-pub const SOFT_TIMEOUTS: &str = "stampede_guard_soft_timeouts_total";
-/// Lease acquisitions by operation and result (acquired, busy, timed_out, unavailable).
-pub const LEASE_ACQUISITIONS: &str = "stampede_guard_lease_acquisitions_total";
-/// How long acquires take, by operation.
-pub const LEASE_ACQUIRE_SECONDS: &str = "stampede_guard_lease_acquire_seconds";
-/// How long leases are held, from acquire to release, by operation.
-pub const LEASE_HOLD_SECONDS: &str = "stampede_guard_lease_hold_seconds";
-/// Lease renewals by operation and result (renewed, not_owner, error).
-pub const LEASE_RENEWALS: &str = "stampede_guard_lease_renewals_total";
-/// Lease releases by operation and result (released, not_owner, error).
-pub const LEASE_RELEASES: &str = "stampede_guard_lease_releases_total";
-/// Renewals and releases that found the lease someone else's, by operation.
-pub const LEASE_OWNER_MISMATCHES: &str = "stampede_guard_lease_owner_mismatches_total";
-/// How long refreshes take, by route.
-pub const REFRESH_SECONDS: &str = "stampede_guard_refresh_seconds";
-/// How long callers wait for another instance's fill, by route.
-pub const COLD_WAIT_SECONDS: &str = "stampede_guard_cold_wait_seconds";
-/// The lease TTL of each route, for comparing hold times against.
-pub const LEASE_TTL_SECONDS: &str = "stampede_guard_lease_ttl_seconds";
-/// Entries in L1.
-pub const L1_ENTRIES: &str = "stampede_guard_l1_entries";
-/// Bytes of entries in L1 (weighed).
-pub const L1_BYTES: &str = "stampede_guard_l1_bytes";
-/// Calls the layer made to the origin (fills, refreshes and pass-throughs).
-pub const ORIGIN_CALLS: &str = "stampede_guard_origin_calls_total";
-/// Refreshes and cold fills at work, out of the guard's refresh budget.
-pub const BUDGET_IN_USE: &str = "stampede_guard_refresh_budget_in_use";
-/// Header names a route learned from its responses' `Vary`.
-pub const VARY_LEARNED: &str = "stampede_guard_vary_learned_total";
+/// Declares each metric once: its constant (with its doc), and its entry in [`ALL`]
+/// (name, kind and help text).
+macro_rules! names {
+    ($($(#[doc = $doc:literal])* $constant:ident: $kind:ident = $name:literal, $help:literal;)*) => {
+        $($(#[doc = $doc])* pub const $constant: &str = $name;)*
+
+        /// Every metric the crate emits, with its kind and help text: for descriptions,
+        /// and for checking that dashboards and alert rules only use what exists.
+        pub const ALL: &[(&str, MetricKind, &str)] = &[$(($name, MetricKind::$kind, $help),)*];
+    };
+}
+
+names! {
+    /// Requests by how they were answered (`outcome` label).
+    REQUESTS: Counter = "stampede_guard_requests_total", "Requests by how they were answered.";
+    /// L1 lookups (`result`: hit, miss).
+    L1_LOOKUPS: Counter = "stampede_guard_l1_lookups_total", "L1 lookups by result.";
+    /// L2 lookups (`result`: hit, miss).
+    L2_LOOKUPS: Counter = "stampede_guard_l2_lookups_total", "L2 lookups by result.";
+    /// Values at an entry's key that did not decode.
+    DECODE_FAILURES: Counter = "stampede_guard_decode_failures_total", "Values at entry keys that did not decode (treated as misses).";
+    /// Background refreshes by result.
+    REFRESHES: Counter = "stampede_guard_refreshes_total", "Background refreshes by result.";
+    /// Fenced writes that Redis refused because a newer entry was stored.
+    FENCED_WRITES_REFUSED: Counter = "stampede_guard_fenced_writes_refused_total", "Writes refused because a newer entry (or an invalidation) was stored.";
+    /// Origin responses that were not stored (private, uncacheable status, too large).
+    NOT_STORED: Counter = "stampede_guard_not_stored_total", "Origin responses that were not stored.";
+    /// Cold misses this process filled.
+    COLD_FILLS: Counter = "stampede_guard_cold_fills_total", "Cold misses this process filled.";
+    /// Waits for another instance's fill, by how they ended.
+    COLD_WAITS: Counter = "stampede_guard_cold_waits_total", "Waits for another instance's fill, by how they ended.";
+    /// Waits for another instance's fill that began (those in progress: this minus
+    /// [`COLD_WAITS`]).
+    COLD_WAITS_STARTED: Counter = "stampede_guard_cold_waits_started_total", "Waits for another instance's fill that began.";
+    /// Stale responses served because the origin failed.
+    STALE_IF_ERROR: Counter = "stampede_guard_stale_if_error_total", "Stale entries served because the origin failed.";
+    /// Redis operations that failed, by operation and kind (counted by the store, for all
+    /// routes together).
+    REDIS_ERRORS: Counter = "stampede_guard_redis_errors_total", "Redis operations that failed, by operation and kind.";
+    /// Requests and refreshes of a route that went on without Redis after a Redis error.
+    REDIS_FALLBACKS: Counter = "stampede_guard_redis_fallbacks_total", "Route operations that went on without Redis after an error.";
+    /// Fills and refreshes done without Redis (no lease to be had).
+    LOCAL_ONLY: Counter = "stampede_guard_local_only_total", "Fills and refreshes done without a lease.";
+    /// Refreshes and fills stopped because their lease was lost or ran past its maximum.
+    EXPIRED_WHILE_WORKING: Counter = "stampede_guard_expired_while_working_total", "Refreshes stopped because their lease was lost or ran past its maximum.";
+    /// Lease acquires whose reply never came (outcome unknown).
+    UNCERTAIN_ACQUIRES: Counter = "stampede_guard_uncertain_acquires_total", "Acquires whose reply never came.";
+    /// Fills that ran past the soft timeout while an expired entry could be served.
+    SOFT_TIMEOUTS: Counter = "stampede_guard_soft_timeouts_total", "Fills that ran past the soft timeout.";
+    /// Lease acquisitions by operation and result (acquired, busy, timed_out, unavailable).
+    LEASE_ACQUISITIONS: Counter = "stampede_guard_lease_acquisitions_total", "Lease acquisitions by operation and result.";
+    /// How long acquires take, by operation.
+    LEASE_ACQUIRE_SECONDS: Histogram = "stampede_guard_lease_acquire_seconds", "Lease acquire latency.";
+    /// How long leases are held, from acquire to release, by operation.
+    LEASE_HOLD_SECONDS: Histogram = "stampede_guard_lease_hold_seconds", "How long leases are held.";
+    /// Lease renewals by operation and result (renewed, not_owner, error).
+    LEASE_RENEWALS: Counter = "stampede_guard_lease_renewals_total", "Lease renewals by result.";
+    /// Lease releases by operation and result (released, not_owner, error).
+    LEASE_RELEASES: Counter = "stampede_guard_lease_releases_total", "Lease releases by result.";
+    /// Renewals and releases that found the lease someone else's, by operation.
+    LEASE_OWNER_MISMATCHES: Counter = "stampede_guard_lease_owner_mismatches_total", "Renewals and releases that found the lease someone else's.";
+    /// How long refreshes take, by route.
+    REFRESH_SECONDS: Histogram = "stampede_guard_refresh_seconds", "How long refreshes take.";
+    /// How long callers wait for another instance's fill, by route.
+    COLD_WAIT_SECONDS: Histogram = "stampede_guard_cold_wait_seconds", "How long callers wait for another instance's fill.";
+    /// The lease TTL of each route, for comparing hold times against.
+    LEASE_TTL_SECONDS: Gauge = "stampede_guard_lease_ttl_seconds", "The lease TTL of each route.";
+    /// Entries in L1.
+    L1_ENTRIES: Gauge = "stampede_guard_l1_entries", "Entries in L1.";
+    /// Bytes of entries in L1 (weighed).
+    L1_BYTES: Gauge = "stampede_guard_l1_bytes", "Bytes of entries in L1.";
+    /// Calls the layer made to the origin (fills, refreshes and pass-throughs).
+    ORIGIN_CALLS: Counter = "stampede_guard_origin_calls_total", "Calls the layer made to the origin.";
+    /// Refreshes and cold fills at work, out of the guard's refresh budget.
+    BUDGET_IN_USE: Gauge = "stampede_guard_refresh_budget_in_use", "Refreshes and cold fills at work, out of the refresh budget.";
+    /// Header names a route learned from its responses' `Vary`.
+    VARY_LEARNED: Counter = "stampede_guard_vary_learned_total", "Header names routes learned from their responses' Vary.";
+    /// The gauge of the breakers' state: how many are open in this process (one per store).
+    CIRCUIT_OPEN: Gauge = "stampede_guard_redis_circuit_open", "1 while the Redis circuit breaker is open.";
+    /// Counter of breaker openings.
+    CIRCUIT_OPENED: Counter = "stampede_guard_redis_circuit_opened_total", "Times the Redis circuit breaker opened.";
+}
 
 macro_rules! events {
     ($($variant:ident => ($name:expr $(, $label:literal => $value:literal)?), $doc:literal;)*) => {
@@ -215,160 +233,6 @@ pub(crate) fn lease_released(operation: SharedString, result: &'static str, held
     counter!(LEASE_RELEASES, "operation" => operation.clone(), "result" => result).increment(1);
     histogram!(LEASE_HOLD_SECONDS, "operation" => operation).record(held);
 }
-
-/// Every metric the crate emits, with its kind and help text: for descriptions, and for
-/// checking that dashboards and alert rules only use what exists.
-pub const ALL: &[(&str, MetricKind, &str)] = &[
-    (
-        REQUESTS,
-        MetricKind::Counter,
-        "Requests by how they were answered.",
-    ),
-    (L1_LOOKUPS, MetricKind::Counter, "L1 lookups by result."),
-    (L2_LOOKUPS, MetricKind::Counter, "L2 lookups by result."),
-    (
-        DECODE_FAILURES,
-        MetricKind::Counter,
-        "Values at entry keys that did not decode (treated as misses).",
-    ),
-    (
-        REFRESHES,
-        MetricKind::Counter,
-        "Background refreshes by result.",
-    ),
-    (
-        FENCED_WRITES_REFUSED,
-        MetricKind::Counter,
-        "Writes refused because a newer entry (or an invalidation) was stored.",
-    ),
-    (
-        NOT_STORED,
-        MetricKind::Counter,
-        "Origin responses that were not stored.",
-    ),
-    (
-        COLD_FILLS,
-        MetricKind::Counter,
-        "Cold misses this process filled.",
-    ),
-    (
-        COLD_WAITS,
-        MetricKind::Counter,
-        "Waits for another instance's fill, by how they ended.",
-    ),
-    (
-        COLD_WAITS_STARTED,
-        MetricKind::Counter,
-        "Waits for another instance's fill that began.",
-    ),
-    (
-        STALE_IF_ERROR,
-        MetricKind::Counter,
-        "Stale entries served because the origin failed.",
-    ),
-    (
-        REDIS_FALLBACKS,
-        MetricKind::Counter,
-        "Route operations that went on without Redis after an error.",
-    ),
-    (
-        LOCAL_ONLY,
-        MetricKind::Counter,
-        "Fills and refreshes done without a lease.",
-    ),
-    (
-        ORIGIN_CALLS,
-        MetricKind::Counter,
-        "Calls the layer made to the origin.",
-    ),
-    (
-        EXPIRED_WHILE_WORKING,
-        MetricKind::Counter,
-        "Refreshes stopped because their lease was lost or ran past its maximum.",
-    ),
-    (
-        UNCERTAIN_ACQUIRES,
-        MetricKind::Counter,
-        "Acquires whose reply never came.",
-    ),
-    (
-        SOFT_TIMEOUTS,
-        MetricKind::Counter,
-        "Fills that ran past the soft timeout.",
-    ),
-    (
-        LEASE_ACQUISITIONS,
-        MetricKind::Counter,
-        "Lease acquisitions by operation and result.",
-    ),
-    (
-        LEASE_ACQUIRE_SECONDS,
-        MetricKind::Histogram,
-        "Lease acquire latency.",
-    ),
-    (
-        LEASE_HOLD_SECONDS,
-        MetricKind::Histogram,
-        "How long leases are held.",
-    ),
-    (
-        LEASE_RENEWALS,
-        MetricKind::Counter,
-        "Lease renewals by result.",
-    ),
-    (
-        LEASE_RELEASES,
-        MetricKind::Counter,
-        "Lease releases by result.",
-    ),
-    (
-        LEASE_OWNER_MISMATCHES,
-        MetricKind::Counter,
-        "Renewals and releases that found the lease someone else's.",
-    ),
-    (
-        REFRESH_SECONDS,
-        MetricKind::Histogram,
-        "How long refreshes take.",
-    ),
-    (
-        COLD_WAIT_SECONDS,
-        MetricKind::Histogram,
-        "How long callers wait for another instance's fill.",
-    ),
-    (
-        LEASE_TTL_SECONDS,
-        MetricKind::Gauge,
-        "The lease TTL of each route.",
-    ),
-    (L1_ENTRIES, MetricKind::Gauge, "Entries in L1."),
-    (
-        BUDGET_IN_USE,
-        MetricKind::Gauge,
-        "Refreshes and cold fills at work, out of the refresh budget.",
-    ),
-    (
-        VARY_LEARNED,
-        MetricKind::Counter,
-        "Header names routes learned from their responses' Vary.",
-    ),
-    (L1_BYTES, MetricKind::Gauge, "Bytes of entries in L1."),
-    (
-        crate::store::REDIS_ERRORS,
-        MetricKind::Counter,
-        "Redis operations that failed, by operation and kind.",
-    ),
-    (
-        crate::store::CIRCUIT_OPEN,
-        MetricKind::Gauge,
-        "1 while the Redis circuit breaker is open.",
-    ),
-    (
-        crate::store::CIRCUIT_OPENED,
-        MetricKind::Counter,
-        "Times the Redis circuit breaker opened.",
-    ),
-];
 
 /// What kind of metric a name is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

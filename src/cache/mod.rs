@@ -7,34 +7,22 @@
 //!
 //! Writes to both are fenced: an entry replaces another only if its token is not lower.
 
+mod scripts;
+
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use moka::Expiry;
 use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
-use redis::{Script, Value};
 
+pub(crate) use self::scripts::WriteReply;
+use self::scripts::{Lasting, ReadReply};
 use crate::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
 use crate::lease::{FencingToken, Lease};
-use crate::notify::{Ending, Notice};
-use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
-
-static READ: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&crate::lease::with_tokens(include_str!("scripts/read.lua"))));
-static WRITE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&crate::lease::with_tokens(include_str!(
-        "scripts/write.lua"
-    )))
-});
-static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&crate::lease::with_tokens(include_str!(
-        "scripts/invalidate.lua"
-    )))
-});
+use crate::store::{RedisStore, StoreError};
 
 /// A cached response, and its age: how old it was when this process got it, and when
 /// that was on this process's monotonic clock.
@@ -302,39 +290,18 @@ pub(crate) async fn l2_read(
     keys: &CacheKeys,
     max_size: usize,
 ) -> Result<L2Read, StoreError> {
-    let mut invocation = READ.prepare_invoke();
-    invocation.key(keys.entry()).key(keys.invalidated_key());
-    let value: Value = store
-        .run_sized(Operation::Read, Request::Script(&invocation), max_size)
-        .await?;
-    Ok(match value {
-        // (Nil and false: what older versions of the script and RESP3 would send.)
-        Value::Nil | Value::Boolean(false) => L2Read::Miss,
-        Value::Array(items) if items.is_empty() => L2Read::Miss,
-        Value::Array(items) => match items.as_slice() {
-            [Value::Int(pttl), Value::BulkString(data)] => {
-                if *pttl < 0 {
-                    L2Read::Garbage("no ttl")
-                } else {
-                    match entry::decode(data) {
-                        Ok(response) => {
-                            let left = Duration::from_millis(*pttl as u64);
-                            let age = response.keep.saturating_sub(left);
-                            L2Read::Found(Arc::new(Stored::aged(response, age)))
-                        }
-                        Err(error) => L2Read::Garbage(decode_reason(error)),
-                    }
-                }
+    Ok(match scripts::read(store, keys, max_size).await? {
+        ReadReply::Miss => L2Read::Miss,
+        ReadReply::NotOurs => L2Read::Garbage("not an entry"),
+        ReadReply::Entry { pttl, .. } if pttl < 0 => L2Read::Garbage("no ttl"),
+        ReadReply::Entry { pttl, data } => match entry::decode(&data) {
+            Ok(response) => {
+                let left = Duration::from_millis(pttl as u64);
+                let age = response.keep.saturating_sub(left);
+                L2Read::Found(Arc::new(Stored::aged(response, age)))
             }
-            _ => L2Read::Garbage("not an entry"),
+            Err(error) => L2Read::Garbage(decode_reason(error)),
         },
-        _ => {
-            return Err(StoreError::new(
-                Operation::Read,
-                StoreErrorKind::Response,
-                None,
-            ));
-        }
     })
 }
 
@@ -348,48 +315,29 @@ fn decode_reason(error: entry::DecodeError) -> &'static str {
     }
 }
 
-/// What the fenced write did.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WriteOutcome {
-    pub(crate) written: bool,
-    pub(crate) released: bool,
-}
-
+/// The fenced write of an entry under `lease` (see `scripts/write.lua`).
 pub(crate) async fn l2_write(
     store: &RedisStore,
     keys: &CacheKeys,
     lease: &Lease,
     response: &CachedResponse,
     channel: &str,
-) -> Result<WriteOutcome, StoreError> {
-    let encoded = response.encode();
-    let size = encoded.len();
-    let mut invocation = WRITE.prepare_invoke();
-    invocation
-        .key(keys.entry())
-        .key(keys.lease().key())
-        .key(keys.invalidated_key())
-        .key(keys.lease().fence_key())
-        .arg(lease.fencing_token().get())
-        .arg(lease.owner().as_str())
-        .arg(encoded)
-        .arg(u64::try_from(response.keep.as_millis()).unwrap_or(u64::MAX))
-        .arg(channel)
-        .arg(Notice::Filled(keys.entry()).to_string())
-        .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
-    let (written, released, _stored): (i64, i64, i64) = store
-        .run_sized(Operation::Write, Request::Script(&invocation), size)
-        .await?;
-    Ok(WriteOutcome {
-        written: written == 1,
-        released: released == 1,
-    })
+) -> Result<WriteReply, StoreError> {
+    scripts::write(
+        store,
+        keys,
+        lease,
+        response.encode(),
+        response.keep,
+        channel,
+    )
+    .await
 }
 
 /// Replaces an entry by a tombstone for everyone (see the script). Returns whether an
-/// entry was there, and the tombstone's token.
-/// `entries_live` is the longest an entry of the route may live: the invalidation's token
-/// outlives every variant it hides.
+/// entry was there, and the tombstone's token. `tombstone_for` is how long a fill can
+/// take; `entries_live` the longest an entry of the route may live: the invalidation's
+/// token outlives every variant it hides.
 pub(crate) async fn l2_invalidate(
     store: &RedisStore,
     keys: &CacheKeys,
@@ -397,29 +345,13 @@ pub(crate) async fn l2_invalidate(
     tombstone_for: Duration,
     entries_live: Duration,
 ) -> Result<(bool, FencingToken), StoreError> {
-    let mut invocation = INVALIDATE.prepare_invoke();
-    invocation
-        .key(keys.entry())
-        .key(keys.lease().fence_key())
-        .key(keys.invalidated_key())
-        .arg(channel)
-        .arg(millis(tombstone_for))
-        .arg(millis(
-            crate::lease::DEFAULT_FENCE_RETENTION.max(tombstone_for),
-        ))
-        .arg(millis(
-            crate::lease::DEFAULT_FENCE_RETENTION
-                .max(tombstone_for)
-                .max(entries_live),
-        ));
-    let (existed, token): (i64, i64) = store
-        .run(Operation::Invalidate, Request::Script(&invocation))
-        .await?;
-    Ok((existed == 1, FencingToken::new(token.max(1) as u64)))
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    let counter = crate::lease::DEFAULT_FENCE_RETENTION.max(tombstone_for);
+    let lasting = Lasting {
+        tombstone: tombstone_for,
+        counter,
+        token: counter.max(entries_live),
+    };
+    scripts::invalidate(store, keys, channel, lasting).await
 }
 
 #[cfg(test)]

@@ -1,32 +1,17 @@
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::Script;
 use tracing::Instrument;
 
 use super::outcome::{
     AcquireOutcome, FencingToken, Lease, ReleaseOutcome, RenewOutcome, UncertainAcquire,
 };
+use super::scripts::{self, AcquireReply, ForFill};
 use crate::error::ConfigError;
 use crate::keys::{CacheKeys, KeySpace, LeaseName};
 use crate::owner::{Owner, OwnerFactory, default_instance_id};
-use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind};
-
-// Loaded once per process and sent by SHA (EVALSHA); redis-rs loads a script again when
-// Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH). Never put them in a pipeline:
-// there, NOSCRIPT is not handled.
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/acquire.lua"))));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
-static HOLD_OFF: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/hold_off.lua")));
-
-/// What a held-off lease holds (see [`LeaseClient::hold_off`]). Owner values start with
-/// a service name, which cannot start with `~`: no owner value is ever equal to it.
-pub(crate) const HELD_OFF: &str = "~held-off";
+use crate::store::{Operation, RedisStore, StoreError, StoreErrorKind};
 
 /// Releases the lease at `key` if its owner value is still `owner` (for the inspection
 /// tool, which read the value itself and shows only its holder).
@@ -35,18 +20,7 @@ pub(crate) async fn release_if_owner(
     key: &str,
     owner: &str,
 ) -> Result<bool, StoreError> {
-    let mut invocation = RELEASE.prepare_invoke();
-    invocation.key(key).arg(owner);
-    let released: i64 = store
-        .run(Operation::Release, Request::Script(&invocation))
-        .await?;
-    Ok(released == 1)
-}
-
-/// A script that issues or compares fencing tokens, with the functions that do it
-/// (`tokens.lua`: `next_token`, `sane_token`, `token_at`).
-pub(crate) fn with_tokens(script: &str) -> String {
-    format!("{}{script}", include_str!("scripts/tokens.lua"))
+    scripts::release(store, key, owner).await
 }
 
 /// A lease must last at least this many command timeouts: long enough for an acquire, a
@@ -147,40 +121,17 @@ impl LeaseClient {
             .await
     }
 
-    async fn acquire_inner(
-        &self,
-        name: &LeaseName,
-        ttl: Duration,
-        fill: Option<(&CacheKeys, FencingToken)>,
-    ) -> Acquire {
+    async fn acquire_inner(&self, name: &LeaseName, ttl: Duration, fill: ForFill<'_>) -> Acquire {
         if let Err(error) = self.check_ttl("lease_ttl", ttl) {
             return Acquire::Outcome(AcquireOutcome::Invalid(error));
         }
         let owner = self.inner.owners.next();
         let retention = self.inner.fence_retention.max(ttl * 2);
-        let mut invocation = ACQUIRE.prepare_invoke();
-        invocation
-            .key(name.key())
-            .key(name.fence_key())
-            .arg(owner.as_str())
-            .arg(millis(ttl))
-            .arg(millis(retention))
-            .arg(HELD_OFF);
-        if let Some((keys, seen)) = fill {
-            invocation
-                .key(keys.entry())
-                .key(keys.invalidated_key())
-                .key(keys.primary_fence_key())
-                .arg(seen.get());
-        }
         let sent_at = Instant::now();
-        let reply: Result<Vec<i64>, StoreError> = self
-            .inner
-            .store
-            .run(Operation::Acquire, Request::Script(&invocation))
-            .await;
-        let outcome = match reply.as_deref() {
-            Ok(&[2, 0]) if fill.is_some() => {
+        let store = &self.inner.store;
+        let reply = scripts::acquire(store, name, owner.as_str(), ttl, retention, fill).await;
+        let outcome = match reply {
+            Ok(AcquireReply::Written) => {
                 tracing::debug!(lease = name.key(), "lease not taken: the entry was written");
                 crate::metrics::lease_acquired(
                     name.operation_label(),
@@ -189,23 +140,23 @@ impl LeaseClient {
                 );
                 return Acquire::Written;
             }
-            Ok(&[1, token]) if token > 0 => AcquireOutcome::Acquired(Lease {
+            Ok(AcquireReply::Taken(token)) => AcquireOutcome::Acquired(Lease {
                 name: name.clone(),
                 owner,
-                token: FencingToken::new(token as u64),
+                token: FencingToken::new(token),
                 acquired_at: sent_at,
                 ttl,
                 valid_until: sent_at + ttl,
             }),
-            Ok(&[0, pttl, held_off]) => AcquireOutcome::Busy {
+            Ok(AcquireReply::Busy { pttl, held_off }) => AcquireOutcome::Busy {
                 retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
-                held_off: held_off == 1,
+                held_off,
             },
-            Ok(reply) => {
+            Ok(AcquireReply::Odd { taken }) => {
                 // Not a reply this script gives. If it says the lease was taken (with a
                 // token that is not one), the lease is set in Redis: give it back rather
                 // than leave the name blocked while reporting a failure.
-                if reply.first() == Some(&1) {
+                if taken {
                     let _ = self.release_owned(name, &owner).await;
                 }
                 AcquireOutcome::Unavailable(StoreError::new(
@@ -218,10 +169,10 @@ impl LeaseClient {
                 AcquireOutcome::TimedOut(UncertainAcquire {
                     name: name.clone(),
                     owner,
-                    error: error.clone(),
+                    error,
                 })
             }
-            Err(error) => AcquireOutcome::Unavailable(error.clone()),
+            Err(error) => AcquireOutcome::Unavailable(error),
         };
         log_acquire(name, &outcome);
         if !matches!(outcome, AcquireOutcome::Invalid(_)) {
@@ -246,13 +197,9 @@ impl LeaseClient {
         if let Err(error) = self.check_ttl("lease_ttl", ttl) {
             return RenewOutcome::Invalid(error);
         }
-        let mut invocation = RENEW.prepare_invoke();
-        invocation
-            .key(lease.key())
-            .arg(lease.owner.as_str())
-            .arg(millis(ttl));
         let sent_at = Instant::now();
-        let outcome = match self.owner_checked(Operation::Renew, &invocation).await {
+        let store = &self.inner.store;
+        let outcome = match scripts::renew(store, lease.key(), lease.owner.as_str(), ttl).await {
             Ok(true) => {
                 lease.ttl = ttl;
                 lease.valid_until = sent_at + ttl;
@@ -308,13 +255,8 @@ impl LeaseClient {
             // A TTL the client would refuse: give the lease back plainly instead.
             return self.release(lease).await;
         }
-        let mut invocation = HOLD_OFF.prepare_invoke();
-        invocation
-            .key(lease.key())
-            .arg(lease.owner.as_str())
-            .arg(millis(ttl))
-            .arg(HELD_OFF);
-        let outcome = match self.owner_checked(Operation::Release, &invocation).await {
+        let store = &self.inner.store;
+        let outcome = match scripts::hold_off(store, lease.key(), lease.owner.as_str(), ttl).await {
             Ok(true) => ReleaseOutcome::Released,
             Ok(false) => ReleaseOutcome::NotOwner,
             Err(error) => ReleaseOutcome::Failed(error),
@@ -351,30 +293,10 @@ impl LeaseClient {
     }
 
     async fn release_owned(&self, name: &LeaseName, owner: &Owner) -> ReleaseOutcome {
-        let mut invocation = RELEASE.prepare_invoke();
-        invocation.key(name.key()).arg(owner.as_str());
-        match self.owner_checked(Operation::Release, &invocation).await {
+        match scripts::release(&self.inner.store, name.key(), owner.as_str()).await {
             Ok(true) => ReleaseOutcome::Released,
             Ok(false) => ReleaseOutcome::NotOwner,
             Err(error) => ReleaseOutcome::Failed(error),
-        }
-    }
-
-    /// Runs an owner-checked script, which answers 1 (done) or 0 (not the owner).
-    async fn owner_checked(
-        &self,
-        operation: Operation,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<bool, StoreError> {
-        match self
-            .inner
-            .store
-            .run::<i64>(operation, Request::Script(invocation))
-            .await?
-        {
-            1 => Ok(true),
-            0 => Ok(false),
-            _ => Err(StoreError::new(operation, StoreErrorKind::Response, None)),
         }
     }
 
@@ -411,10 +333,6 @@ fn check_ttl(
         ));
     }
     Ok(())
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Logs an acquire without the owner value: the holder (service and instance) at most.

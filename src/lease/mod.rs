@@ -77,9 +77,10 @@
 
 mod client;
 mod outcome;
+mod scripts;
 mod watchdog;
 
-pub(crate) use self::client::{Acquire, HELD_OFF, release_if_owner, with_tokens};
+pub(crate) use self::client::{Acquire, release_if_owner};
 pub use self::client::{
     DEFAULT_FENCE_RETENTION, DEFAULT_LEASE_TTL, LeaseClient, LeaseClientBuilder, MAX_LEASE_TTL,
     MIN_TTL_PER_COMMAND_TIMEOUT,
@@ -87,4 +88,5 @@ pub use self::client::{
 pub use self::outcome::{
     AcquireOutcome, FencingToken, Lease, ReleaseOutcome, RenewOutcome, UncertainAcquire,
 };
+pub(crate) use self::scripts::{HELD_OFF, with_tokens};
 pub use self::watchdog::LeaseLost;

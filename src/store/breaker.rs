@@ -14,10 +14,7 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 
-/// The gauge of the breakers' state: how many are open in this process (one per store).
-pub const CIRCUIT_OPEN: &str = "stampede_guard_redis_circuit_open";
-/// Counter of breaker openings.
-pub const CIRCUIT_OPENED: &str = "stampede_guard_redis_circuit_opened_total";
+pub use crate::metrics::{CIRCUIT_OPEN, CIRCUIT_OPENED};
 
 /// When the breaker opens, and how it looks for Redis coming back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -60,8 +60,13 @@ struct Inner {
     local_only: bool,
 }
 
-/// Redis errors by operation and kind.
-pub const REDIS_ERRORS: &str = "stampede_guard_redis_errors_total";
+/// A duration in whole milliseconds, as Redis takes them (`PX`, `PEXPIRE`) and as entries
+/// keep their times; saturating.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+pub use crate::metrics::REDIS_ERRORS;
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

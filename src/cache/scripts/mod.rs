@@ -1,0 +1,138 @@
+//! The cache's Lua scripts, each with the one typed call that runs it: its keys and
+//! arguments in the order the script reads them, and its reply as a type. The scripts
+//! say what they do (see each `.lua` file); this module only speaks to them.
+//!
+//! Loaded once per process and sent by SHA (EVALSHA); redis-rs loads a script again when
+//! Redis answers NOSCRIPT. Never put them in a pipeline: there, NOSCRIPT is not handled.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use crate::keys::CacheKeys;
+use crate::lease::{FencingToken, Lease, with_tokens};
+use crate::notify::{Ending, Notice};
+use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind, millis};
+
+static READ: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&with_tokens(include_str!("read.lua"))));
+static WRITE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&with_tokens(include_str!("write.lua"))));
+static INVALIDATE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&with_tokens(include_str!("invalidate.lua"))));
+
+/// What `read.lua` found at an entry's key.
+#[derive(Debug)]
+pub(crate) enum ReadReply {
+    /// Nothing, a tombstone, or an entry older than its response's invalidation.
+    Miss,
+    /// Something that is not an entry of ours (another type, a hash without data).
+    NotOurs,
+    /// An entry's encoding, and its remaining TTL in milliseconds.
+    Entry { pttl: i64, data: Vec<u8> },
+}
+
+/// Reads an entry; the deadline grows with `max_size`, what the entry may weigh.
+pub(crate) async fn read(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    max_size: usize,
+) -> Result<ReadReply, StoreError> {
+    let mut invocation = READ.prepare_invoke();
+    invocation.key(keys.entry()).key(keys.invalidated_key());
+    let value: Value = store
+        .run_sized(Operation::Read, Request::Script(&invocation), max_size)
+        .await?;
+    Ok(match value {
+        // (Nil and false: what older versions of the script and RESP3 would send.)
+        Value::Nil | Value::Boolean(false) => ReadReply::Miss,
+        Value::Array(items) => match <[Value; 0]>::try_from(items) {
+            Ok([]) => ReadReply::Miss,
+            Err(items) => match <[Value; 2]>::try_from(items) {
+                Ok([Value::Int(pttl), Value::BulkString(data)]) => ReadReply::Entry { pttl, data },
+                _ => ReadReply::NotOurs,
+            },
+        },
+        _ => {
+            return Err(StoreError::new(
+                Operation::Read,
+                StoreErrorKind::Response,
+                None,
+            ));
+        }
+    })
+}
+
+/// What `write.lua` did.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteReply {
+    pub(crate) written: bool,
+    pub(crate) released: bool,
+}
+
+/// The fenced write of an `encoded` entry under `lease`, kept `keep`, with the release
+/// of the lease and the notice of the write (or of a lease that ended without one).
+pub(crate) async fn write(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    lease: &Lease,
+    encoded: Vec<u8>,
+    keep: Duration,
+    channel: &str,
+) -> Result<WriteReply, StoreError> {
+    let size = encoded.len();
+    let mut invocation = WRITE.prepare_invoke();
+    invocation
+        .key(keys.entry())
+        .key(keys.lease().key())
+        .key(keys.invalidated_key())
+        .key(keys.lease().fence_key())
+        .arg(lease.fencing_token().get())
+        .arg(lease.owner().as_str())
+        .arg(encoded)
+        .arg(millis(keep))
+        .arg(channel)
+        .arg(Notice::Filled(keys.entry()).to_string())
+        .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
+    let (written, released, _measured_against): (i64, i64, i64) = store
+        .run_sized(Operation::Write, Request::Script(&invocation), size)
+        .await?;
+    Ok(WriteReply {
+        written: written == 1,
+        released: released == 1,
+    })
+}
+
+/// How long what an invalidation leaves lasts.
+pub(crate) struct Lasting {
+    /// The tombstone at the entry key.
+    pub(crate) tombstone: Duration,
+    /// The response's fence counter.
+    pub(crate) counter: Duration,
+    /// The invalidation's token (it hides the response's variants).
+    pub(crate) token: Duration,
+}
+
+/// Invalidates the response of `keys` (see `invalidate.lua`). Returns whether an entry
+/// was there, and the invalidation's token.
+pub(crate) async fn invalidate(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    channel: &str,
+    lasting: Lasting,
+) -> Result<(bool, FencingToken), StoreError> {
+    let mut invocation = INVALIDATE.prepare_invoke();
+    invocation
+        .key(keys.entry())
+        .key(keys.lease().fence_key())
+        .key(keys.invalidated_key())
+        .arg(channel)
+        .arg(millis(lasting.tombstone))
+        .arg(millis(lasting.counter))
+        .arg(millis(lasting.token));
+    let (existed, token): (i64, i64) = store
+        .run(Operation::Invalidate, Request::Script(&invocation))
+        .await?;
+    Ok((existed == 1, FencingToken::new(token.max(1) as u64)))
+}

@@ -1,11 +1,14 @@
 //! The Redis connection: the one seam between the crate and Redis.
 //!
-//! Everything that talks to Redis goes through a [`RedisStore`]: the lease scripts now,
-//! cache reads and fenced writes later. It owns the connection pool and puts one deadline,
-//! [`command_timeout`](RedisStoreBuilder::command_timeout), on every operation, pool
-//! check-out included, so that no caller waits on Redis longer than that, whatever Redis
-//! is doing. Redis Cluster, Sentinel and TLS will be further backends behind the same
-//! type.
+//! Everything that talks to Redis goes through a [`RedisStore`]: the lease scripts, cache
+//! reads, fenced writes and invalidations, notices. It owns the connections and puts one
+//! deadline, [`command_timeout`](RedisStoreBuilder::command_timeout), on every operation,
+//! pool check-out included, so that no caller waits on Redis longer than that, whatever
+//! Redis is doing.
+//!
+//! What answers is a backend: none at all ([`RedisStore::local_only`]) or a single
+//! server today. Redis Cluster and Sentinel are further variants of the same enum; the
+//! rest of the crate sees only the store.
 //!
 //! # Connections
 //!
@@ -49,15 +52,24 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    /// The place for Redis Cluster and Sentinel: another kind of pool behind this field.
-    pool: bb8::Pool<Manager>,
-    /// For what a pool cannot give: pub/sub connections.
-    client: Client,
+    /// What answers: the place where Redis Cluster and Sentinel go, next to a single
+    /// server.
+    backend: Backend,
     command_timeout: Duration,
     connect_timeout: Duration,
     breaker: Breaker,
-    /// No Redis at all: see [`RedisStore::local_only`].
-    local_only: bool,
+}
+
+/// The kinds of Redis a store speaks to.
+enum Backend {
+    /// None at all: see [`RedisStore::local_only`].
+    None,
+    /// One server (or a proxy in front of one).
+    Single {
+        pool: bb8::Pool<Manager>,
+        /// For what a pool cannot give: pub/sub connections.
+        client: Client,
+    },
 }
 
 /// A duration in whole milliseconds, as Redis takes them (`PX`, `PEXPIRE`) and as entries
@@ -74,7 +86,7 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("command_timeout", &self.inner.command_timeout)
             .field("circuit_open", &self.inner.breaker.is_open())
-            .field("local_only", &self.inner.local_only)
+            .field("local_only", &self.is_local_only())
             .finish()
     }
 }
@@ -105,27 +117,19 @@ impl RedisStore {
     /// single-flight only (at most one origin call per key per process), as when Redis
     /// is down, without ever trying to reach one. For single instances and tests.
     pub fn local_only() -> Self {
-        let client = Client::open("redis://127.0.0.1:1").expect("a valid URL");
-        let pool = bb8::Pool::builder()
-            .max_size(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .build_unchecked(Manager::new(client.clone(), DEFAULT_CONNECT_TIMEOUT));
         Self {
             inner: Arc::new(Inner {
-                pool,
-                client,
+                backend: Backend::None,
                 command_timeout: DEFAULT_COMMAND_TIMEOUT,
                 connect_timeout: DEFAULT_CONNECT_TIMEOUT,
                 breaker: Breaker::always_open(),
-                local_only: true,
             }),
         }
     }
 
     /// Whether the store has no Redis behind it ([`local_only`](Self::local_only)).
     pub fn is_local_only(&self) -> bool {
-        self.inner.local_only
+        matches!(self.inner.backend, Backend::None)
     }
 
     /// The deadline of one operation.
@@ -155,14 +159,17 @@ impl RedisStore {
         &self,
         connect_timeout: Duration,
     ) -> Result<redis::aio::PubSub, StoreError> {
-        if self.inner.breaker.is_open() {
-            return Err(StoreError::new(
-                Operation::Subscribe,
-                StoreErrorKind::CircuitOpen,
-                None,
-            ));
-        }
-        match tokio::time::timeout(connect_timeout, self.inner.client.get_async_pubsub()).await {
+        let client = match &self.inner.backend {
+            Backend::Single { client, .. } if !self.inner.breaker.is_open() => client,
+            _ => {
+                return Err(StoreError::new(
+                    Operation::Subscribe,
+                    StoreErrorKind::CircuitOpen,
+                    None,
+                ));
+            }
+        };
+        match tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await {
             Ok(Ok(pubsub)) => Ok(pubsub),
             Ok(Err(error)) => Err(StoreError::from_redis(Operation::Subscribe, error)),
             Err(_) => Err(StoreError::new(
@@ -200,7 +207,7 @@ impl RedisStore {
         request: Request<'_>,
         payload: usize,
     ) -> Result<T, StoreError> {
-        if self.inner.local_only {
+        if self.is_local_only() {
             return Err(StoreError::new(
                 operation,
                 StoreErrorKind::CircuitOpen,
@@ -260,8 +267,17 @@ impl Inner {
         slack: Duration,
     ) -> Result<T, StoreError> {
         let deadline = Instant::now() + self.command_timeout + slack;
-        let Conn { mut conn, broken } =
-            checkout(&self.pool, deadline, operation, |c| c.clone()).await?;
+        let pool = match &self.backend {
+            Backend::Single { pool, .. } => pool,
+            Backend::None => {
+                return Err(StoreError::new(
+                    operation,
+                    StoreErrorKind::CircuitOpen,
+                    None,
+                ));
+            }
+        };
+        let Conn { mut conn, broken } = checkout(pool, deadline, operation, |c| c.clone()).await?;
         let result = execute(&mut conn, request, deadline, operation).await;
         if let Err(error) = &result
             && error.breaks_connection()
@@ -424,12 +440,10 @@ impl RedisStoreBuilder {
             .build_unchecked(Manager::new(client.clone(), connect_timeout));
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                pool,
-                client,
+                backend: Backend::Single { pool, client },
                 command_timeout,
                 connect_timeout,
                 breaker: Breaker::new(self.breaker),
-                local_only: false,
             }),
         })
     }

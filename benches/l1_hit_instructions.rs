@@ -1,0 +1,119 @@
+//! Instructions per L1 hit, counted by valgrind's callgrind (through gungraun): the same
+//! number on every run, whatever else the machine does, where wall-clock figures move
+//! by 30 %.
+//!
+//! ```text
+//! cargo install gungraun-runner --version 0.20.0   # once; the version of the gungraun crate
+//! cargo bench --bench l1_hit_instructions
+//! ```
+//!
+//! Each benchmark answers `HITS` requests in one go: the bare service, and the same
+//! service behind the guard with the entry in L1 (a local-only guard: a hit never
+//! reaches Redis, see `benches/l1_hit.rs`). Divide by `HITS` for the figure per request;
+//! setting up the runtime, the guard and the entry is not counted.
+
+// gungraun's macros make undocumented items and a `main` that exits with the runner's
+// status.
+#![allow(missing_docs, clippy::exit)]
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use bytes::Bytes;
+use gungraun::{library_benchmark, library_benchmark_group, main};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty, Full};
+use stampede_guard::{KeySpace, Policy, RedisStore, StampedeGuard};
+use tower::{Layer, Service, ServiceExt};
+
+/// Requests per benchmark.
+const HITS: usize = 1000;
+const BODY: &[u8] = &[b'x'; 512];
+
+type Req = Request<Empty<Bytes>>;
+
+fn request() -> Req {
+    Request::get("/items/42?page=1")
+        .header("host", "shop.example")
+        .body(Empty::new())
+        .unwrap()
+}
+
+fn bare()
+-> impl Service<Req, Response = Response<Full<Bytes>>, Error = std::convert::Infallible, Future: Send>
++ Clone
++ Send
++ 'static {
+    tower::service_fn(|_req: Req| async { Ok(Response::new(Full::new(Bytes::from_static(BODY)))) })
+}
+
+/// Answers `HITS` requests with `service` on `runtime`.
+fn run<S, B>(runtime: &tokio::runtime::Runtime, service: &S)
+where
+    S: Service<Req, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    runtime.block_on(async {
+        for _ in 0..HITS {
+            let response = service.clone().oneshot(request()).await.unwrap();
+            black_box(response.into_body().collect().await.unwrap().to_bytes());
+        }
+    });
+}
+
+type Job = Box<dyn FnMut()>;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn bare_service() -> Job {
+    let (runtime, service) = (runtime(), bare());
+    // Warm the runtime as the guarded one is.
+    run(&runtime, &service);
+    Box::new(move || run(&runtime, &service))
+}
+
+fn guarded_service() -> Job {
+    let runtime = runtime();
+    let keys = KeySpace::builder()
+        .env("bench")
+        .service("bench")
+        .secret(b"bench secret, sixteen bytes or more".to_vec())
+        .build()
+        .unwrap();
+    let guard = StampedeGuard::builder(RedisStore::local_only(), keys)
+        .build()
+        .unwrap();
+    let layer = guard
+        .layer(
+            Policy::builder("items")
+                .fresh_ttl(Duration::from_secs(3600))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let service = layer.layer(bare());
+    let first = runtime.block_on(service.clone().oneshot(request())).unwrap();
+    assert_eq!(first.headers()["x-cache"], "miss");
+    run(&runtime, &service);
+    let hit = runtime.block_on(service.clone().oneshot(request())).unwrap();
+    assert_eq!(hit.headers()["x-cache"], "hit");
+    Box::new(move || run(&runtime, &service))
+}
+
+#[library_benchmark]
+#[bench::bare(setup = bare_service)]
+#[bench::guarded_l1_hit(setup = guarded_service)]
+fn requests(mut job: Job) {
+    job();
+}
+
+library_benchmark_group!(name = l1_hit; benchmarks = requests);
+
+main!(library_benchmark_groups = l1_hit);

@@ -99,10 +99,14 @@ fn guarded_service() -> Job {
         )
         .unwrap();
     let service = layer.layer(bare());
-    let first = runtime.block_on(service.clone().oneshot(request())).unwrap();
+    let first = runtime
+        .block_on(service.clone().oneshot(request()))
+        .unwrap();
     assert_eq!(first.headers()["x-cache"], "miss");
     run(&runtime, &service);
-    let hit = runtime.block_on(service.clone().oneshot(request())).unwrap();
+    let hit = runtime
+        .block_on(service.clone().oneshot(request()))
+        .unwrap();
     assert_eq!(hit.headers()["x-cache"], "hit");
     Box::new(move || run(&runtime, &service))
 }

@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+use siphasher::sip128::SipHasher13;
 
 use crate::error::ConfigError;
 
@@ -78,6 +79,8 @@ struct Inner {
     env: String,
     service: String,
     mac: Hmac<Sha256>,
+    /// The keys of the in-process hash ([`LocalKey`]), derived from the secret.
+    local: [u64; 4],
 }
 
 impl fmt::Debug for KeySpace {
@@ -110,6 +113,16 @@ impl KeySpace {
     /// The service part; lease owner values start with it too.
     pub fn service(&self) -> &str {
         &self.inner.service
+    }
+
+    /// The two hashers of a [`LocalKey`]: SipHash-1-3 keyed from the secret, one with a
+    /// 128-bit output for the response, one for its variant.
+    pub(crate) fn local_hashers(&self) -> (SipHasher13, SipHasher13) {
+        let [a, b, c, d] = self.inner.local;
+        (
+            SipHasher13::new_with_keys(a, b),
+            SipHasher13::new_with_keys(c, d),
+        )
     }
 
     /// A `SCAN ... MATCH` pattern for every key of this key space.
@@ -178,6 +191,7 @@ impl KeySpace {
             entry,
             primary,
             lease: std::sync::OnceLock::new(),
+            local: LocalKey::default(),
             learned: 0,
         })
     }
@@ -212,6 +226,7 @@ impl KeySpace {
             entry,
             primary,
             lease: std::sync::OnceLock::new(),
+            local: LocalKey::default(),
             learned: 0,
         })
     }
@@ -357,6 +372,9 @@ pub struct CacheKeys {
     /// variants.
     primary: usize,
     lease: std::sync::OnceLock<LeaseName>,
+    /// The same response's key in L1 (set by the guard, which hashes what this was made
+    /// of; see [`LocalKey`]).
+    pub(crate) local: LocalKey,
     /// The version of the headers the route had learned to vary on when the keys were
     /// made (see `guard::vary`); 0 until it learns one.
     pub(crate) learned: u64,
@@ -414,18 +432,59 @@ impl CacheKeys {
     }
 }
 
-/// The response's own part of an entry key made by [`KeySpace::cache`] or
-/// [`KeySpace::cache_variant`]: up to the end of its operation (`…}:fill`), where every
-/// variant's key starts too. Anything else is returned whole.
-pub(crate) fn primary_of(entry: &str) -> &str {
-    let Some(tag_end) = entry.find("}:") else {
-        return entry;
-    };
-    let operation = tag_end + 2;
-    match entry[operation..].find(':') {
-        Some(end) => &entry[..operation + end],
-        None => entry,
+/// The key of a cached response in this process's L1: a keyed 128-bit hash of the
+/// response's identity (route, host, path, keyed query and headers), and a 64-bit one of
+/// the values of the headers its route learned it varies on (0 while none).
+///
+/// An L1 hit computes this and nothing else: no HMAC, no key string. The hash is keyed
+/// with keys derived from the key space's secret, so every instance computes the same
+/// one (notices name entries by it too) and nobody without the secret can make two
+/// identities collide; at 128 bits, chance cannot either.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct LocalKey {
+    pub(crate) response: u128,
+    pub(crate) variant: u64,
+}
+
+impl LocalKey {
+    /// The key of the response itself (not one of its variants).
+    pub(crate) fn of_response(response: u128) -> Self {
+        Self {
+            response,
+            variant: 0,
+        }
     }
+}
+
+impl fmt::Display for LocalKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}{:016x}", self.response, self.variant)
+    }
+}
+
+impl std::str::FromStr for LocalKey {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        if text.len() != 48 || !text.is_ascii() {
+            return Err(());
+        }
+        Ok(Self {
+            response: u128::from_str_radix(&text[..32], 16).map_err(|_| ())?,
+            variant: u64::from_str_radix(&text[32..], 16).map_err(|_| ())?,
+        })
+    }
+}
+
+/// The keys of the local hashers, from the secret (through the HMAC it keys, so the
+/// secret itself is not reused as a SipHash key).
+fn derive_local(mac: &Hmac<Sha256>) -> [u64; 4] {
+    let mut mac = mac.clone();
+    mac.update(b"stampede-guard local keys");
+    let digest = mac.finalize().into_bytes();
+    let word =
+        |i: usize| u64::from_le_bytes(digest[i * 8..i * 8 + 8].try_into().expect("8 bytes of 32"));
+    [word(0), word(1), word(2), word(3)]
 }
 
 /// Builds a [`KeySpace`].
@@ -505,6 +564,7 @@ impl KeySpaceBuilder {
                 prefix,
                 env,
                 service,
+                local: derive_local(&mac),
                 mac,
             }),
         })
@@ -668,9 +728,6 @@ mod tests {
         }
         assert_eq!(fr.invalidated_key(), plain.invalidated_key());
         assert_eq!(fr.primary(), plain.primary());
-        for k in [plain.entry(), fr.entry(), de.entry()] {
-            assert_eq!(primary_of(k), plain.primary());
-        }
         assert!(!fr.entry().contains("fr"));
     }
 

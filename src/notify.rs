@@ -26,15 +26,17 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::keys::LocalKey;
 use crate::lease::FencingToken;
 use crate::store::{Operation, RedisStore, Request, StoreError};
 
 /// What the guard does with what it hears. Called from the subscription's task.
 pub(crate) trait Hears: Send + Sync + 'static {
-    /// Another instance (or this one) wrote the entry at `key`.
-    fn filled(&self, key: &str);
-    /// The response at `key` was invalidated, with its tombstone's token.
-    fn invalidated(&self, key: &str, token: FencingToken);
+    /// Another instance (or this one) wrote the entry at `key` (`local` in L1).
+    fn filled(&self, key: &str, local: LocalKey);
+    /// The response at `key` (`local` in L1) was invalidated, with its tombstone's
+    /// token; `variants` when its route keys variants of it.
+    fn invalidated(&self, local: LocalKey, token: FencingToken, variants: bool);
     /// A fill's lease ended without a write, and what to make of the key for `lasting`.
     fn ended(&self, key: &str, ending: Ending, lasting: Duration);
     /// Route `route` learned that its responses vary on `names`.
@@ -282,12 +284,12 @@ async fn listen(
 /// Hands a notice to the guard, then wakes the callers waiting for its key.
 fn deliver(guard: &dyn Hears, waiters: &Waiters, payload: &[u8]) {
     match Notice::parse(payload) {
-        Some(Notice::Filled(key)) => {
-            guard.filled(key);
+        Some(Notice::Filled(key, local)) => {
+            guard.filled(key, local);
             waiters.wake(key);
         }
-        Some(Notice::Invalidated(key, token)) => {
-            guard.invalidated(key, token);
+        Some(Notice::Invalidated(key, token, local, variants)) => {
+            guard.invalidated(local, token, variants);
             waiters.wake(key);
         }
         Some(Notice::Ended(key, ending, lasting)) => {
@@ -312,25 +314,35 @@ pub(crate) enum Ending {
 
 /// What instances tell each other, on the key space's channel. On the wire:
 ///
-/// * `f {entry key}`: an entry was written (sent by the write script);
-/// * `i {token} {entry key}`: an entry was invalidated, with its tombstone's token (sent
-///   by the invalidation script);
+/// * `f {local key} {entry key}`: an entry was written (sent by the write script); the
+///   local key is the entry's in L1 (see `keys::LocalKey`), the entry key its Redis key;
+/// * `i {token} {local key} {variants: 0|1} {entry key}`: a response was invalidated,
+///   with its tombstone's token (sent by the invalidation script);
 /// * `e {pass|error|gone} {ms} {entry key}`: a fill's lease ended without a write, and
 ///   what to make of the key for the next `ms`;
 /// * `v {route} {name,name,...}`: a route learned the headers its responses vary on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Notice<'a> {
-    Filled(&'a str),
-    Invalidated(&'a str, FencingToken),
+    Filled(&'a str, LocalKey),
+    Invalidated(&'a str, FencingToken, LocalKey, bool),
     Ended(&'a str, Ending, Duration),
     Learned(&'a str, Vec<&'a str>),
+}
+
+/// What the invalidation script appends to its notice after the token (it writes the
+/// rest itself): the response's local key and whether it has variants.
+pub(crate) fn invalidated_suffix(local: LocalKey, variants: bool) -> String {
+    format!("{local} {}", u8::from(variants))
 }
 
 impl std::fmt::Display for Notice<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Filled(key) => write!(f, "f {key}"),
-            Self::Invalidated(key, token) => write!(f, "i {token} {key}"),
+            Self::Filled(key, local) => write!(f, "f {local} {key}"),
+            Self::Invalidated(key, token, local, variants) => {
+                write!(f, "i {token} {}", invalidated_suffix(*local, *variants))?;
+                write!(f, " {key}")
+            }
             Self::Ended(key, ending, lasting) => {
                 let how = match ending {
                     Ending::Pass => "pass",
@@ -350,13 +362,21 @@ impl<'a> Notice<'a> {
         let text = std::str::from_utf8(payload).ok()?;
         let (kind, rest) = text.split_once(' ')?;
         match kind {
-            "f" => Some(Self::Filled(rest)),
+            "f" => {
+                let (local, key) = rest.split_once(' ')?;
+                Some(Self::Filled(key, local.parse().ok()?))
+            }
             "i" => {
-                let (token, key) = rest.split_once(' ')?;
-                Some(Self::Invalidated(
-                    key,
-                    FencingToken::new(token.parse().ok()?),
-                ))
+                let (token, rest) = rest.split_once(' ')?;
+                let (local, rest) = rest.split_once(' ')?;
+                let (variants, key) = rest.split_once(' ')?;
+                let variants = match variants {
+                    "0" => false,
+                    "1" => true,
+                    _ => return None,
+                };
+                let token = FencingToken::new(token.parse().ok()?);
+                Some(Self::Invalidated(key, token, local.parse().ok()?, variants))
             }
             "e" => {
                 let (how, rest) = rest.split_once(' ')?;
@@ -392,9 +412,14 @@ mod tests {
     #[test]
     fn notices_round_trip_and_garbage_is_none() {
         let token = FencingToken::new(42);
+        let local = LocalKey {
+            response: 7,
+            variant: 9,
+        };
         let notices = [
-            Notice::Filled("sg:k:entry"),
-            Notice::Invalidated("sg:k:entry", token),
+            Notice::Filled("sg:k:entry", local),
+            Notice::Invalidated("sg:k:entry", token, local, true),
+            Notice::Invalidated("sg:k:entry", token, local, false),
             Notice::Ended("sg:k:entry", Ending::Pass, Duration::from_millis(1500)),
             Notice::Ended("sg:k:entry", Ending::Error, Duration::from_millis(400)),
             Notice::Ended("sg:k:entry", Ending::Gone, Duration::ZERO),

@@ -60,35 +60,48 @@ pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Kind,
 /// part is length-prefixed, so no two different requests give the same bytes.
 pub(crate) fn identity<B>(policy: &Policy, request: &Request<B>) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
+    identity_into(policy, request, &mut |bytes| out.extend_from_slice(bytes));
+    out
+}
+
+/// [`identity`], written piece by piece into `out` (a hasher, on the hit path: no
+/// allocation).
+pub(crate) fn identity_into<B>(policy: &Policy, request: &Request<B>, out: &mut impl FnMut(&[u8])) {
     let mut part = |bytes: &[u8]| {
-        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        out.extend_from_slice(bytes);
+        out(&(bytes.len() as u32).to_le_bytes());
+        out(bytes);
     };
     part(b"v1");
     if policy.key_host {
         part(host(request).unwrap_or_default().as_bytes());
     }
     part(request.uri().path().as_bytes());
-    for param in keyed_query(policy, request.uri()) {
-        part(param.as_bytes());
-    }
-    headers_part(&policy.key_headers, request, &mut out);
-    out
+    keyed_query(policy, request.uri(), &mut |param| part(param.as_bytes()));
+    headers_into(&policy.key_headers, request, out);
 }
 
 /// Which variant of a response a request asks for: its values of the headers the route
 /// learned its responses vary on (`learned`, sorted), as bytes to be hashed.
 pub(crate) fn variant<B>(learned: &[HeaderName], request: &Request<B>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
-    headers_part(learned, request, &mut out);
+    headers_into(learned, request, &mut |bytes| out.extend_from_slice(bytes));
     out
 }
 
+/// [`variant`], written piece by piece into `out`.
+pub(crate) fn variant_into<B>(
+    learned: &[HeaderName],
+    request: &Request<B>,
+    out: &mut impl FnMut(&[u8]),
+) {
+    headers_into(learned, request, out);
+}
+
 /// Each header of `names` with its values, length-prefixed.
-fn headers_part<B>(names: &[HeaderName], request: &Request<B>, out: &mut Vec<u8>) {
+fn headers_into<B>(names: &[HeaderName], request: &Request<B>, out: &mut impl FnMut(&[u8])) {
     let mut part = |bytes: &[u8]| {
-        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        out.extend_from_slice(bytes);
+        out(&(bytes.len() as u32).to_le_bytes());
+        out(bytes);
     };
     for name in names {
         part(name.as_str().as_bytes());
@@ -117,25 +130,43 @@ fn host<B>(request: &Request<B>) -> Option<&str> {
         .or_else(|| request.uri().authority().map(|a| a.as_str()))
 }
 
-/// The keyed query parameters (`name=value` as they came), sorted.
-fn keyed_query<'a>(policy: &Policy, uri: &'a Uri) -> Vec<&'a str> {
+/// The keyed query parameters (`name=value` as they came), sorted, each handed to
+/// `each`. Without an allocation for up to 8 of them (a query string seldom has more).
+fn keyed_query<'a>(policy: &Policy, uri: &'a Uri, each: &mut impl FnMut(&'a str)) {
     let Some(query) = uri.query() else {
-        return Vec::new();
+        return;
     };
-    let mut params: Vec<&str> = query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .filter(|p| {
-            let name = p.split_once('=').map_or(*p, |(name, _)| name);
-            match &policy.key_query {
-                KeyQuery::All => true,
-                KeyQuery::Only(names) => names.iter().any(|n| n == name),
-                KeyQuery::Ignore => false,
+    let keyed = query.split('&').filter(|p| !p.is_empty()).filter(|p| {
+        let name = p.split_once('=').map_or(*p, |(name, _)| name);
+        match &policy.key_query {
+            KeyQuery::All => true,
+            KeyQuery::Only(names) => names.iter().any(|n| n == name),
+            KeyQuery::Ignore => false,
+        }
+    });
+    let mut few: [&str; 8] = [""; 8];
+    let mut count = 0;
+    let mut many: Vec<&str> = Vec::new();
+    for param in keyed {
+        if count < few.len() {
+            few[count] = param;
+            count += 1;
+        } else {
+            if many.is_empty() {
+                many.extend_from_slice(&few);
             }
-        })
-        .collect();
+            many.push(param);
+        }
+    }
+    let params: &mut [&str] = if many.is_empty() {
+        &mut few[..count]
+    } else {
+        &mut many
+    };
     params.sort_unstable();
-    params
+    for param in params.iter() {
+        each(param);
+    }
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), and those that only make sense for the
@@ -206,12 +237,13 @@ pub(crate) fn fill_request<B, F: Default>(
     request: &Request<B>,
 ) -> Request<F> {
     let uri = request.uri();
-    let query = keyed_query(policy, uri);
-    let path_and_query = if query.is_empty() {
-        uri.path().to_owned()
-    } else {
-        format!("{}?{}", uri.path(), query.join("&"))
-    };
+    let mut path_and_query = uri.path().to_owned();
+    let mut first = true;
+    keyed_query(policy, uri, &mut |param| {
+        path_and_query.push(if first { '?' } else { '&' });
+        path_and_query.push_str(param);
+        first = false;
+    });
     // Relative: the host, if any, travels in one place only, the Host header, and is the
     // same value the key was made of.
     let new_uri = Uri::builder()

@@ -9,6 +9,7 @@
 
 mod scripts;
 
+use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -18,9 +19,9 @@ use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
 
 pub(crate) use self::scripts::WriteReply;
-use self::scripts::{Lasting, ReadReply};
+use self::scripts::{Invalidated, Lasting, ReadReply};
 use crate::entry::{self, CachedResponse};
-use crate::keys::CacheKeys;
+use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::{FencingToken, Lease};
 use crate::store::{RedisStore, StoreError};
 
@@ -91,15 +92,53 @@ impl Stored {
     }
 }
 
-/// The local tier.
-pub(crate) type L1 = Cache<Arc<str>, Arc<Stored>>;
+/// The local tier, keyed by [`LocalKey`] (see there: no HMAC, no key string on a hit).
+pub(crate) type L1 = Cache<LocalKey, Arc<Stored>, Spread>;
+
+/// Moka's hasher for the local tier's keys. They are already uniform hashes: fold them
+/// into 64 bits rather than hash them again.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Spread;
+
+impl BuildHasher for Spread {
+    type Hasher = Folded;
+
+    fn build_hasher(&self) -> Folded {
+        Folded(0)
+    }
+}
+
+/// Folds the words it is given (see [`Spread`]).
+#[derive(Debug)]
+pub(crate) struct Folded(u64);
+
+impl Hasher for Folded {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by `LocalKey` (it writes whole words), but correct if it is.
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = self.0.rotate_left(29) ^ word;
+    }
+
+    fn write_u128(&mut self, word: u128) {
+        self.write_u64(word as u64 ^ (word >> 64) as u64);
+    }
+}
 
 struct UntilKept;
 
-impl Expiry<Arc<str>, Arc<Stored>> for UntilKept {
+impl Expiry<LocalKey, Arc<Stored>> for UntilKept {
     fn expire_after_create(
         &self,
-        _key: &Arc<str>,
+        _key: &LocalKey,
         value: &Arc<Stored>,
         created_at: Instant,
     ) -> Option<Duration> {
@@ -108,7 +147,7 @@ impl Expiry<Arc<str>, Arc<Stored>> for UntilKept {
 
     fn expire_after_update(
         &self,
-        _key: &Arc<str>,
+        _key: &LocalKey,
         value: &Arc<Stored>,
         updated_at: Instant,
         _duration_until_expiry: Option<Duration>,
@@ -121,13 +160,13 @@ impl Expiry<Arc<str>, Arc<Stored>> for UntilKept {
 pub(crate) fn new_l1(capacity: u64) -> L1 {
     Cache::builder()
         .max_capacity(capacity)
-        .weigher(|key: &Arc<str>, value: &Arc<Stored>| {
-            u32::try_from(weigh(key, value)).unwrap_or(u32::MAX)
+        .weigher(|_: &LocalKey, value: &Arc<Stored>| {
+            u32::try_from(weigh(value)).unwrap_or(u32::MAX)
         })
         .expire_after(UntilKept)
         // For dropping every variant of an invalidated response at once.
         .support_invalidation_closures()
-        .build()
+        .build_with_hasher(Spread)
 }
 
 /// What moka keeps for each entry besides the key and the value (its entry info, the
@@ -164,7 +203,7 @@ const STATIC_NAMES: &[http::HeaderName] = &[
 /// the allocator rounds them, and moka's bookkeeping. The capacity is in these bytes,
 /// so it is what the process really spends on entries (checked against its resident
 /// memory in `tests/memory.rs`).
-pub(crate) fn weigh(key: &str, stored: &Stored) -> usize {
+pub(crate) fn weigh(stored: &Stored) -> usize {
     // An allocation of `len` bytes: a 16-byte header, rounded up to 16 bytes.
     fn heap(len: usize) -> usize {
         if len == 0 {
@@ -191,7 +230,7 @@ pub(crate) fn weigh(key: &str, stored: &Stored) -> usize {
         .map(|n| heap(n.as_str().len()) + SHARED)
         .sum();
     heap(size_of::<Stored>() + 16) // the Arc<Stored>
-        + heap(key.len() + 16) // the Arc<str> key
+        + heap(size_of::<LocalKey>() + 16) // moka keeps the key in an Arc
         + map
         // The values are slices of one buffer (see `entry::compact`).
         + heap(values) + SHARED
@@ -200,14 +239,13 @@ pub(crate) fn weigh(key: &str, stored: &Stored) -> usize {
         + L1_BOOKKEEPING
 }
 
-/// Tokens of recent invalidations, per response (the primary part of its keys, shared by
-/// its variants: see [`CacheKeys::primary`]): L1 refuses entries older than them (read
-/// from L2, or filled, before the invalidation but put after it), and a variant older
-/// than its response's invalidation is not served.
-pub(crate) type Tombstones = Cache<Arc<str>, FencingToken>;
+/// Tokens of recent invalidations, per response (its [`LocalKey::response`], shared by
+/// its variants): L1 refuses entries older than them (read from L2, or filled, before
+/// the invalidation but put after it).
+pub(crate) type Tombstones = Cache<u128, FencingToken>;
 
 /// How many bytes the tombstones of one guard may hold (weighed as L1 entries are): at
-/// about 550 bytes each, some 15,000 invalidations within the hour a tombstone lasts;
+/// about 450 bytes each, some 18,000 invalidations within the hour a tombstone lasts;
 /// past that, the oldest go first (an entry read or filled before an invalidation whose
 /// tombstone is gone may then be put back in L1, until the next notice or expiry).
 pub(crate) const TOMBSTONE_BYTES: u64 = 8 * 1024 * 1024;
@@ -215,30 +253,30 @@ pub(crate) const TOMBSTONE_BYTES: u64 = 8 * 1024 * 1024;
 pub(crate) fn new_tombstones() -> Tombstones {
     Cache::builder()
         .max_capacity(TOMBSTONE_BYTES)
-        .weigher(|key: &Arc<str>, _: &FencingToken| {
-            // The key, its Arc, the token and moka's bookkeeping.
-            u32::try_from(key.len() + 16 + 8 + L1_BOOKKEEPING).unwrap_or(u32::MAX)
+        .weigher(|_: &u128, _: &FencingToken| {
+            // The key in its Arc, the token and moka's bookkeeping.
+            u32::try_from(16 + 16 + 8 + L1_BOOKKEEPING).unwrap_or(u32::MAX)
         })
         // Longer than any fill can take (the watchdog's maximum is an hour at most).
         .time_to_live(Duration::from_secs(3600))
         .build()
 }
 
-/// Whether an invalidation seen here of the response whose keys start with `primary`
-/// (see [`CacheKeys::primary`]) came after `stored` was written.
-pub(crate) fn invalidated(tombstones: &Tombstones, primary: &str, stored: &Stored) -> bool {
+/// Whether an invalidation of `response` seen here came after `stored` was written.
+pub(crate) fn invalidated(tombstones: &Tombstones, response: u128, stored: &Stored) -> bool {
     tombstones
-        .get(primary)
+        .get(&response)
         .is_some_and(|tomb| stored.response.token < tomb)
 }
 
-/// Drops from L1 every variant of the response whose keys start with `primary` (those
-/// its `Vary` told apart), and the response itself. Moka checks the predicate on every
-/// read until it has gone through the cache, so none is served after this returns.
-pub(crate) fn l1_invalidate_response(l1: &L1, primary: &str) {
-    let primary: Arc<str> = primary.into();
-    l1.invalidate(&*format!("{primary}:entry"));
-    let _ = l1.invalidate_entries_if(move |key, _| crate::keys::primary_of(key) == &*primary);
+/// Drops `response` from L1, and with `variants` every variant of it (those its `Vary`
+/// told apart: moka checks the predicate on every read until it has gone through the
+/// cache, so none is served after this returns).
+pub(crate) fn l1_invalidate_response(l1: &L1, response: u128, variants: bool) {
+    l1.invalidate(&LocalKey::of_response(response));
+    if variants {
+        let _ = l1.invalidate_entries_if(move |key, _| key.response == response);
+    }
 }
 
 /// Puts an entry in L1 unless an entry with a higher token is there, or the key was
@@ -250,17 +288,16 @@ pub(crate) fn l1_invalidate_response(l1: &L1, primary: &str) {
 pub(crate) fn l1_put(
     l1: &L1,
     tombstones: &Tombstones,
-    key: Arc<str>,
+    key: LocalKey,
     stored: Arc<Stored>,
     epoch: u64,
 ) -> bool {
     stored.epoch.fetch_max(epoch, Ordering::Relaxed);
-    let primary = crate::keys::primary_of(&key);
-    let refused = |tombstones: &Tombstones| invalidated(tombstones, primary, &stored);
+    let refused = |tombstones: &Tombstones| invalidated(tombstones, key.response, &stored);
     if refused(tombstones) {
         return false;
     }
-    let result = l1.entry(key.clone()).and_compute_with(|existing| {
+    let result = l1.entry(key).and_compute_with(|existing| {
         match existing {
             Some(e) if e.value().response.token > stored.response.token => Op::Nop,
             // Again, under the entry's lock: an invalidation may have come since.
@@ -344,6 +381,7 @@ pub(crate) async fn l2_invalidate(
     channel: &str,
     tombstone_for: Duration,
     entries_live: Duration,
+    variants: bool,
 ) -> Result<(bool, FencingToken), StoreError> {
     let counter = crate::lease::DEFAULT_FENCE_RETENTION.max(tombstone_for);
     let lasting = Lasting {
@@ -351,7 +389,11 @@ pub(crate) async fn l2_invalidate(
         counter,
         token: counter.max(entries_live),
     };
-    scripts::invalidate(store, keys, channel, lasting).await
+    let notice = Invalidated {
+        local: keys.local,
+        variants,
+    };
+    scripts::invalidate(store, keys, channel, lasting, notice).await
 }
 
 #[cfg(test)]
@@ -363,13 +405,12 @@ mod tombstone_tests {
     fn tombstones_are_bounded_in_bytes() {
         let tombstones = new_tombstones();
         for n in 0..50_000u64 {
-            let key: Arc<str> = format!("sg:prod:catalog:{{items:req_{n:032x}}}:fill").into();
-            tombstones.insert(key, FencingToken::new(n + 1));
+            tombstones.insert(u128::from(n), FencingToken::new(n + 1));
         }
         tombstones.run_pending_tasks();
         assert!(tombstones.weighted_size() <= TOMBSTONE_BYTES);
-        // Each weighs what it really costs (its key and moka's bookkeeping, over 450
-        // bytes here): no more entries than that allows.
-        assert!(tombstones.entry_count() * 450 <= TOMBSTONE_BYTES);
+        // Each weighs what it really costs (its key and moka's bookkeeping, over 400
+        // bytes): no more entries than that allows.
+        assert!(tombstones.entry_count() * 400 <= TOMBSTONE_BYTES);
     }
 }

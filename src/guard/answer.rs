@@ -15,18 +15,20 @@ use super::refresh::spawn_refresh;
 use super::route::Route;
 use crate::X_CACHE;
 use crate::cache::{Freshness, Stored};
-use crate::keys::CacheKeys;
+use crate::keys::{CacheKeys, LocalKey};
 use crate::metrics::Event;
 use crate::policy::ColdMiss;
 use crate::rules::Kind;
 
 /// Answers from an entry that is fresh (a hit) or stale (served, and refreshed in the
-/// background with a clone of the service); `None` for an expired one.
+/// background with a clone of the service); `None` for an expired one. `local` is the
+/// entry's key in L1; `keys` its Redis keys, when the caller has them.
 pub(crate) fn answer<S, ReqBody, ResBody>(
     route: &Arc<Route>,
     stored: &Arc<Stored>,
     kind: Kind,
-    keys: &CacheKeys,
+    local: LocalKey,
+    keys: Option<&CacheKeys>,
     request: &Request<ReqBody>,
     inner: &S,
 ) -> Option<Response<ResponseBody<ResBody>>>
@@ -56,7 +58,7 @@ where
         }
         Freshness::Stale => {
             route.stats.record(Event::Stale);
-            spawn_refresh(route, keys, stored.clone(), request, inner);
+            spawn_refresh(route, local, keys, stored.clone(), request, inner);
             Some(serve(stored, kind, "stale"))
         }
         Freshness::Expired => None,

@@ -534,9 +534,9 @@ pub(crate) async fn landed_meanwhile(
     notified: bool,
 ) -> Option<Arc<Stored>> {
     let usable = |s: &Stored| s.freshness() != Freshness::Expired && s.response.token >= seen;
-    if let Some(stored) = route.l1().get(keys.entry())
+    if let Some(stored) = route.l1().get(&keys.local)
         && usable(&stored)
-        && !invalidated(&route.shared.tombstones, keys.primary(), &stored)
+        && !invalidated(&route.shared.tombstones, keys.local.response, &stored)
     {
         return Some(stored);
     }
@@ -545,7 +545,7 @@ pub(crate) async fn landed_meanwhile(
             l2_read(&route.shared.store, keys, route.policy.max_body).await
         && usable(&stored)
     {
-        route.put_l1(keys.entry().into(), stored.clone()).await;
+        route.put_l1(keys, stored.clone()).await;
         return Some(stored);
     }
     None
@@ -595,7 +595,7 @@ pub(crate) async fn wait_for_remote(
         }
         match l2_read(&route.shared.store, keys, route.policy.max_body).await {
             Ok(L2Read::Found(stored)) if stored.freshness() != Freshness::Expired => {
-                route.put_l1(keys.entry().into(), stored.clone()).await;
+                route.put_l1(keys, stored.clone()).await;
                 return Woke::Entry(stored);
             }
             Ok(L2Read::Garbage(_)) => route.stats.record(Event::DecodeFailure),

@@ -15,7 +15,7 @@ use super::refresh::RefreshMap;
 use super::vary::Learned;
 use crate::cache::{L1, Tombstones, l1_invalidate_response, new_l1, new_tombstones};
 use crate::error::ConfigError;
-use crate::keys::KeySpace;
+use crate::keys::{KeySpace, LocalKey};
 use crate::lease::{FencingToken, LeaseClient};
 use crate::notify::{Ending, Hears, Notices};
 use crate::policy::Policy;
@@ -186,15 +186,14 @@ impl Shared {
 
 /// What the guard makes of the fleet's notices.
 impl Hears for Shared {
-    fn filled(&self, key: &str) {
+    fn filled(&self, key: &str, local: LocalKey) {
         self.marks.clear(key);
-        self.filled_elsewhere(key);
+        self.filled_elsewhere(local);
     }
 
-    fn invalidated(&self, key: &str, token: FencingToken) {
-        let primary = crate::keys::primary_of(key);
-        self.tombstones.insert(primary.into(), token);
-        l1_invalidate_response(&self.l1, primary);
+    fn invalidated(&self, local: LocalKey, token: FencingToken, variants: bool) {
+        self.tombstones.insert(local.response, token);
+        l1_invalidate_response(&self.l1, local.response, variants);
     }
 
     fn ended(&self, key: &str, ending: Ending, lasting: Duration) {

@@ -441,7 +441,7 @@ pub(crate) async fn store(
                     tracing::debug!(entry = keys.entry(), "entry written after its lease ended");
                 }
                 shared.marks.clear(keys.entry());
-                route.put_l1(keys.entry().into(), stored.clone()).await;
+                route.put_l1(keys, stored.clone()).await;
                 return (stored, true);
             }
             Ok(outcome) => {
@@ -455,7 +455,7 @@ pub(crate) async fn store(
                 if let Ok(L2Read::Found(newer)) =
                     l2_read(&shared.store, keys, route.policy.max_body).await
                 {
-                    route.put_l1(keys.entry().into(), newer.clone()).await;
+                    route.put_l1(keys, newer.clone()).await;
                     return (newer, false);
                 }
                 // Refused for an invalidation (or the newer entry is gone already): ours
@@ -478,7 +478,7 @@ pub(crate) async fn store(
         }
     }
     route.shared.marks.clear(keys.entry());
-    route.put_l1(keys.entry().into(), stored.clone()).await;
+    route.put_l1(keys, stored.clone()).await;
     (stored, false)
 }
 
@@ -490,7 +490,7 @@ pub(crate) async fn local_floor(
     replaces: FencingToken,
 ) -> FencingToken {
     route
-        .tombstone(keys.entry())
+        .tombstone(keys)
         .await
         .map_or(replaces, |tomb| tomb.max(replaces))
 }

@@ -21,7 +21,7 @@ use super::origin::{
 };
 use super::route::Route;
 use crate::cache::{Freshness, L2Read, Stored, l2_read};
-use crate::keys::CacheKeys;
+use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::{Acquire, AcquireOutcome};
 use crate::metrics::Event;
 use crate::notify::Ending;
@@ -37,9 +37,14 @@ pub(crate) enum Refresh {
     HeldOff(Instant),
 }
 
+/// Starts the refresh of the entry `current` of `request` (at `local` in L1), unless one
+/// runs or is held off, or the budget is spent. `keys`, its Redis keys, if the caller has
+/// them already: a hit does not (they cost an HMAC), and they are made only if the
+/// refresh starts.
 pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
     route: &Arc<Route>,
-    keys: &CacheKeys,
+    local: LocalKey,
+    keys: Option<&CacheKeys>,
     current: Arc<Stored>,
     request: &Request<ReqBody>,
     inner: &S,
@@ -48,7 +53,10 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
     ReqBody: FillBody,
     ResBody: OriginBody,
 {
-    let key: Arc<str> = keys.entry().into();
+    let Some(keys) = keys.cloned().or_else(|| route.keys_for(request)) else {
+        return;
+    };
+    let key = local;
     let slot = {
         let mut refreshing = route.shared.refreshing.lock().expect("refreshing lock");
         match refreshing.get(&key) {
@@ -71,7 +79,7 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
             route.stats.record(Event::RefreshSkipped);
             return;
         };
-        refreshing.insert(key.clone(), Refresh::Running);
+        refreshing.insert(key, Refresh::Running);
         slot
     };
     let done = Refreshing {
@@ -80,7 +88,7 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
         hold_off: None,
     };
     let request = route.fill_request(request);
-    let (route, keys, inner) = (route.clone(), keys.clone(), inner.clone());
+    let (route, inner) = (route.clone(), inner.clone());
     // The span follows the refresh into its task; it names the route and the hashed
     // key, nothing that came with the request.
     let span = tracing::info_span!("stampede_guard.refresh", route = %route.policy.route, entry = keys.entry());
@@ -100,7 +108,7 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
 /// Marks a key as no longer refreshing, however the refresh ends (a panic included).
 pub(crate) struct Refreshing {
     route: Arc<Route>,
-    key: Arc<str>,
+    key: LocalKey,
     /// How long to leave the key alone, when the refresh found the lease elsewhere.
     hold_off: Option<Duration>,
 }
@@ -116,10 +124,7 @@ impl Drop for Refreshing {
         let filled = refreshing.get(&self.key) == Some(&Refresh::RunningFilled);
         match self.hold_off {
             Some(hold_off) if !filled => {
-                refreshing.insert(
-                    self.key.clone(),
-                    Refresh::HeldOff(Instant::now() + hold_off),
-                );
+                refreshing.insert(self.key, Refresh::HeldOff(Instant::now() + hold_off));
             }
             _ => {
                 refreshing.remove(&self.key);
@@ -167,7 +172,7 @@ where
         {
             let fresh = stored.freshness() == Freshness::Fresh;
             seen = seen.max(stored.response.token);
-            route.put_l1(keys.entry().into(), stored).await;
+            route.put_l1(&keys, stored).await;
             if fresh {
                 route.stats.record(Event::RefreshAdopted);
                 return None;
@@ -195,7 +200,7 @@ where
                 if let Ok(L2Read::Found(stored)) =
                     l2_read(&route.shared.store, &keys, route.policy.max_body).await
                 {
-                    route.put_l1(keys.entry().into(), stored).await;
+                    route.put_l1(&keys, stored).await;
                 }
                 route.stats.record(Event::RefreshAdopted);
                 return None;
@@ -263,13 +268,13 @@ where
 }
 
 impl Shared {
-    /// Another instance wrote `key`: a refresh held off for it may go ahead (and will
-    /// adopt the new entry).
-    pub(crate) fn filled_elsewhere(&self, key: &str) {
+    /// Another instance wrote the entry at `key` in L1: a refresh held off for it may go
+    /// ahead (and will adopt the new entry).
+    pub(crate) fn filled_elsewhere(&self, key: LocalKey) {
         let mut refreshing = self.refreshing.lock().expect("refreshing lock");
-        match refreshing.get_mut(key) {
+        match refreshing.get_mut(&key) {
             Some(Refresh::HeldOff(_)) => {
-                refreshing.remove(key);
+                refreshing.remove(&key);
             }
             // Seen while the refresh runs: a hold-off it ends with is moot.
             Some(state @ Refresh::Running) => *state = Refresh::RunningFilled,
@@ -279,4 +284,4 @@ impl Shared {
 }
 
 /// The refresh state of the keys of one guard.
-pub(crate) type RefreshMap = HashMap<Arc<str>, Refresh>;
+pub(crate) type RefreshMap = HashMap<LocalKey, Refresh>;

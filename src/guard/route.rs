@@ -11,7 +11,11 @@ use super::flight::Flights;
 use super::handle::Shared;
 use super::vary::Learned;
 use crate::cache::{L1, Stored, l1_invalidate_response, l1_put, l2_invalidate};
-use crate::keys::CacheKeys;
+use std::hash::Hasher;
+
+use siphasher::sip128::Hasher128;
+
+use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::FencingToken;
 use crate::metrics::RouteStats;
 use crate::policy::Policy;
@@ -32,21 +36,52 @@ pub(crate) struct Route {
 }
 
 impl Route {
-    /// The keys of a request, with the headers the route has learned to vary on. Fails
-    /// only for a key space whose key would be too long.
+    /// The key of a request's entry in L1: what a hit computes, and all it computes (see
+    /// [`LocalKey`]). The same bytes as [`keys_for`](Self::keys_for) hashes, written
+    /// into the hashers piece by piece.
+    pub(crate) fn local_key<B>(&self, request: &Request<B>) -> LocalKey {
+        let (mut response, mut variant) = self.shared.keys.local_hashers();
+        response.write(self.policy.route.as_bytes());
+        response.write(&[0]);
+        rules::identity_into(&self.policy, request, &mut |bytes| response.write(bytes));
+        let variant = self.learned.with_names(|learned, _| {
+            if learned.is_empty() {
+                return 0;
+            }
+            rules::variant_into(learned, request, &mut |bytes| variant.write(bytes));
+            // Never 0: that is the response's own key.
+            variant.finish() | 1
+        });
+        LocalKey {
+            response: response.finish128().as_u128(),
+            variant,
+        }
+    }
+
+    /// The keys of a request (in Redis, and in L1), with the headers the route has
+    /// learned to vary on. Fails only for a key space whose key would be too long.
     pub(crate) fn keys_for<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
         let identity = rules::identity(&self.policy, request);
         let keys = &self.shared.keys;
         let route = &self.policy.route;
+        let (mut response, mut variant_hash) = keys.local_hashers();
+        response.write(route.as_bytes());
+        response.write(&[0]);
+        response.write(&identity);
         self.learned
             .with_names(|learned, version| {
+                let mut local = LocalKey::of_response(response.finish128().as_u128());
                 let mut made = if learned.is_empty() {
                     keys.cache(route, &identity)
                 } else {
-                    keys.cache_variant(route, &identity, &rules::variant(learned, request))
+                    let variant = rules::variant(learned, request);
+                    variant_hash.write(&variant);
+                    local.variant = variant_hash.finish() | 1;
+                    keys.cache_variant(route, &identity, &variant)
                 };
                 if let Ok(made) = &mut made {
                     made.learned = version;
+                    made.local = local;
                 }
                 made
             })
@@ -64,9 +99,10 @@ impl Route {
     }
 
     /// Puts an entry in L1, fenced against newer entries and invalidations.
-    pub(crate) async fn put_l1(&self, key: Arc<str>, stored: Arc<Stored>) -> bool {
+    pub(crate) async fn put_l1(&self, keys: &CacheKeys, stored: Arc<Stored>) -> bool {
         let epoch = self.shared.epoch.load(std::sync::atomic::Ordering::Acquire);
-        let put = l1_put(&self.shared.l1, &self.shared.tombstones, key, stored, epoch);
+        let shared = &self.shared;
+        let put = l1_put(&shared.l1, &shared.tombstones, keys.local, stored, epoch);
         if self.shared.store.is_local_only() {
             // No notice listener to report L1 once a second: report on each fill.
             let l1 = &self.shared.l1;
@@ -76,9 +112,9 @@ impl Route {
         put
     }
 
-    /// The token of the last invalidation of the key's response seen here, if any.
-    pub(crate) async fn tombstone(&self, key: &str) -> Option<FencingToken> {
-        self.shared.tombstones.get(crate::keys::primary_of(key))
+    /// The token of the last invalidation of the response seen here, if any.
+    pub(crate) async fn tombstone(&self, keys: &CacheKeys) -> Option<FencingToken> {
+        self.shared.tombstones.get(&keys.local.response)
     }
 
     /// How long a fill of this route can take at most: what an invalidation's tombstone
@@ -97,9 +133,16 @@ impl Route {
         // The response's own keys: one invalidation reaches every variant of it (those
         // its `Vary` told apart), whatever the request's headers.
         let identity = rules::identity(&self.policy, request);
-        let Ok(keys) = self.shared.keys.cache(&self.policy.route, &identity) else {
+        let Ok(mut keys) = self.shared.keys.cache(&self.policy.route, &identity) else {
             return Ok(false);
         };
+        let (mut response, _) = self.shared.keys.local_hashers();
+        response.write(self.policy.route.as_bytes());
+        response.write(&[0]);
+        response.write(&identity);
+        keys.local = LocalKey::of_response(response.finish128().as_u128());
+        let response = keys.local.response;
+        let variants = self.learned.version() > 0;
         let shared = &self.shared;
         // Locally first, and whatever Redis says: a fill in flight here must not put the
         // old entry back. A local tombstone outranks every token issued so far.
@@ -108,8 +151,8 @@ impl Route {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
         );
-        shared.tombstones.insert(keys.primary().into(), local);
-        l1_invalidate_response(self.l1(), keys.primary());
+        shared.tombstones.insert(response, local);
+        l1_invalidate_response(self.l1(), response, variants);
         if shared.store.is_local_only() {
             return Ok(true);
         }
@@ -119,12 +162,13 @@ impl Route {
             shared.notices.channel(),
             self.max_fill(),
             self.policy.keep(),
+            variants,
         )
         .await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from
         // the same clock (the local one only covered the round trip).
-        shared.tombstones.insert(keys.primary().into(), token);
-        l1_invalidate_response(self.l1(), keys.primary());
+        shared.tombstones.insert(response, token);
+        l1_invalidate_response(self.l1(), response, variants);
         Ok(existed)
     }
 }

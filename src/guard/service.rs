@@ -110,19 +110,15 @@ where
                 });
             }
         };
-        let Some(keys) = route.keys_for(&request) else {
-            route.stats.record(Event::Bypass);
-            let (route, inner) = (route.clone(), self.inner.clone());
-            return ResponseFuture::new(async move {
-                passthrough(&route, inner, request, "bypass").await
-            });
-        };
         // L1 answers fresh and stale entries here, without a future to allocate: the
-        // common case costs a hash, a lookup and the response.
-        let fallback = match route.l1().get(keys.entry()) {
+        // common case costs a fast keyed hash, a lookup and the response (no HMAC, no
+        // key string: the Redis keys are made only past L1).
+        let local = route.local_key(&request);
+        let fallback = match route.l1().get(&local) {
             Some(stored) => {
                 route.stats.record(Event::L1Hit);
-                if let Some(response) = answer(route, &stored, kind, &keys, &request, &self.inner) {
+                let inner = &self.inner;
+                if let Some(response) = answer(route, &stored, kind, local, None, &request, inner) {
                     return ResponseFuture::ready(response);
                 }
                 Some(stored)
@@ -131,6 +127,13 @@ where
                 route.stats.record(Event::L1Miss);
                 None
             }
+        };
+        let Some(keys) = route.keys_for(&request) else {
+            route.stats.record(Event::Bypass);
+            let (route, inner) = (route.clone(), self.inner.clone());
+            return ResponseFuture::new(async move {
+                passthrough(&route, inner, request, "bypass").await
+            });
         };
         ResponseFuture::new(handle(
             route.clone(),
@@ -193,8 +196,10 @@ where
         match read {
             Ok(L2Read::Found(stored)) => {
                 route.stats.record(Event::L2Hit);
-                route.put_l1(keys.entry().into(), stored.clone()).await;
-                if let Some(response) = answer(&route, &stored, kind, &keys, &request, &inner) {
+                route.put_l1(&keys, stored.clone()).await;
+                let local = keys.local;
+                let found = answer(&route, &stored, kind, local, Some(&keys), &request, &inner);
+                if let Some(response) = found {
                     return Ok(response);
                 }
                 if fallback

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use crate::keys::CacheKeys;
+use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::{FencingToken, Lease, with_tokens};
-use crate::notify::{Ending, Notice};
+use crate::notify::{Ending, Notice, invalidated_suffix};
 use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind, millis};
 
 static READ: LazyLock<Script> =
@@ -93,7 +93,7 @@ pub(crate) async fn write(
         .arg(encoded)
         .arg(millis(keep))
         .arg(channel)
-        .arg(Notice::Filled(keys.entry()).to_string())
+        .arg(Notice::Filled(keys.entry(), keys.local).to_string())
         .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
     let (written, released, _measured_against): (i64, i64, i64) = store
         .run_sized(Operation::Write, Request::Script(&invocation), size)
@@ -114,6 +114,13 @@ pub(crate) struct Lasting {
     pub(crate) token: Duration,
 }
 
+/// What the invalidation's notice says of the response besides its key.
+pub(crate) struct Invalidated {
+    pub(crate) local: LocalKey,
+    /// Whether the response's route keys variants of it.
+    pub(crate) variants: bool,
+}
+
 /// Invalidates the response of `keys` (see `invalidate.lua`). Returns whether an entry
 /// was there, and the invalidation's token.
 pub(crate) async fn invalidate(
@@ -121,6 +128,7 @@ pub(crate) async fn invalidate(
     keys: &CacheKeys,
     channel: &str,
     lasting: Lasting,
+    notice: Invalidated,
 ) -> Result<(bool, FencingToken), StoreError> {
     let mut invocation = INVALIDATE.prepare_invoke();
     invocation
@@ -130,7 +138,8 @@ pub(crate) async fn invalidate(
         .arg(channel)
         .arg(millis(lasting.tombstone))
         .arg(millis(lasting.counter))
-        .arg(millis(lasting.token));
+        .arg(millis(lasting.token))
+        .arg(invalidated_suffix(notice.local, notice.variants));
     let (existed, token): (i64, i64) = store
         .run(Operation::Invalidate, Request::Script(&invocation))
         .await?;

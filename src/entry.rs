@@ -87,10 +87,13 @@ struct Wire<'a> {
 
 impl CachedResponse {
     /// Encodes the entry.
+    ///
+    /// `age` and `x-cache` are left out: the layer sets them on every answer.
     pub fn encode(&self) -> Vec<u8> {
         let headers: Vec<(&str, &serde_bytes::Bytes)> = self
             .headers
             .iter()
+            .filter(|(name, _)| **name != http::header::AGE && name.as_str() != crate::X_CACHE)
             .map(|(name, value)| (name.as_str(), serde_bytes::Bytes::new(value.as_bytes())))
             .collect();
         let wire = Wire {

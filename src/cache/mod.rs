@@ -50,7 +50,17 @@ pub(crate) enum Freshness {
 
 impl Stored {
     /// An entry that is `age` old now.
-    pub(crate) fn aged(response: CachedResponse, age: Duration) -> Self {
+    ///
+    /// Its headers get the two the layer sets on every answer (`age` and `x-cache`), with
+    /// placeholder values: an answer clones the headers and replaces the two values,
+    /// instead of growing the map (and hashing two names) every time. They are never
+    /// encoded ([`CachedResponse::encode`] leaves them out).
+    pub(crate) fn aged(mut response: CachedResponse, age: Duration) -> Self {
+        let headers = &mut response.headers;
+        if !headers.contains_key(http::header::AGE) {
+            headers.insert(http::header::AGE, http::HeaderValue::from_static("0"));
+        }
+        headers.insert(X_CACHE_NAME, http::HeaderValue::from_static("hit"));
         Self {
             response,
             got_at: Instant::now(),
@@ -69,7 +79,11 @@ impl Stored {
     }
 
     pub(crate) fn freshness(&self) -> Freshness {
-        let age = self.age();
+        self.freshness_at(self.age())
+    }
+
+    /// Where an entry `age` old is in its life.
+    pub(crate) fn freshness_at(&self, age: Duration) -> Freshness {
         let r = &self.response;
         if age < r.fresh_for {
             Freshness::Fresh
@@ -91,6 +105,9 @@ impl Stored {
         self.got_at + self.response.keep.saturating_sub(self.age_when_got)
     }
 }
+
+/// The name of the `x-cache` header, made once.
+pub(crate) const X_CACHE_NAME: http::HeaderName = http::HeaderName::from_static(crate::X_CACHE);
 
 /// The local tier, keyed by [`LocalKey`] (see there: no HMAC, no key string on a hit).
 pub(crate) type L1 = Cache<LocalKey, Arc<Stored>, Spread>;

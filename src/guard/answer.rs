@@ -2,7 +2,8 @@
 //! starts), from the origin straight (a pass-through), or by the route's cold-miss
 //! behaviour; and the `x-cache` and `age` each answer carries.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use http::header::{AGE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
@@ -13,8 +14,7 @@ use super::body::ResponseBody;
 use super::origin::{Buffered, FillBody, Inner, OriginBody};
 use super::refresh::spawn_refresh;
 use super::route::Route;
-use crate::X_CACHE;
-use crate::cache::{Freshness, Stored};
+use crate::cache::{Freshness, Stored, X_CACHE_NAME};
 use crate::keys::{CacheKeys, LocalKey};
 use crate::metrics::Event;
 use crate::policy::ColdMiss;
@@ -37,7 +37,8 @@ where
     ReqBody: FillBody,
     ResBody: OriginBody,
 {
-    let freshness = match stored.freshness() {
+    let age = stored.age();
+    let freshness = match stored.freshness_at(age) {
         // Put in L1 before the notice subscription last came up: it may have missed an
         // invalidation. Served, but not as fresh.
         Freshness::Fresh
@@ -54,19 +55,30 @@ where
     match freshness {
         Freshness::Fresh => {
             route.stats.record(Event::Hit);
-            Some(serve(stored, kind, "hit"))
+            Some(serve_aged(stored, age, kind, "hit"))
         }
         Freshness::Stale => {
             route.stats.record(Event::Stale);
             spawn_refresh(route, local, keys, stored.clone(), request, inner);
-            Some(serve(stored, kind, "stale"))
+            Some(serve_aged(stored, age, kind, "stale"))
         }
         Freshness::Expired => None,
     }
 }
 
+/// A response from a stored entry, with its `age` and `x-cache`.
 pub(crate) fn serve<B: Body>(
     stored: &Stored,
+    kind: Kind,
+    x_cache: &'static str,
+) -> Response<ResponseBody<B>> {
+    serve_aged(stored, stored.age(), kind, x_cache)
+}
+
+/// [`serve`], for an entry known to be `age` old.
+pub(crate) fn serve_aged<B: Body>(
+    stored: &Stored,
+    age: Duration,
     kind: Kind,
     x_cache: &'static str,
 ) -> Response<ResponseBody<B>> {
@@ -77,11 +89,29 @@ pub(crate) fn serve<B: Body>(
     };
     let mut response = Response::new(body);
     *response.status_mut() = cached.status;
+    // The stored headers hold `age` and `x-cache: hit` already (see `Stored::aged`):
+    // their values are replaced, the map does not grow.
     *response.headers_mut() = cached.headers.clone();
     let headers = response.headers_mut();
-    headers.insert(AGE, HeaderValue::from(stored.age().as_secs()));
-    set_x_cache(headers, x_cache);
+    headers.insert(AGE, age_value(age.as_secs()));
+    if x_cache != "hit" {
+        set_x_cache(headers, x_cache);
+    }
     response
+}
+
+/// An `age` header value: from a table made once for the first hour, so that a hit does
+/// not format a number (and allocate for it).
+fn age_value(seconds: u64) -> HeaderValue {
+    static AGES: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
+        (0..3600u64)
+            .map(|n| HeaderValue::from_static(Box::leak(n.to_string().into_boxed_str())))
+            .collect()
+    });
+    match AGES.get(seconds as usize) {
+        Some(value) => value.clone(),
+        None => HeaderValue::from(seconds),
+    }
 }
 
 /// An answer of the origin that was not stored, for one more of its waiters.
@@ -94,7 +124,7 @@ pub(crate) fn serve_buffered<B: Body>(buffered: &Buffered) -> Response<ResponseB
 }
 
 pub(crate) fn set_x_cache(headers: &mut http::HeaderMap, value: &'static str) {
-    headers.insert(X_CACHE, HeaderValue::from_static(value));
+    headers.insert(X_CACHE_NAME, HeaderValue::from_static(value));
 }
 
 pub(crate) async fn passthrough<S, ReqBody, ResBody>(

@@ -43,12 +43,16 @@ impl Route {
         let (mut response, mut variant) = self.shared.keys.local_hashers();
         response.write(self.policy.route.as_bytes());
         response.write(&[0]);
-        rules::identity_into(&self.policy, request, &mut |bytes| response.write(bytes));
+        let mut gather = Gather::new(&mut response);
+        rules::identity_into(&self.policy, request, &mut |bytes| gather.push(bytes));
+        gather.flush();
         let variant = self.learned.with_names(|learned, _| {
             if learned.is_empty() {
                 return 0;
             }
-            rules::variant_into(learned, request, &mut |bytes| variant.write(bytes));
+            let mut gather = Gather::new(&mut variant);
+            rules::variant_into(learned, request, &mut |bytes| gather.push(bytes));
+            gather.flush();
             // Never 0: that is the response's own key.
             variant.finish() | 1
         });
@@ -170,5 +174,48 @@ impl Route {
         shared.tombstones.insert(response, token);
         l1_invalidate_response(self.l1(), response, variants);
         Ok(existed)
+    }
+}
+
+/// Gathers the small pieces of an identity (lengths, names, values) on the stack and
+/// hands them to a hasher in a few large writes: SipHash pays per write.
+struct Gather<'h, H: Hasher> {
+    hasher: &'h mut H,
+    buffer: [u8; 256],
+    len: usize,
+}
+
+impl<'h, H: Hasher> Gather<'h, H> {
+    fn new(hasher: &'h mut H) -> Self {
+        Self {
+            hasher,
+            buffer: [0; 256],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        if self.len + bytes.len() > self.buffer.len() {
+            self.flush();
+            if bytes.len() > self.buffer.len() {
+                self.hasher.write(bytes);
+                return;
+            }
+        }
+        let to = &mut self.buffer[self.len..self.len + bytes.len()];
+        if bytes.len() <= 8 {
+            // Lengths and short parts: a loop beats a call to `memcpy`.
+            for (to, from) in to.iter_mut().zip(bytes) {
+                *to = *from;
+            }
+        } else {
+            to.copy_from_slice(bytes);
+        }
+        self.len += bytes.len();
+    }
+
+    fn flush(&mut self) {
+        self.hasher.write(&self.buffer[..self.len]);
+        self.len = 0;
     }
 }

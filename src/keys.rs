@@ -25,6 +25,7 @@
 //! [`MAX_KEY_LEN`] is refused.
 
 use std::fmt;
+use std::hash::Hasher;
 use std::sync::Arc;
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -115,14 +116,17 @@ impl KeySpace {
         &self.inner.service
     }
 
-    /// The two hashers of a [`LocalKey`]: SipHash-1-3 keyed from the secret, one with a
-    /// 128-bit output for the response, one for its variant.
-    pub(crate) fn local_hashers(&self) -> (SipHasher13, SipHasher13) {
+    /// The hashers of the [`LocalKey`]s of a route, made once for the route.
+    pub(crate) fn local_hashers(&self, route: &str) -> LocalHashers {
         let [a, b, c, d] = self.inner.local;
-        (
-            SipHasher13::new_with_keys(a, b),
-            SipHasher13::new_with_keys(c, d),
-        )
+        let mut response = SipHasher13::new_with_keys(a, b);
+        response.write(route.as_bytes());
+        // A route name holds no 0 byte: the identity that follows cannot shift into it.
+        response.write(&[0]);
+        LocalHashers {
+            response,
+            variant: SipHasher13::new_with_keys(c, d),
+        }
     }
 
     /// A `SCAN ... MATCH` pattern for every key of this key space.
@@ -429,6 +433,23 @@ impl CacheKeys {
                 operation: metrics::SharedString::const_str("fill"),
             }
         })
+    }
+}
+
+/// The two hashers of a route's [`LocalKey`]s, SipHash-1-3 keyed from the secret: one
+/// with a 128-bit output for the response, already fed the route's name, one for its
+/// variant. Made once per route, copied for each key (a copy of their state is cheaper
+/// than keying them and writing the route again on every request).
+#[derive(Clone, Copy)]
+pub(crate) struct LocalHashers {
+    pub(crate) response: SipHasher13,
+    pub(crate) variant: SipHasher13,
+}
+
+/// Their state is derived from the secret: never shown.
+impl fmt::Debug for LocalHashers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LocalHashers(..)")
     }
 }
 

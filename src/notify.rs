@@ -106,7 +106,11 @@ impl Notices {
 
     /// Starts the subscription on first use (a runtime is needed for it), and again if
     /// its task ended (its runtime went away). One atomic load when it runs.
-    pub(crate) fn ensure_listening(&self, store: &RedisStore, hears: Weak<dyn Hears>) {
+    pub(crate) fn ensure_listening(
+        &self,
+        store: &RedisStore,
+        hears: impl FnOnce() -> Weak<dyn Hears>,
+    ) {
         if self.state.listening.load(Ordering::Acquire) || store.is_local_only() {
             return;
         }
@@ -120,7 +124,7 @@ impl Notices {
             self.channel.clone(),
             Arc::downgrade(&self.state),
             self.waiters.clone(),
-            hears,
+            hears(),
         );
         *listener = Some(tokio::spawn(async move {
             let _running = running;

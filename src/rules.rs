@@ -136,7 +136,10 @@ fn keyed_query<'a>(policy: &Policy, uri: &'a Uri, each: &mut impl FnMut(&'a str)
     let Some(query) = uri.query() else {
         return;
     };
-    let keyed = query.split('&').filter(|p| !p.is_empty()).filter(|p| {
+    if matches!(policy.key_query, KeyQuery::Ignore) {
+        return;
+    }
+    let keyed = params(query).filter(|p| !p.is_empty()).filter(|p| {
         let name = p.split_once('=').map_or(*p, |(name, _)| name);
         match &policy.key_query {
             KeyQuery::All => true,
@@ -167,6 +170,25 @@ fn keyed_query<'a>(policy: &Policy, uri: &'a Uri, each: &mut impl FnMut(&'a str)
     for param in params.iter() {
         each(param);
     }
+}
+
+/// The parameters of a query string, split at `&`: a plain scan of its bytes, cheaper
+/// than a general pattern search for strings this short.
+fn params(query: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(query);
+    std::iter::from_fn(move || {
+        let now = rest?;
+        match now.bytes().position(|b| b == b'&') {
+            Some(at) => {
+                rest = Some(&now[at + 1..]);
+                Some(&now[..at])
+            }
+            None => {
+                rest = None;
+                Some(now)
+            }
+        }
+    })
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), and those that only make sense for the
@@ -472,6 +494,28 @@ pub(crate) fn strip_unstorable(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The byte scan splits a query exactly where `str::split('&')` does, empty
+    /// parameters and non-ASCII ones included.
+    #[test]
+    fn params_split_like_str_split() {
+        for query in [
+            "",
+            "a",
+            "a=1",
+            "a=1&b=2",
+            "&",
+            "&&",
+            "a=1&&b=2&",
+            "&a",
+            "é=ü&x",
+            "a=&=b",
+        ] {
+            let ours: Vec<&str> = params(query).collect();
+            let std: Vec<&str> = query.split('&').collect();
+            assert_eq!(ours, std, "{query:?}");
+        }
+    }
 
     fn policy() -> Policy {
         Policy::builder("items")

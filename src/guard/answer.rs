@@ -5,7 +5,7 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use http::header::{AGE, HeaderValue, RETRY_AFTER};
+use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use tower::ServiceExt;
@@ -89,14 +89,8 @@ pub(crate) fn serve_aged<B: Body>(
     };
     let mut response = Response::new(body);
     *response.status_mut() = cached.status;
-    // The stored headers hold `age` and `x-cache: hit` already (see `Stored::aged`):
-    // their values are replaced, the map does not grow.
-    *response.headers_mut() = cached.headers.clone();
-    let headers = response.headers_mut();
-    headers.insert(AGE, age_value(age.as_secs()));
-    if x_cache != "hit" {
-        set_x_cache(headers, x_cache);
-    }
+    *response.headers_mut() =
+        stored.answer_headers(age_value(age.as_secs()), HeaderValue::from_static(x_cache));
     response
 }
 

@@ -173,8 +173,12 @@ impl Shared {
     /// Starts the notice subscription on first use, and again if it ended (see
     /// [`Notices::ensure_listening`]).
     pub(crate) fn ensure_listening(self: &Arc<Self>) {
-        let hears: std::sync::Weak<dyn Hears> = Arc::downgrade(self) as _;
-        self.notices.ensure_listening(&self.store, hears);
+        // The weak handle is made only when the listener starts: every request comes
+        // here, and bumping a shared count on each would be a write to one cache line
+        // from every core.
+        self.notices.ensure_listening(&self.store, || {
+            Arc::downgrade(self) as std::sync::Weak<dyn Hears>
+        });
     }
 
     /// Reports L1's size to the metrics.

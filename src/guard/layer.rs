@@ -36,8 +36,10 @@ impl GuardLayer {
         let stats = RouteStats::new(&policy.route);
         metrics::gauge!(crate::metrics::LEASE_TTL_SECONDS, "route" => policy.route.clone())
             .set(policy.lease_ttl.as_secs_f64());
+        let hashers = shared.keys.local_hashers(&policy.route);
         Self {
             route: Arc::new(Route {
+                hashers,
                 shared,
                 policy,
                 stats,

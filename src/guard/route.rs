@@ -15,7 +15,7 @@ use std::hash::Hasher;
 
 use siphasher::sip128::Hasher128;
 
-use crate::keys::{CacheKeys, LocalKey};
+use crate::keys::{CacheKeys, LocalHashers, LocalKey};
 use crate::lease::FencingToken;
 use crate::metrics::RouteStats;
 use crate::policy::Policy;
@@ -33,6 +33,8 @@ pub(crate) struct Route {
     pub(crate) flights: Arc<Flights>,
     /// The headers this route's responses vary on, learned from them.
     pub(crate) learned: Arc<Learned>,
+    /// The hashers of its keys in L1, keyed and fed the route's name once.
+    pub(crate) hashers: LocalHashers,
 }
 
 impl Route {
@@ -40,9 +42,10 @@ impl Route {
     /// [`LocalKey`]). The same bytes as [`keys_for`](Self::keys_for) hashes, written
     /// into the hashers piece by piece.
     pub(crate) fn local_key<B>(&self, request: &Request<B>) -> LocalKey {
-        let (mut response, mut variant) = self.shared.keys.local_hashers();
-        response.write(self.policy.route.as_bytes());
-        response.write(&[0]);
+        let LocalHashers {
+            mut response,
+            mut variant,
+        } = self.hashers;
         let mut gather = Gather::new(&mut response);
         rules::identity_into(&self.policy, request, &mut |bytes| gather.push(bytes));
         gather.flush();
@@ -68,9 +71,10 @@ impl Route {
         let identity = rules::identity(&self.policy, request);
         let keys = &self.shared.keys;
         let route = &self.policy.route;
-        let (mut response, mut variant_hash) = keys.local_hashers();
-        response.write(route.as_bytes());
-        response.write(&[0]);
+        let LocalHashers {
+            mut response,
+            variant: mut variant_hash,
+        } = self.hashers;
         response.write(&identity);
         self.learned
             .with_names(|learned, version| {
@@ -140,9 +144,7 @@ impl Route {
         let Ok(mut keys) = self.shared.keys.cache(&self.policy.route, &identity) else {
             return Ok(false);
         };
-        let (mut response, _) = self.shared.keys.local_hashers();
-        response.write(self.policy.route.as_bytes());
-        response.write(&[0]);
+        let mut response = self.hashers.response;
         response.write(&identity);
         keys.local = LocalKey::of_response(response.finish128().as_u128());
         let response = keys.local.response;

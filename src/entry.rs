@@ -24,6 +24,11 @@ const MAGIC: [u8; 2] = *b"SG";
 /// [`DecodeError::Version`] and are refilled.
 pub const VERSION: u8 = 1;
 
+/// The most header values an entry accepted by [`decode`] may hold: far more than any
+/// response has (servers refuse a few hundred), and far from what `http`'s header map
+/// cannot hold (it panics past 24,576 reserved or 32,768 held).
+pub const MAX_HEADERS: usize = 4096;
+
 /// The largest encoded entry accepted by [`decode`]: the body limit's ceiling plus room
 /// for headers.
 pub const MAX_ENCODED_LEN: usize = crate::policy::defaults::MAX_BODY_LIMIT + 1024 * 1024;
@@ -86,14 +91,23 @@ struct Wire<'a> {
 }
 
 impl CachedResponse {
-    /// Encodes the entry.
-    ///
-    /// `age` and `x-cache` are left out: the layer sets them on every answer.
+    /// Encodes the entry: [`decode`] gives it back whole.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_where(|_| true)
+    }
+
+    /// Encodes the entry without `age` and `x-cache`: what L2 keeps of an entry of L1,
+    /// whose headers hold placeholders for the two (the layer sets them on every
+    /// answer).
+    pub(crate) fn encode_for_l2(&self) -> Vec<u8> {
+        self.encode_where(|name| *name != http::header::AGE && name.as_str() != crate::X_CACHE)
+    }
+
+    fn encode_where(&self, keep: impl Fn(&HeaderName) -> bool) -> Vec<u8> {
         let headers: Vec<(&str, &serde_bytes::Bytes)> = self
             .headers
             .iter()
-            .filter(|(name, _)| **name != http::header::AGE && name.as_str() != crate::X_CACHE)
+            .filter(|(name, _)| keep(name))
             .map(|(name, value)| (name.as_str(), serde_bytes::Bytes::new(value.as_bytes())))
             .collect();
         let wire = Wire {
@@ -144,7 +158,7 @@ fn compact_from<'a>(
         blob.extend_from_slice(value);
     }
     let blob = blob.freeze();
-    let mut out = HeaderMap::with_capacity(count);
+    let mut out = HeaderMap::try_with_capacity(count).ok()?;
     let mut at = 0;
     for (name, value, sensitive) in headers {
         // Standard names are static; others are copied.
@@ -152,7 +166,7 @@ fn compact_from<'a>(
         let mut value = HeaderValue::from_maybe_shared(blob.slice(at..at + value.len())).ok()?;
         at += value.len();
         value.set_sensitive(sensitive);
-        out.append(name, value);
+        out.try_append(name, value).ok()?;
     }
     Some(out)
 }
@@ -174,6 +188,9 @@ pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
         return Err(DecodeError::Malformed);
     }
     let status = StatusCode::from_u16(wire.status).map_err(|_| DecodeError::Invalid("status"))?;
+    if wire.headers.len() > MAX_HEADERS {
+        return Err(DecodeError::Invalid("header"));
+    }
     let headers = compact_from(
         wire.headers.len(),
         wire.headers
@@ -246,6 +263,46 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert_eq!(decode(&longer), Err(DecodeError::Malformed));
+    }
+
+    /// An entry with more header values than [`MAX_HEADERS`] is refused, however many:
+    /// never a panic from the header map.
+    #[test]
+    fn too_many_headers_are_refused() {
+        for count in [MAX_HEADERS, MAX_HEADERS + 1, 20_000] {
+            let mut entry = sample();
+            entry.headers.clear();
+            for n in 0..count {
+                entry
+                    .headers
+                    .append(HeaderName::from_static("x-n"), HeaderValue::from(n));
+            }
+            let decoded = decode(&entry.encode());
+            if count <= MAX_HEADERS {
+                assert_eq!(decoded.unwrap(), entry);
+            } else {
+                assert_eq!(decoded, Err(DecodeError::Invalid("header")), "{count}");
+            }
+        }
+    }
+
+    /// `encode` keeps every header; what L2 keeps leaves out the two the layer sets.
+    #[test]
+    fn encode_is_whole_and_l2_leaves_out_age_and_x_cache() {
+        let mut entry = sample();
+        entry
+            .headers
+            .insert(http::header::AGE, HeaderValue::from_static("3"));
+        entry
+            .headers
+            .insert(crate::X_CACHE, HeaderValue::from_static("hit"));
+        assert_eq!(decode(&entry.encode()).unwrap(), entry);
+        let kept = decode(&entry.encode_for_l2()).unwrap();
+        assert!(!kept.headers.contains_key(http::header::AGE));
+        assert!(!kept.headers.contains_key(crate::X_CACHE));
+        entry.headers.remove(http::header::AGE);
+        entry.headers.remove(crate::X_CACHE);
+        assert_eq!(kept, entry);
     }
 
     proptest! {

@@ -367,8 +367,9 @@ impl LeaseName {
 
 /// The keys of one cached response (see [`KeySpace::cache`]).
 ///
-/// Only the entry key is built up front (it is all an L1 hit needs); the lease's keys are
-/// derived from it the first time they are asked for.
+/// Made only past L1 (an L1 hit needs no Redis key: it looks up its local key). Only
+/// the entry key is built up front; the lease's keys are derived from it the first time
+/// they are asked for.
 #[derive(Clone, Debug)]
 pub struct CacheKeys {
     entry: String,
@@ -411,8 +412,9 @@ impl CacheKeys {
         format!("{}:fence", self.primary())
     }
 
-    /// The response's own part of the key, shared by all its variants (what invalidations
-    /// are remembered by in each process).
+    /// The response's own part of the key, shared by all its variants (in Redis, where
+    /// an invalidation's token is kept under it; in each process, invalidations are
+    /// remembered by the response's local key).
     pub fn primary(&self) -> &str {
         &self.entry[..self.primary]
     }
@@ -498,7 +500,9 @@ impl std::str::FromStr for LocalKey {
 }
 
 /// The keys of the local hashers, from the secret (through the HMAC it keys, so the
-/// secret itself is not reused as a SipHash key).
+/// secret itself is not reused as a SipHash key). Their HMAC input cannot be one that
+/// makes a Redis key's hash: those all hold a 0x1f separator (see `hash_unchecked`), this
+/// label holds none, so the SipHash keys reveal nothing of any key's hash.
 fn derive_local(mac: &Hmac<Sha256>) -> [u64; 4] {
     let mut mac = mac.clone();
     mac.update(b"stampede-guard local keys");

@@ -32,11 +32,13 @@ use crate::store::{Operation, RedisStore, Request, StoreError};
 
 /// What the guard does with what it hears. Called from the subscription's task.
 pub(crate) trait Hears: Send + Sync + 'static {
-    /// Another instance (or this one) wrote the entry at `key` (`local` in L1).
-    fn filled(&self, key: &str, local: LocalKey);
-    /// The response at `key` (`local` in L1) was invalidated, with its tombstone's
-    /// token; `variants` when its route keys variants of it.
-    fn invalidated(&self, local: LocalKey, token: FencingToken, variants: bool);
+    /// Another instance (or this one) wrote the entry at `key` (`local` in L1; `None`
+    /// from a version that did not name it).
+    fn filled(&self, key: &str, local: Option<LocalKey>);
+    /// The response at `key` (`local` in L1; `None` from a version that did not name
+    /// it) was invalidated, with its tombstone's token. Every variant of it goes: the
+    /// hearer knows whether it keeps variants, the sender may not.
+    fn invalidated(&self, local: Option<LocalKey>, token: FencingToken);
     /// A fill's lease ended without a write, and what to make of the key for `lasting`.
     fn ended(&self, key: &str, ending: Ending, lasting: Duration);
     /// Route `route` learned that its responses vary on `names`.
@@ -292,8 +294,8 @@ fn deliver(guard: &dyn Hears, waiters: &Waiters, payload: &[u8]) {
             guard.filled(key, local);
             waiters.wake(key);
         }
-        Some(Notice::Invalidated(key, token, local, variants)) => {
-            guard.invalidated(local, token, variants);
+        Some(Notice::Invalidated(key, token, local)) => {
+            guard.invalidated(local, token);
             waiters.wake(key);
         }
         Some(Notice::Ended(key, ending, lasting)) => {
@@ -318,34 +320,54 @@ pub(crate) enum Ending {
 
 /// What instances tell each other, on the key space's channel. On the wire:
 ///
-/// * `f {local key} {entry key}`: an entry was written (sent by the write script); the
-///   local key is the entry's in L1 (see `keys::LocalKey`), the entry key its Redis key;
-/// * `i {token} {local key} {variants: 0|1} {entry key}`: a response was invalidated,
-///   with its tombstone's token (sent by the invalidation script);
+/// * `f {entry key} {local key}`: an entry was written (sent by the write script); the
+///   entry key is its Redis key, the local key its key in L1 (see `keys::LocalKey`);
+/// * `i {token} {entry key} {local key}`: a response was invalidated, with its
+///   tombstone's token (sent by the invalidation script);
 /// * `e {pass|error|gone} {ms} {entry key}`: a fill's lease ended without a write, and
 ///   what to make of the key for the next `ms`;
 /// * `v {route} {name,name,...}`: a route learned the headers its responses vary on.
+///
+/// The local key comes last, after a space no entry key holds, so that a fleet in the
+/// middle of an upgrade keeps hearing itself: versions from before local keys sent
+/// `f {entry key}` and `i {token} {entry key}`, read here with no local key (the
+/// hearer then does what it can without one), and read the entry key of these notices
+/// up to the end of its response's part, where the local key does not reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Notice<'a> {
-    Filled(&'a str, LocalKey),
-    Invalidated(&'a str, FencingToken, LocalKey, bool),
+    Filled(&'a str, Option<LocalKey>),
+    Invalidated(&'a str, FencingToken, Option<LocalKey>),
     Ended(&'a str, Ending, Duration),
     Learned(&'a str, Vec<&'a str>),
 }
 
-/// What the invalidation script appends to its notice after the token (it writes the
-/// rest itself): the response's local key and whether it has variants.
-pub(crate) fn invalidated_suffix(local: LocalKey, variants: bool) -> String {
-    format!("{local} {}", u8::from(variants))
+/// The entry key and the local key that end `f` and `i` notices; `None` for a local
+/// key that is there but not one.
+fn key_and_local(rest: &str) -> Option<(&str, Option<LocalKey>)> {
+    match rest.split_once(' ') {
+        None => Some((rest, None)),
+        Some((key, local)) => Some((key, Some(local.parse().ok()?))),
+    }
+}
+
+/// Writes the optional local key that ends `f` and `i` notices.
+struct AndLocal(Option<LocalKey>);
+
+impl std::fmt::Display for AndLocal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(local) => write!(f, " {local}"),
+            None => Ok(()),
+        }
+    }
 }
 
 impl std::fmt::Display for Notice<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Filled(key, local) => write!(f, "f {local} {key}"),
-            Self::Invalidated(key, token, local, variants) => {
-                write!(f, "i {token} {}", invalidated_suffix(*local, *variants))?;
-                write!(f, " {key}")
+            Self::Filled(key, local) => write!(f, "f {key}{}", AndLocal(*local)),
+            Self::Invalidated(key, token, local) => {
+                write!(f, "i {token} {key}{}", AndLocal(*local))
             }
             Self::Ended(key, ending, lasting) => {
                 let how = match ending {
@@ -367,20 +389,14 @@ impl<'a> Notice<'a> {
         let (kind, rest) = text.split_once(' ')?;
         match kind {
             "f" => {
-                let (local, key) = rest.split_once(' ')?;
-                Some(Self::Filled(key, local.parse().ok()?))
+                let (key, local) = key_and_local(rest)?;
+                Some(Self::Filled(key, local))
             }
             "i" => {
                 let (token, rest) = rest.split_once(' ')?;
-                let (local, rest) = rest.split_once(' ')?;
-                let (variants, key) = rest.split_once(' ')?;
-                let variants = match variants {
-                    "0" => false,
-                    "1" => true,
-                    _ => return None,
-                };
                 let token = FencingToken::new(token.parse().ok()?);
-                Some(Self::Invalidated(key, token, local.parse().ok()?, variants))
+                let (key, local) = key_and_local(rest)?;
+                Some(Self::Invalidated(key, token, local))
             }
             "e" => {
                 let (how, rest) = rest.split_once(' ')?;
@@ -421,9 +437,10 @@ mod tests {
             variant: 9,
         };
         let notices = [
-            Notice::Filled("sg:k:entry", local),
-            Notice::Invalidated("sg:k:entry", token, local, true),
-            Notice::Invalidated("sg:k:entry", token, local, false),
+            Notice::Filled("sg:k:entry", Some(local)),
+            Notice::Filled("sg:k:entry", None),
+            Notice::Invalidated("sg:k:entry", token, Some(local)),
+            Notice::Invalidated("sg:k:entry", token, None),
             Notice::Ended("sg:k:entry", Ending::Pass, Duration::from_millis(1500)),
             Notice::Ended("sg:k:entry", Ending::Error, Duration::from_millis(400)),
             Notice::Ended("sg:k:entry", Ending::Gone, Duration::ZERO),
@@ -433,9 +450,35 @@ mod tests {
             let wire = notice.to_string();
             assert_eq!(Notice::parse(wire.as_bytes()), Some(notice), "{wire}");
         }
+        // What versions from before local keys send is read, without one.
+        assert_eq!(
+            Notice::parse(b"f sg:e:s:{items:req_ab}:fill:entry"),
+            Some(Notice::Filled("sg:e:s:{items:req_ab}:fill:entry", None))
+        );
+        assert_eq!(
+            Notice::parse(b"i 42 sg:e:s:{items:req_ab}:fill:entry"),
+            Some(Notice::Invalidated(
+                "sg:e:s:{items:req_ab}:fill:entry",
+                token,
+                None
+            ))
+        );
+        // And they read the entry key of ours up to its response's part: the local key
+        // after it does not change what they find there.
+        let ours = Notice::Invalidated("sg:e:s:{items:req_ab}:fill:entry", token, Some(local));
+        let wire = ours.to_string();
+        let (_, old_key) = wire["i ".len()..].split_once(' ').unwrap();
+        assert!(
+            old_key.starts_with("sg:e:s:{items:req_ab}:fill:"),
+            "{old_key}"
+        );
         for garbage in [
             "",
             "f",
+            "f key not-a-local-key",
+            "f key 0000000000000000000000000000000700000000000000090",
+            "i 42 key 00000000000000000000000000000007000000000000000g",
+            "i 42 key 0000000000000000000000000000000700000000000000é",
             "i x key",
             "e maybe 5 key",
             "e pass x key",

@@ -73,7 +73,7 @@ pub(crate) fn identity_into<B>(policy: &Policy, request: &Request<B>, out: &mut 
     };
     part(b"v1");
     if policy.key_host {
-        part(host(request).unwrap_or_default().as_bytes());
+        part(host(request).unwrap_or_default());
     }
     part(request.uri().path().as_bytes());
     keyed_query(policy, request.uri(), &mut |param| part(param.as_bytes()));
@@ -109,7 +109,7 @@ fn headers_into<B>(names: &[HeaderName], request: &Request<B>, out: &mut impl Fn
         if name == header::HOST {
             // What a learned `Vary: Host` means: the host, however the request gives it.
             if let Some(host) = host(request) {
-                part(host.as_bytes());
+                part(host);
                 count = 1;
             }
         } else {
@@ -122,12 +122,13 @@ fn headers_into<B>(names: &[HeaderName], request: &Request<B>, out: &mut impl Fn
     }
 }
 
-fn host<B>(request: &Request<B>) -> Option<&str> {
-    request
-        .headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| request.uri().authority().map(|a| a.as_str()))
+/// The host a request is for: its `Host` header as sent, text or not (two hosts that
+/// are not text are still two hosts, never one empty one), else its URI's authority.
+fn host<B>(request: &Request<B>) -> Option<&[u8]> {
+    match request.headers().get(header::HOST) {
+        Some(value) => Some(value.as_bytes()),
+        None => request.uri().authority().map(|a| a.as_str().as_bytes()),
+    }
 }
 
 /// The keyed query parameters (`name=value` as they came), sorted, each handed to
@@ -315,7 +316,7 @@ pub(crate) fn fill_request<B, F: Default>(
     }
     headers.remove(header::HOST);
     if (policy.key_host || learned.contains(&header::HOST))
-        && let Some(host) = host(request).and_then(|h| http::HeaderValue::from_str(h).ok())
+        && let Some(host) = host(request).and_then(|h| http::HeaderValue::from_bytes(h).ok())
     {
         headers.insert(header::HOST, host);
     }

@@ -687,6 +687,106 @@ async fn one_invalidation_reaches_every_variant() {
     }
 }
 
+/// The invalidating instance need not have learned the route's `Vary`: C, which never
+/// served the route, invalidates the response, and A's and B's variants all go (each
+/// hearer knows what it keeps; the sender does not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_from_an_instance_that_never_learned_vary_reaches_every_variant() {
+    let server = RedisServer::start();
+    let origin = by_language();
+    let policy = || {
+        policy("items")
+            .fresh_ttl(Duration::from_secs(3 * 3600))
+            .build()
+            .unwrap()
+    };
+    let a = instance(&server, policy(), origin.service()).await;
+    let b = instance(&server, policy(), origin.service()).await;
+    let c = instance(&server, policy(), origin.service()).await;
+    for i in [&a, &b] {
+        for lang in ["fr", "de"] {
+            send(&i.service, with("/items/1", "accept-language", lang)).await;
+        }
+        for lang in ["fr", "de"] {
+            let got = send(&i.service, with("/items/1", "accept-language", lang)).await;
+            assert_eq!(got.x_cache(), "hit");
+        }
+    }
+    assert_eq!(origin.calls(), 2);
+    let item = get("/items/1");
+    let invalidation = c.layer.invalidate(&item);
+    within(HANG, invalidation, "C's invalidation")
+        .await
+        .unwrap();
+    for i in [&a, &b] {
+        for lang in ["fr", "de"] {
+            let service = &i.service;
+            let refilled = eventually(Duration::from_secs(3), || async {
+                let got = send(service, with("/items/1", "accept-language", lang)).await;
+                got.body.ends_with("call 3") || got.body.ends_with("call 4")
+            });
+            assert!(refilled.await, "{lang} kept its invalidated variant");
+        }
+    }
+    assert_eq!(origin.calls(), 4);
+}
+
+/// Notices from a version before local keys (`f {entry key}`, `i {token} {entry key}`)
+/// are still heard: an invalidation whose entry this version cannot name drops all of
+/// L1 (the entries come back from L2), and a fill notice is taken without a panic or a
+/// lost subscription.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_of_the_version_before_local_keys_are_heard() {
+    let server = RedisServer::start();
+    let origin = web::Origin::versions(Duration::ZERO);
+    let a = instance(
+        &server,
+        policy("items")
+            .fresh_ttl(Duration::from_secs(3600))
+            .build()
+            .unwrap(),
+        origin.service(),
+    )
+    .await;
+    for path in ["/items/1", "/items/2"] {
+        send(&a.service, get(path)).await;
+        assert_eq!(send(&a.service, get(path)).await.x_cache(), "hit");
+    }
+    let channels: Vec<String> = server.cmd(&["PUBSUB", "CHANNELS"]).await;
+    assert_eq!(channels.len(), 1, "{channels:?}");
+    let entry = a.layer.cache_keys(&get("/items/1")).unwrap();
+    let mut conn = server.conn().await;
+    let _: i64 = conn
+        .publish(&channels[0], format!("f {}", entry.entry()))
+        .await
+        .unwrap();
+    let _: i64 = conn
+        .publish(&channels[0], format!("i 7 {}", entry.entry()))
+        .await
+        .unwrap();
+    // Both entries left L1 (the second was not even named): read from L2 again.
+    for path in ["/items/1", "/items/2"] {
+        let service = &a.service;
+        let layer = &a.layer;
+        let from_l2 = eventually(Duration::from_secs(3), || async {
+            let l2 = layer.stats().get(Event::L2Hit);
+            send(service, get(path)).await;
+            layer.stats().get(Event::L2Hit) == l2 + 1
+        });
+        assert!(from_l2.await, "{path} stayed in L1");
+    }
+    assert_eq!(origin.calls(), 2);
+    // Still subscribed: a notice of this version is heard after them.
+    let item = get("/items/2");
+    let invalidation = a.layer.invalidate(&item);
+    assert!(
+        within(HANG, invalidation, "the invalidation")
+            .await
+            .unwrap()
+    );
+    assert_eq!(send(&a.service, get("/items/2")).await.body, "v3");
+}
+
 /// A refresh gets an answer that may not be stored (a 404): the stale entry stays, and
 /// the fleet backs off as after an error. The lease is held off (nobody owns it, it ends
 /// by itself) and the stale entry's next callers do not refresh again meanwhile.

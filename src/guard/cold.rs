@@ -1,6 +1,6 @@
 //! The cold path: nothing servable is cached for a key.
 //!
-//! One fill per key per process ([`flight`](super::flight)): the first caller leads and
+//! One fill per key per process ([single-flight](super::flight)): the first caller leads and
 //! starts the fill in a task of its own, every caller of the process awaits its outcome.
 //! Across the fleet, the fill takes the key's lease; if another instance holds it, the
 //! fill waits for that instance's entry, woken by its notices, at most the route's cold

@@ -170,6 +170,16 @@ impl Shared {
         self.routes.lock().expect("routes lock").get(route).cloned()
     }
 
+    /// Whether L1 may hold variants of a response: only a route that learned `Vary`
+    /// headers here puts them, and what a route learned it never forgets.
+    fn keeps_variants(&self) -> bool {
+        self.routes
+            .lock()
+            .expect("routes lock")
+            .values()
+            .any(|learned| learned.version() > 0)
+    }
+
     /// Starts the notice subscription on first use, and again if it ended (see
     /// [`Notices::ensure_listening`]).
     pub(crate) fn ensure_listening(self: &Arc<Self>) {
@@ -190,14 +200,27 @@ impl Shared {
 
 /// What the guard makes of the fleet's notices.
 impl Hears for Shared {
-    fn filled(&self, key: &str, local: LocalKey) {
+    /// Without a local key (from a version that sent none), a refresh held off for the
+    /// entry waits out its hold-off instead of going ahead at once.
+    fn filled(&self, key: &str, local: Option<LocalKey>) {
         self.marks.clear(key);
-        self.filled_elsewhere(local);
+        if let Some(local) = local {
+            self.filled_elsewhere(local);
+        }
     }
 
-    fn invalidated(&self, local: LocalKey, token: FencingToken, variants: bool) {
-        self.tombstones.insert(local.response, token);
-        l1_invalidate_response(&self.l1, local.response, variants);
+    /// Every variant of the response goes if any route here keys variants: whether the
+    /// sender's route had learned its `Vary` says nothing of this process's L1. Without
+    /// a local key (from a version that sent none), which entry it was is unknown, and
+    /// all of L1 goes: L2 holds the tombstone, and the rest is read from there again.
+    fn invalidated(&self, local: Option<LocalKey>, token: FencingToken) {
+        match local {
+            Some(local) => {
+                self.tombstones.insert(local.response, token);
+                l1_invalidate_response(&self.l1, local.response, self.keeps_variants());
+            }
+            None => self.l1.invalidate_all(),
+        }
     }
 
     fn ended(&self, key: &str, ending: Ending, lasting: Duration) {

@@ -132,7 +132,12 @@ pub(crate) async fn read<B: Body<Data = Bytes>>(response: Response<B>, max: usiz
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.unwrap_or(0) > max as u64 || body.size_hint().lower() > max as u64 {
+    // More header values than an entry may hold (`entry::MAX_HEADERS`) would make an
+    // entry that L2 could never give back.
+    if declared.unwrap_or(0) > max as u64
+        || body.size_hint().lower() > max as u64
+        || head.headers().len() > crate::entry::MAX_HEADERS
+    {
         return Read::Partial {
             head,
             prefix: VecDeque::new(),

@@ -39,8 +39,8 @@ pub(crate) enum Refresh {
 
 /// Starts the refresh of the entry `current` of `request` (at `local` in L1), unless one
 /// runs or is held off, or the budget is spent. `keys`, its Redis keys, if the caller has
-/// them already: a hit does not (they cost an HMAC), and they are made only if the
-/// refresh starts.
+/// them already: a hit does not (they cost an HMAC), and they are made only once the
+/// refresh has its slot.
 pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
     route: &Arc<Route>,
     local: LocalKey,
@@ -53,9 +53,6 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
     ReqBody: FillBody,
     ResBody: OriginBody,
 {
-    let Some(keys) = keys.cloned().or_else(|| route.keys_for(request)) else {
-        return;
-    };
     let key = local;
     let slot = {
         let mut refreshing = route.shared.refreshing.lock().expect("refreshing lock");
@@ -82,11 +79,20 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
         refreshing.insert(key, Refresh::Running);
         slot
     };
+    // From here, returning gives the slot back and clears the key's state.
     let done = Refreshing {
         route: route.clone(),
         key,
         hold_off: None,
     };
+    let Some(keys) = keys.cloned().or_else(|| route.keys_for(request)) else {
+        return;
+    };
+    if keys.local != local {
+        // The route learned a `Vary` header since `local` was made: the entry is not
+        // the variant the request asks for now; the next caller refreshes its own.
+        return;
+    }
     let request = route.fill_request(request);
     let (route, inner) = (route.clone(), inner.clone());
     // The span follows the refresh into its task; it names the route and the hashed

@@ -168,7 +168,6 @@ impl Route {
             shared.notices.channel(),
             self.max_fill(),
             self.policy.keep(),
-            variants,
         )
         .await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from

@@ -135,6 +135,9 @@ where
                 passthrough(&route, inner, request, "bypass").await
             });
         };
+        // The route learned a `Vary` header between the two keys: what L1 gave is another
+        // variant's entry, which may not stand in for this one.
+        let fallback = fallback.filter(|_| keys.local == local);
         ResponseFuture::new(handle(
             route.clone(),
             self.inner.clone(),

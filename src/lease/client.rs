@@ -38,7 +38,7 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
 /// such as one-off cache keys, from piling up.
 pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(60 * 60);
 
-/// What [`LeaseClient::try_acquire_unless_written`] found.
+/// What [`LeaseClient::try_acquire_fill`] found.
 #[derive(Debug)]
 pub(crate) enum Acquire {
     Outcome(AcquireOutcome),

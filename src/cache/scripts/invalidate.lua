@@ -6,8 +6,8 @@
 -- ARGV[3]  how long the fence counter lasts, ms    ARGV[4]  how long the invalidation's
 --          token lasts, ms: as long as any entry of the response may (it hides the
 --          response's variants, which this script does not delete)
--- ARGV[5]  what the notice carries after the token: the response's local key and whether
---          it has variants (see `notify::Notice`)
+-- ARGV[5]  what the notice carries after the entry key: a space and the response's
+--          local key (see `notify::Notice`)
 --
 -- The entry is replaced by a tombstone that carries a fresh fencing token (issued as
 -- the lease script issues them, with next_token from tokens.lua, prepended when
@@ -26,5 +26,5 @@ redis.call('SET', KEYS[3], token_s, 'PX', ARGV[4])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 't', token_s, 'x', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PUBLISH', ARGV[1], 'i ' .. token_s .. ' ' .. ARGV[5] .. ' ' .. KEYS[1])
+redis.call('PUBLISH', ARGV[1], 'i ' .. token_s .. ' ' .. KEYS[1] .. ARGV[5])
 return {existed, token}

@@ -10,17 +10,17 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use crate::keys::{CacheKeys, LocalKey};
+use crate::keys::CacheKeys;
 use crate::lease::{FencingToken, Lease, with_tokens};
-use crate::notify::{Ending, Notice, invalidated_suffix};
+use crate::notify::{Ending, Notice};
 use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind, millis};
 
 static READ: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_tokens(include_str!("read.lua"))));
+    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/read.lua"))));
 static WRITE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_tokens(include_str!("write.lua"))));
+    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/write.lua"))));
 static INVALIDATE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_tokens(include_str!("invalidate.lua"))));
+    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/invalidate.lua"))));
 
 /// What `read.lua` found at an entry's key.
 #[derive(Debug)]
@@ -93,7 +93,7 @@ pub(crate) async fn write(
         .arg(encoded)
         .arg(millis(keep))
         .arg(channel)
-        .arg(Notice::Filled(keys.entry(), keys.local).to_string())
+        .arg(Notice::Filled(keys.entry(), Some(keys.local)).to_string())
         .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
     let (written, released, _measured_against): (i64, i64, i64) = store
         .run_sized(Operation::Write, Request::Script(&invocation), size)
@@ -114,13 +114,6 @@ pub(crate) struct Lasting {
     pub(crate) token: Duration,
 }
 
-/// What the invalidation's notice says of the response besides its key.
-pub(crate) struct Invalidated {
-    pub(crate) local: LocalKey,
-    /// Whether the response's route keys variants of it.
-    pub(crate) variants: bool,
-}
-
 /// Invalidates the response of `keys` (see `invalidate.lua`). Returns whether an entry
 /// was there, and the invalidation's token.
 pub(crate) async fn invalidate(
@@ -128,7 +121,6 @@ pub(crate) async fn invalidate(
     keys: &CacheKeys,
     channel: &str,
     lasting: Lasting,
-    notice: Invalidated,
 ) -> Result<(bool, FencingToken), StoreError> {
     let mut invocation = INVALIDATE.prepare_invoke();
     invocation
@@ -139,7 +131,8 @@ pub(crate) async fn invalidate(
         .arg(millis(lasting.tombstone))
         .arg(millis(lasting.counter))
         .arg(millis(lasting.token))
-        .arg(invalidated_suffix(notice.local, notice.variants));
+        // What the notice carries after the entry key (see `notify::Notice`).
+        .arg(format!(" {}", keys.local));
     let (existed, token): (i64, i64) = store
         .run(Operation::Invalidate, Request::Script(&invocation))
         .await?;

@@ -16,15 +16,17 @@ use crate::keys::{CacheKeys, LeaseName};
 use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind, millis};
 
 static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_tokens(include_str!("acquire.lua"))));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
-static HOLD_OFF: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("hold_off.lua")));
+    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/acquire.lua"))));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+static HOLD_OFF: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/hold_off.lua")));
 
 /// A script that issues or compares fencing tokens, with the functions that do it
 /// (`tokens.lua`: `next_token`, `sane_token`, `token_at`).
 pub(crate) fn with_tokens(script: &str) -> String {
-    format!("{}{script}", include_str!("tokens.lua"))
+    format!("{}{script}", include_str!("scripts/tokens.lua"))
 }
 
 /// What a held-off lease holds (see `hold_off.lua`). Owner values start with a service

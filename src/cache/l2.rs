@@ -1,0 +1,93 @@
+//! The shared tier: Redis, one hash per entry (its writer's fencing token and its
+//! encoding) with the keep time as its TTL; read, written under a lease and invalidated
+//! by the scripts beside it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::scripts::{self, Lasting, ReadReply, WriteReply};
+use super::stored::Stored;
+use crate::entry::{self, CachedResponse};
+use crate::keys::CacheKeys;
+use crate::lease::{FencingToken, Lease};
+use crate::store::{RedisStore, StoreError};
+
+/// What L2 has at a key.
+#[derive(Debug)]
+pub(crate) enum L2Read {
+    Miss,
+    Found(Arc<Stored>),
+    /// Something that is not a valid entry of ours: a miss, counted.
+    Garbage(&'static str),
+}
+
+/// Reads an entry, within the command timeout plus the time its largest possible size
+/// takes to move (`max_size`, the route's body limit: the same slack its write gets).
+pub(crate) async fn l2_read(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    max_size: usize,
+) -> Result<L2Read, StoreError> {
+    Ok(match scripts::read(store, keys, max_size).await? {
+        ReadReply::Miss => L2Read::Miss,
+        ReadReply::NotOurs => L2Read::Garbage("not an entry"),
+        ReadReply::Entry { pttl, .. } if pttl < 0 => L2Read::Garbage("no ttl"),
+        ReadReply::Entry { pttl, data } => match entry::decode(&data) {
+            Ok(response) => {
+                let left = Duration::from_millis(pttl as u64);
+                let age = response.keep.saturating_sub(left);
+                L2Read::Found(Arc::new(Stored::aged(response, age)))
+            }
+            Err(error) => L2Read::Garbage(decode_reason(error)),
+        },
+    })
+}
+
+fn decode_reason(error: entry::DecodeError) -> &'static str {
+    match error {
+        entry::DecodeError::NotAnEntry => "not an entry",
+        entry::DecodeError::Version(_) => "version",
+        entry::DecodeError::TooLarge => "too large",
+        entry::DecodeError::Malformed => "malformed",
+        entry::DecodeError::Invalid(_) => "invalid",
+    }
+}
+
+/// The fenced write of an entry under `lease` (see `scripts/write.lua`).
+pub(crate) async fn l2_write(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    lease: &Lease,
+    response: &CachedResponse,
+    channel: &str,
+) -> Result<WriteReply, StoreError> {
+    scripts::write(
+        store,
+        keys,
+        lease,
+        response.encode_for_l2(),
+        response.keep,
+        channel,
+    )
+    .await
+}
+
+/// Replaces an entry by a tombstone for everyone (see the script). Returns whether an
+/// entry was there, and the tombstone's token. `tombstone_for` is how long a fill can
+/// take; `entries_live` the longest an entry of the route may live: the invalidation's
+/// token outlives every variant it hides.
+pub(crate) async fn l2_invalidate(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    channel: &str,
+    tombstone_for: Duration,
+    entries_live: Duration,
+) -> Result<(bool, FencingToken), StoreError> {
+    let counter = crate::lease::DEFAULT_FENCE_RETENTION.max(tombstone_for);
+    let lasting = Lasting {
+        tombstone: tombstone_for,
+        counter,
+        token: counter.max(entries_live),
+    };
+    scripts::invalidate(store, keys, channel, lasting).await
+}

@@ -1,0 +1,213 @@
+//! An entry as a process holds it: the cached response, how old it was when the process
+//! got it and when that was, and the headers every answer from it carries.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::entry::CachedResponse;
+
+/// A cached response, and its age: how old it was when this process got it, and when
+/// that was on this process's monotonic clock.
+#[derive(Debug)]
+pub(crate) struct Stored {
+    pub(crate) response: CachedResponse,
+    got_at: Instant,
+    age_when_got: Duration,
+    /// The guard's subscription epoch when the entry was put in L1 (see
+    /// [`l1_put`](super::l1_put)): an entry from an earlier epoch may have missed an invalidation.
+    pub(super) epoch: AtomicU64,
+}
+
+/// Where an entry is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Freshness {
+    /// Serve it.
+    Fresh,
+    /// Serve it and refresh it.
+    Stale,
+    /// Past its grace: serve it only when the origin fails.
+    Expired,
+}
+
+impl Stored {
+    /// An entry that is `age` old now.
+    ///
+    /// Its headers get the two the layer sets on every answer (`age` and `x-cache`), with
+    /// placeholder values, as the first two entries of the map: an answer clones the
+    /// headers and overwrites those two values in place (see [`Stored::answer_headers`]),
+    /// instead of growing the map and hashing two names every time. They are never
+    /// encoded for L2 (`CachedResponse::encode_for_l2` leaves them out).
+    pub(crate) fn aged(mut response: CachedResponse, age: Duration) -> Self {
+        let stored = std::mem::take(&mut response.headers);
+        let headers = &mut response.headers;
+        // At most `entry::MAX_HEADERS` and two: well within what the map holds.
+        headers.reserve(stored.len() + 2);
+        headers.insert(http::header::AGE, http::HeaderValue::from_static("0"));
+        headers.insert(X_CACHE_NAME, http::HeaderValue::from_static("hit"));
+        let mut name = None;
+        for (first, value) in stored {
+            // `into_iter` names the first value of each header and leaves the name out
+            // of the values that follow it.
+            if first.is_some() {
+                name = first;
+            }
+            match &name {
+                Some(name) if *name != http::header::AGE && *name != X_CACHE_NAME => {
+                    headers.append(name.clone(), value);
+                }
+                _ => {}
+            }
+        }
+        Self {
+            response,
+            got_at: Instant::now(),
+            age_when_got: age,
+            epoch: AtomicU64::new(0),
+        }
+    }
+
+    /// The headers of an answer from this entry: a clone of the stored ones, with the
+    /// `age` and `x-cache` placeholders (the first two entries, see [`Stored::aged`])
+    /// set to `age` and `x_cache`.
+    pub(crate) fn answer_headers(
+        &self,
+        age: http::HeaderValue,
+        x_cache: http::HeaderValue,
+    ) -> http::HeaderMap {
+        let mut headers = self.response.headers.clone();
+        let mut placeholders = headers.iter_mut();
+        match (placeholders.next(), placeholders.next()) {
+            (Some((first, age_slot)), Some((second, x_cache_slot)))
+                if *first == http::header::AGE && *second == X_CACHE_NAME =>
+            {
+                *age_slot = age;
+                *x_cache_slot = x_cache;
+            }
+            // Not made by `aged` (never the case today): set them the long way.
+            _ => {
+                headers.insert(http::header::AGE, age);
+                headers.insert(X_CACHE_NAME, x_cache);
+            }
+        }
+        headers
+    }
+
+    /// The subscription epoch it was put in L1 under.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn age(&self) -> Duration {
+        self.age_when_got + self.got_at.elapsed()
+    }
+
+    pub(crate) fn freshness(&self) -> Freshness {
+        self.freshness_at(self.age())
+    }
+
+    /// Where an entry `age` old is in its life.
+    pub(crate) fn freshness_at(&self, age: Duration) -> Freshness {
+        let r = &self.response;
+        if age < r.fresh_for {
+            Freshness::Fresh
+        } else if age < r.fresh_for + r.grace {
+            Freshness::Stale
+        } else {
+            Freshness::Expired
+        }
+    }
+
+    /// Whether it may stand in for an origin that failed.
+    pub(crate) fn serves_on_error(&self, stale_if_error: Duration) -> bool {
+        let age = self.age();
+        age < self.response.fresh_for + stale_if_error.max(self.response.grace)
+            && age < self.response.keep
+    }
+
+    pub(super) fn expires_at(&self) -> Instant {
+        self.got_at + self.response.keep.saturating_sub(self.age_when_got)
+    }
+}
+
+/// The name of the `x-cache` header, made once.
+pub(crate) const X_CACHE_NAME: http::HeaderName = http::HeaderName::from_static(crate::X_CACHE);
+
+#[cfg(test)]
+mod answer_header_tests {
+    use super::*;
+    use crate::lease::FencingToken;
+    use http::HeaderValue;
+    use http::header::{AGE, CONTENT_TYPE, LINK, VARY};
+
+    fn stored(headers: http::HeaderMap) -> Stored {
+        Stored::aged(
+            CachedResponse {
+                status: http::StatusCode::OK,
+                headers,
+                body: bytes::Bytes::from_static(b"body"),
+                fresh_for: Duration::from_secs(60),
+                grace: Duration::ZERO,
+                keep: Duration::from_secs(60),
+                token: FencingToken::new(1),
+            },
+            Duration::ZERO,
+        )
+    }
+
+    /// An answer's headers are the stored ones, every value of each in order, with one
+    /// `age` and one `x-cache`, set to the answer's.
+    #[test]
+    fn answers_keep_every_stored_header_and_set_age_and_x_cache() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        headers.append(LINK, HeaderValue::from_static("</a>; rel=preload"));
+        headers.append(LINK, HeaderValue::from_static("</b>; rel=preload"));
+        headers.insert(VARY, HeaderValue::from_static("accept-encoding"));
+        // Never stored in practice (the layer strips them), but if they were: replaced.
+        headers.append(AGE, HeaderValue::from_static("7"));
+        headers.append(AGE, HeaderValue::from_static("8"));
+        headers.insert(X_CACHE_NAME, HeaderValue::from_static("from-origin"));
+        let stored = stored(headers);
+
+        let answer = stored.answer_headers(
+            HeaderValue::from_static("42"),
+            HeaderValue::from_static("stale"),
+        );
+        let all = |name| {
+            answer
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(all(AGE), ["42"]);
+        assert_eq!(all(X_CACHE_NAME), ["stale"]);
+        assert_eq!(all(CONTENT_TYPE), ["text/plain"]);
+        assert_eq!(all(LINK), ["</a>; rel=preload", "</b>; rel=preload"]);
+        assert_eq!(all(VARY), ["accept-encoding"]);
+        assert_eq!(answer.len(), 6);
+        assert_eq!(answer.keys_len(), 5);
+
+        // The stored map is left as it was: the next answer sets its own values.
+        let next = stored.answer_headers(
+            HeaderValue::from_static("43"),
+            HeaderValue::from_static("hit"),
+        );
+        assert_eq!(next[AGE], "43");
+        assert_eq!(next[X_CACHE_NAME], "hit");
+        assert_eq!(next.len(), 6);
+    }
+
+    /// With no stored header at all, an answer carries just the two.
+    #[test]
+    fn an_entry_without_headers_answers_with_age_and_x_cache() {
+        let stored = stored(http::HeaderMap::new());
+        let answer = stored.answer_headers(
+            HeaderValue::from_static("0"),
+            HeaderValue::from_static("hit"),
+        );
+        assert_eq!(answer.len(), 2);
+        assert_eq!(answer[AGE], "0");
+        assert_eq!(answer[X_CACHE_NAME], "hit");
+    }
+}

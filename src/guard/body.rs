@@ -1,3 +1,6 @@
+//! The body of every answer: a cached body served whole, or the origin's body streamed
+//! through after the part the layer read while deciding whether to cache it.
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;

@@ -1,3 +1,5 @@
+//! The response future: ready at once for a hit in L1, one boxed future past it.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

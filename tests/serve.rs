@@ -488,3 +488,78 @@ async fn the_refresh_budget_through_axum() {
     assert_eq!(peak.load(Ordering::SeqCst), 4);
     assert_eq!(calls.load(Ordering::SeqCst), KEYS + 4);
 }
+
+/// Over real TCP, the way a hit keys itself (piece by piece, from the request hyper
+/// parsed) finds the entry a fill put under the key made from the whole identity:
+/// reordered and many parameters, a long path, and variants once the route learned
+/// `Vary`. Each second request of a pair is an L1 hit, one handler call per pair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_find_their_entries_through_axum() {
+    use stampede_guard::metrics::Event;
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let layer = guard
+        .layer(Policy::builder("pages").build().unwrap())
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let calls = calls.clone();
+        move |headers: http::HeaderMap| {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let lang = headers
+                .get("accept-language")
+                .map_or("none", |v| v.to_str().unwrap())
+                .to_owned();
+            async move {
+                (
+                    [(http::header::VARY, "Accept-Language")],
+                    format!("lang={lang} call {n}"),
+                )
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/page", get(handler.clone()))
+        .route("/page/{*rest}", get(handler))
+        .layer(layer.clone());
+    let addr = serve(app).await;
+    let many = |order: &mut dyn Iterator<Item = u32>| {
+        order
+            .map(|n| format!("p{n}={n}"))
+            .collect::<Vec<_>>()
+            .join("&")
+    };
+    let long = format!("/page/{}", "x".repeat(600));
+    let pairs = [
+        ("/page?a=1&b=2".to_owned(), "/page?b=2&a=1".to_owned(), "fr"),
+        (
+            format!("/page?{}", many(&mut (0..12))),
+            format!("/page?{}", many(&mut (0..12).rev())),
+            "fr",
+        ),
+        (long.clone(), long, "fr"),
+        ("/page?a=1&b=2".to_owned(), "/page?b=2&a=1".to_owned(), "de"),
+    ];
+    for (n, (first, second, lang)) in pairs.iter().enumerate() {
+        let got = fetch(addr, first, &[("accept-language", lang)]).await;
+        assert_eq!(got.x_cache(), "miss", "{first} {lang}");
+        let l1_hits = layer.stats().get(Event::L1Hit);
+        let got = fetch(addr, second, &[("accept-language", lang)]).await;
+        assert_eq!(got.x_cache(), "hit", "{second} {lang}");
+        assert!(
+            got.body.starts_with(&format!("lang={lang} ")),
+            "{}",
+            got.body
+        );
+        assert_eq!(
+            layer.stats().get(Event::L1Hit),
+            l1_hits + 1,
+            "{second} {lang}"
+        );
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            n as u64 + 1,
+            "{second} {lang}"
+        );
+    }
+}

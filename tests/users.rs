@@ -610,6 +610,38 @@ async fn a_route_can_be_never_cached_and_a_route_name_is_taken_once() {
     assert!(again.to_string().contains("admin"), "{again}");
 }
 
+/// The route of the invalidation tests: fresh for 3 hours, so that only an
+/// invalidation can make an instance fill again.
+fn fresh_for_hours() -> Policy {
+    policy("items")
+        .fresh_ttl(Duration::from_secs(3 * 3600))
+        .build()
+        .unwrap()
+}
+
+/// After an invalidation of `/items/1`: every variant on each instance is filled again,
+/// the third or fourth origin call, never answered from what was invalidated.
+async fn every_variant_is_refilled<S: Clone>(instances: [&Instance<S>; 2])
+where
+    stampede_guard::Guard<S>: tower::Service<
+            web::Req,
+            Response = Response<stampede_guard::ResponseBody<web::Body>>,
+            Error = std::convert::Infallible,
+        >,
+{
+    for i in instances {
+        for lang in ["fr", "de"] {
+            let service = &i.service;
+            let refilled = eventually(Duration::from_secs(3), || async {
+                let got = send(service, with("/items/1", "accept-language", lang)).await;
+                got.body.starts_with(&format!("lang={lang} "))
+                    && (got.body.ends_with("call 3") || got.body.ends_with("call 4"))
+            });
+            assert!(refilled.await, "{lang} kept its invalidated variant");
+        }
+    }
+}
+
 /// A route learned `Vary: Accept-Language` and holds a French and a German variant on
 /// two instances, fresh for 3 hours. One invalidation, made with no `Accept-Language` at
 /// all, reaches every variant, in L2 and in every instance's L1; what hides the variants
@@ -619,14 +651,8 @@ async fn a_route_can_be_never_cached_and_a_route_name_is_taken_once() {
 async fn one_invalidation_reaches_every_variant() {
     let server = RedisServer::start();
     let origin = by_language();
-    let policy = || {
-        policy("items")
-            .fresh_ttl(Duration::from_secs(3 * 3600))
-            .build()
-            .unwrap()
-    };
-    let a = instance(&server, policy(), origin.service()).await;
-    let b = instance(&server, policy(), origin.service()).await;
+    let a = instance(&server, fresh_for_hours(), origin.service()).await;
+    let b = instance(&server, fresh_for_hours(), origin.service()).await;
     for i in [&a, &b] {
         for lang in ["fr", "de"] {
             let got = send(&i.service, with("/items/1", "accept-language", lang)).await;
@@ -666,18 +692,7 @@ async fn one_invalidation_reaches_every_variant() {
     let hidden_for: i64 = conn.pttl(fr.invalidated_key()).await.unwrap();
     assert!(hidden_for > 3 * 3600 * 1000, "{hidden_for} ms");
     let invalidation: u64 = conn.get(fr.invalidated_key()).await.unwrap();
-    for i in [&a, &b] {
-        for lang in ["fr", "de"] {
-            let service = &i.service;
-            let fresh = eventually(Duration::from_secs(3), || async {
-                let got = send(service, with("/items/1", "accept-language", lang)).await;
-                // Refilled: the third or fourth call, never the first two.
-                got.body.starts_with(&format!("lang={lang} "))
-                    && (got.body.ends_with("call 3") || got.body.ends_with("call 4"))
-            });
-            assert!(fresh.await, "{lang} kept its invalidated variant");
-        }
-    }
+    every_variant_is_refilled([&a, &b]).await;
     // One fill per variant after the invalidation, for both instances, each with a token
     // above the invalidation's.
     assert_eq!(origin.calls(), 4);
@@ -694,15 +709,9 @@ async fn one_invalidation_reaches_every_variant() {
 async fn an_invalidation_from_an_instance_that_never_learned_vary_reaches_every_variant() {
     let server = RedisServer::start();
     let origin = by_language();
-    let policy = || {
-        policy("items")
-            .fresh_ttl(Duration::from_secs(3 * 3600))
-            .build()
-            .unwrap()
-    };
-    let a = instance(&server, policy(), origin.service()).await;
-    let b = instance(&server, policy(), origin.service()).await;
-    let c = instance(&server, policy(), origin.service()).await;
+    let a = instance(&server, fresh_for_hours(), origin.service()).await;
+    let b = instance(&server, fresh_for_hours(), origin.service()).await;
+    let c = instance(&server, fresh_for_hours(), origin.service()).await;
     for i in [&a, &b] {
         for lang in ["fr", "de"] {
             send(&i.service, with("/items/1", "accept-language", lang)).await;
@@ -718,16 +727,7 @@ async fn an_invalidation_from_an_instance_that_never_learned_vary_reaches_every_
     within(HANG, invalidation, "C's invalidation")
         .await
         .unwrap();
-    for i in [&a, &b] {
-        for lang in ["fr", "de"] {
-            let service = &i.service;
-            let refilled = eventually(Duration::from_secs(3), || async {
-                let got = send(service, with("/items/1", "accept-language", lang)).await;
-                got.body.ends_with("call 3") || got.body.ends_with("call 4")
-            });
-            assert!(refilled.await, "{lang} kept its invalidated variant");
-        }
-    }
+    every_variant_is_refilled([&a, &b]).await;
     assert_eq!(origin.calls(), 4);
 }
 

@@ -167,6 +167,10 @@ events! {
 /// The events of one route.
 pub(crate) struct RouteStats {
     counts: Vec<AtomicU64>,
+    /// Fresh hits in L1, each both an [`Event::L1Hit`] and an [`Event::Hit`]: counted
+    /// once here (the commonest request costs one atomic count, not two) and added to
+    /// both in [`RouteStats::snapshot`].
+    fresh_l1_hits: AtomicU64,
     counters: Vec<Counter>,
     pub(crate) refresh_seconds: Histogram,
     pub(crate) cold_wait_seconds: Histogram,
@@ -185,6 +189,7 @@ impl RouteStats {
             .collect();
         Self {
             counts: Event::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
+            fresh_l1_hits: AtomicU64::new(0),
             counters,
             refresh_seconds: histogram!(REFRESH_SECONDS, "route" => route.to_owned()),
             cold_wait_seconds: histogram!(COLD_WAIT_SECONDS, "route" => route.to_owned()),
@@ -197,14 +202,23 @@ impl RouteStats {
         self.counters[i].increment(1);
     }
 
+    /// A fresh hit in L1: [`Event::L1Hit`] and [`Event::Hit`] at once.
+    pub(crate) fn record_fresh_l1_hit(&self) {
+        self.fresh_l1_hits.fetch_add(1, Ordering::Relaxed);
+        self.counters[index(Event::L1Hit)].increment(1);
+        self.counters[index(Event::Hit)].increment(1);
+    }
+
     pub(crate) fn snapshot(&self) -> Stats {
-        Stats {
-            counts: self
-                .counts
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed))
-                .collect(),
-        }
+        let mut counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let fresh_l1_hits = self.fresh_l1_hits.load(Ordering::Relaxed);
+        counts[index(Event::L1Hit)] += fresh_l1_hits;
+        counts[index(Event::Hit)] += fresh_l1_hits;
+        Stats { counts }
     }
 }
 

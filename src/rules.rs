@@ -45,11 +45,17 @@ pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Kind,
         Method::HEAD => Kind::Head,
         _ => return Err(Bypass::Method),
     };
-    let headers = request.headers();
-    if headers.contains_key(header::AUTHORIZATION) && !policy.allow_authorization {
+    // One pass over the names a request has (a handful), rather than two hashed
+    // lookups: every request comes here.
+    let (mut authorization, mut cookie) = (false, false);
+    for name in request.headers().keys() {
+        authorization |= *name == header::AUTHORIZATION;
+        cookie |= *name == header::COOKIE;
+    }
+    if authorization && !policy.allow_authorization {
         return Err(Bypass::Authorization);
     }
-    if headers.contains_key(header::COOKIE) && !policy.allow_cookies {
+    if cookie && !policy.allow_cookies {
         return Err(Bypass::Cookie);
     }
     Ok(kind)
@@ -141,10 +147,13 @@ fn keyed_query<'a>(policy: &Policy, uri: &'a Uri, each: &mut impl FnMut(&'a str)
         return;
     }
     let keyed = params(query).filter(|p| !p.is_empty()).filter(|p| {
-        let name = p.split_once('=').map_or(*p, |(name, _)| name);
         match &policy.key_query {
             KeyQuery::All => true,
-            KeyQuery::Only(names) => names.iter().any(|n| n == name),
+            KeyQuery::Only(names) => {
+                // Only a filter needs the name (found by a byte scan, as in `params`).
+                let name = p.bytes().position(|b| b == b'=').map_or(*p, |at| &p[..at]);
+                names.iter().any(|n| n == name)
+            }
             KeyQuery::Ignore => false,
         }
     });

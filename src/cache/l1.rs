@@ -1,22 +1,40 @@
 //! The local tier: moka's synchronous cache in each process, weighed in bytes, each entry
-//! dropped at the end of its keep time; and the tombstones that keep invalidated entries
-//! from coming back.
+//! dropped at the end of its keep time, with a [front](super::front) that answers hits
+//! without calling moka; and the tombstones that keep invalidated entries from coming
+//! back.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use moka::Expiry;
 use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
 
-use super::stored::Stored;
+use super::front::{self, Front};
+use super::stored::{Instant, Stored};
 use crate::keys::LocalKey;
 use crate::lease::FencingToken;
 
 /// The local tier, keyed by [`LocalKey`] (see there: no HMAC, no key string on a hit).
-pub(crate) type L1 = Cache<LocalKey, Arc<Stored>, Spread>;
+///
+/// Moka holds the entries and decides which to keep; the [front](super::front) holds
+/// those that were read, for hits.
+pub(crate) struct L1 {
+    moka: Cache<LocalKey, Arc<Stored>, Spread>,
+    front: Arc<Front>,
+}
+
+/// What [`L1::peek`] found at a key.
+pub(crate) enum Peek<R> {
+    /// What `serve` made of the entry.
+    Served(R),
+    /// The entry, which `serve` declined.
+    Found(Arc<Stored>),
+    /// Nothing, or an entry past its keep time.
+    Missing,
+}
 
 /// Moka's hasher for the local tier's keys. They are already uniform hashes: fold them
 /// into 64 bits rather than hash them again.
@@ -63,33 +81,160 @@ impl Expiry<LocalKey, Arc<Stored>> for UntilKept {
         &self,
         _key: &LocalKey,
         value: &Arc<Stored>,
-        created_at: Instant,
+        _created_at: std::time::Instant,
     ) -> Option<Duration> {
-        Some(value.expires_at().saturating_duration_since(created_at))
+        Some(value.keep_left())
     }
 
     fn expire_after_update(
         &self,
         _key: &LocalKey,
         value: &Arc<Stored>,
-        updated_at: Instant,
+        _updated_at: std::time::Instant,
         _duration_until_expiry: Option<Duration>,
     ) -> Option<Duration> {
-        Some(value.expires_at().saturating_duration_since(updated_at))
+        Some(value.keep_left())
     }
 }
 
-/// An L1 cache holding at most `capacity` bytes of entries, weighed by [`weigh`].
-pub(crate) fn new_l1(capacity: u64) -> L1 {
-    Cache::builder()
-        .max_capacity(capacity)
-        .weigher(|_: &LocalKey, value: &Arc<Stored>| {
-            u32::try_from(weigh(value)).unwrap_or(u32::MAX)
-        })
-        .expire_after(UntilKept)
-        // For dropping every variant of an invalidated response at once.
-        .support_invalidation_closures()
-        .build_with_hasher(Spread)
+impl L1 {
+    /// An L1 cache holding at most `capacity` bytes of entries, weighed by [`weigh`].
+    pub(crate) fn new(capacity: u64) -> Self {
+        let front = Arc::new(Front::new());
+        let listener = front.clone();
+        let moka = Cache::builder()
+            .max_capacity(capacity)
+            .weigher(|_: &LocalKey, value: &Arc<Stored>| {
+                u32::try_from(weigh(value)).unwrap_or(u32::MAX)
+            })
+            .expire_after(UntilKept)
+            // For dropping every variant of an invalidated response at once.
+            .support_invalidation_closures()
+            // Whatever leaves moka (evicted, expired, replaced, invalidated) leaves the
+            // front: only that very entry, a newer one may be there already.
+            .eviction_listener(move |key: Arc<LocalKey>, value: Arc<Stored>, _cause| {
+                listener.remove(&key, Some(&value));
+            })
+            .build_with_hasher(Spread);
+        Self { moka, front }
+    }
+
+    /// The entry at `key`, unless it is past its keep time at `now`.
+    pub(crate) fn get(&self, key: &LocalKey, now: Instant) -> Option<Arc<Stored>> {
+        match self.peek(key, now, |_| None::<()>) {
+            Peek::Found(stored) => Some(stored),
+            Peek::Served(()) | Peek::Missing => None,
+        }
+    }
+
+    /// The entry at `key` (unless it is past its keep time at `now`), made into what
+    /// `serve` makes of it where it can: a hit. `serve` runs under a read lock of the
+    /// front, so it must not call into L1 (see [`Front::peek`]); where it declines, the
+    /// entry is given as it is.
+    ///
+    /// A hit that the front answers does not call moka, except one in
+    /// [`front::SAMPLE`], which tells moka the entry is used.
+    pub(crate) fn peek<R>(
+        &self,
+        key: &LocalKey,
+        now: Instant,
+        serve: impl FnOnce(&Stored) -> Option<R>,
+    ) -> Peek<R> {
+        // Before the front's lock: moka may call its eviction listener, which takes one.
+        if front::sampled() {
+            let _ = self.moka.get(key);
+        }
+        let mut serve = Some(serve);
+        let mut peek = |stored: &Arc<Stored>| {
+            // Moka would no longer give it (it has not dropped it yet, or the front has
+            // not heard).
+            if now >= stored.expires_at() {
+                return Peek::Missing;
+            }
+            match serve.take().and_then(|serve| serve(stored)) {
+                Some(served) => Peek::Served(served),
+                None => Peek::Found(stored.clone()),
+            }
+        };
+        match self.front.peek(key, &mut peek) {
+            Ok(peeked) => peeked,
+            Err(removals) => match self.moka.get(key) {
+                Some(stored) => {
+                    self.front.promote(*key, stored.clone(), removals);
+                    peek(&stored)
+                }
+                None => Peek::Missing,
+            },
+        }
+    }
+
+    /// Puts an entry in L1 unless an entry with a higher token is there, or the key was
+    /// invalidated after the entry was made. Returns whether it was put.
+    ///
+    /// L1 is moka's synchronous cache: its operations do not wait, so the request path
+    /// can answer a hit without an `await` (and without allocating a future).
+    /// `epoch` is the guard's subscription epoch now: the entry is marked with it.
+    pub(crate) fn put(
+        &self,
+        tombstones: &Tombstones,
+        key: LocalKey,
+        stored: Arc<Stored>,
+        epoch: u64,
+    ) -> bool {
+        stored.epoch.fetch_max(epoch, Ordering::Relaxed);
+        let refused = |tombstones: &Tombstones| invalidated(tombstones, key.response, &stored);
+        if refused(tombstones) {
+            return false;
+        }
+        let result = self.moka.entry(key).and_compute_with(|existing| {
+            match existing {
+                Some(e) if e.value().response.token > stored.response.token => Op::Nop,
+                // Again, under the entry's lock: an invalidation may have come since.
+                _ if refused(tombstones) => Op::Nop,
+                _ => Op::Put(stored.clone()),
+            }
+        });
+        let put = matches!(
+            result,
+            CompResult::Inserted(_) | CompResult::ReplacedWith(_)
+        );
+        if put {
+            // The entry it replaced goes from the front; the next hit promotes this one.
+            self.front.remove(&key, None);
+        }
+        put
+    }
+
+    /// Drops `response` from L1, and with `variants` every variant of it (those its
+    /// `Vary` told apart: moka checks the predicate on every read until it has gone
+    /// through the cache, and the front drops them all, so none is served after this
+    /// returns).
+    pub(crate) fn invalidate_response(&self, response: u128, variants: bool) {
+        self.moka.invalidate(&LocalKey::of_response(response));
+        if variants {
+            let _ = self
+                .moka
+                .invalidate_entries_if(move |key, _| key.response == response);
+        }
+        // After moka: see the front's rules.
+        self.front.remove_response(response);
+    }
+
+    /// Drops every entry.
+    pub(crate) fn invalidate_all(&self) {
+        self.moka.invalidate_all();
+        self.front.clear();
+    }
+
+    /// How many entries it holds (moka's estimate).
+    pub(crate) fn entry_count(&self) -> u64 {
+        self.moka.entry_count()
+    }
+
+    /// What its entries weigh, in bytes (see [`weigh`]).
+    pub(crate) fn weighted_size(&self) -> u64 {
+        self.moka.weighted_size()
+    }
 }
 
 /// What moka keeps for each entry besides the key and the value (its entry info, the
@@ -160,6 +305,7 @@ pub(crate) fn weigh(stored: &Stored) -> usize {
         + names
         + heap(stored.response.body.len()) + SHARED
         + L1_BOOKKEEPING
+        + front::BOOKKEEPING
 }
 
 /// Tokens of recent invalidations, per response (its [`LocalKey::response`], shared by
@@ -192,48 +338,6 @@ pub(crate) fn invalidated(tombstones: &Tombstones, response: u128, stored: &Stor
         .is_some_and(|tomb| stored.response.token < tomb)
 }
 
-/// Drops `response` from L1, and with `variants` every variant of it (those its `Vary`
-/// told apart: moka checks the predicate on every read until it has gone through the
-/// cache, so none is served after this returns).
-pub(crate) fn l1_invalidate_response(l1: &L1, response: u128, variants: bool) {
-    l1.invalidate(&LocalKey::of_response(response));
-    if variants {
-        let _ = l1.invalidate_entries_if(move |key, _| key.response == response);
-    }
-}
-
-/// Puts an entry in L1 unless an entry with a higher token is there, or the key was
-/// invalidated after the entry was made. Returns whether it was put.
-///
-/// L1 is moka's synchronous cache: its operations do not wait, so the request path can
-/// answer a hit without an `await` (and without allocating a future).
-/// `epoch` is the guard's subscription epoch now: the entry is marked with it.
-pub(crate) fn l1_put(
-    l1: &L1,
-    tombstones: &Tombstones,
-    key: LocalKey,
-    stored: Arc<Stored>,
-    epoch: u64,
-) -> bool {
-    stored.epoch.fetch_max(epoch, Ordering::Relaxed);
-    let refused = |tombstones: &Tombstones| invalidated(tombstones, key.response, &stored);
-    if refused(tombstones) {
-        return false;
-    }
-    let result = l1.entry(key).and_compute_with(|existing| {
-        match existing {
-            Some(e) if e.value().response.token > stored.response.token => Op::Nop,
-            // Again, under the entry's lock: an invalidation may have come since.
-            _ if refused(tombstones) => Op::Nop,
-            _ => Op::Put(stored.clone()),
-        }
-    });
-    matches!(
-        result,
-        CompResult::Inserted(_) | CompResult::ReplacedWith(_)
-    )
-}
-
 #[cfg(test)]
 mod tombstone_tests {
     use super::*;
@@ -250,5 +354,207 @@ mod tombstone_tests {
         // Each weighs what it really costs (its key and moka's bookkeeping, over 400
         // bytes): no more entries than that allows.
         assert!(tombstones.entry_count() * 400 <= TOMBSTONE_BYTES);
+    }
+}
+
+#[cfg(test)]
+mod front_tests {
+    use super::*;
+    use crate::entry::CachedResponse;
+
+    fn entry(token: u64, keep: Duration) -> Arc<Stored> {
+        Arc::new(Stored::aged(
+            CachedResponse {
+                status: http::StatusCode::OK,
+                headers: http::HeaderMap::new(),
+                body: bytes::Bytes::from(vec![b'x'; 100]),
+                fresh_for: keep,
+                grace: Duration::ZERO,
+                keep,
+                token: FencingToken::new(token),
+            },
+            Duration::ZERO,
+        ))
+    }
+
+    fn key(n: u128, variant: u64) -> LocalKey {
+        // Spread over the front's shards, as real keys are.
+        LocalKey {
+            response: n.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835),
+            variant,
+        }
+    }
+
+    fn same(found: Option<Arc<Stored>>, expected: &Arc<Stored>) -> bool {
+        found.is_some_and(|found| Arc::ptr_eq(&found, expected))
+    }
+
+    /// Each entry moka holds in the front too, and nothing else: what the front holds
+    /// is moka's entry at the same key.
+    fn front_agrees(l1: &L1) {
+        l1.moka.run_pending_tasks();
+        for (key, stored) in l1.moka.iter() {
+            if let Ok(front) = l1.front.peek(&key, Arc::clone) {
+                assert!(
+                    Arc::ptr_eq(&front, &stored),
+                    "the front holds an older entry"
+                );
+            }
+        }
+        let in_moka = l1.moka.iter().count();
+        assert!(
+            l1.front.len() <= in_moka,
+            "the front holds {} responses, moka {in_moka} entries",
+            l1.front.len()
+        );
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// What a hit reads comes from the front after the first read; a newer entry put at
+    /// the key replaces it there at once; an invalidation leaves nothing to read.
+    #[test]
+    fn the_front_follows_puts_and_invalidations() {
+        let l1 = L1::new(1 << 20);
+        let tombstones = new_tombstones();
+        let (a, one, two) = (key(1, 0), entry(1, HOUR), entry(2, HOUR));
+        assert!(l1.get(&a, Instant::now()).is_none());
+        assert!(l1.put(&tombstones, a, one.clone(), 0));
+        assert!(same(l1.get(&a, Instant::now()), &one));
+        assert!(matches!(l1.front.peek(&a, Arc::clone), Ok(ref s) if Arc::ptr_eq(s, &one)));
+        assert!(l1.put(&tombstones, a, two.clone(), 0));
+        assert!(same(l1.get(&a, Instant::now()), &two));
+        // An older entry is refused, by moka and so by the front.
+        assert!(!l1.put(&tombstones, a, one.clone(), 0));
+        assert!(same(l1.get(&a, Instant::now()), &two));
+        l1.invalidate_response(a.response, false);
+        assert!(l1.get(&a, Instant::now()).is_none());
+        front_agrees(&l1);
+    }
+
+    /// Every variant of a response leaves at once, though moka drops them lazily.
+    #[test]
+    fn an_invalidation_of_variants_reaches_the_front() {
+        let l1 = L1::new(1 << 20);
+        let tombstones = new_tombstones();
+        let variants: Vec<_> = (1..=5).map(|v| (key(7, v), entry(v, HOUR))).collect();
+        let other = (key(8, 1), entry(1, HOUR));
+        for (k, stored) in variants.iter().chain([&other]) {
+            assert!(l1.put(&tombstones, *k, stored.clone(), 0));
+            assert!(same(l1.get(k, Instant::now()), stored));
+        }
+        l1.invalidate_response(key(7, 0).response, true);
+        for (k, _) in &variants {
+            assert!(l1.get(k, Instant::now()).is_none());
+        }
+        assert!(same(l1.get(&other.0, Instant::now()), &other.1));
+        l1.invalidate_all();
+        assert!(l1.get(&other.0, Instant::now()).is_none());
+        front_agrees(&l1);
+    }
+
+    /// An entry past its keep time is not given, though the front still holds it.
+    #[test]
+    fn an_entry_past_its_keep_time_is_not_given() {
+        let l1 = L1::new(1 << 20);
+        let a = key(3, 0);
+        let stored = entry(1, Duration::from_secs(60));
+        assert!(l1.put(&new_tombstones(), a, stored.clone(), 0));
+        assert!(same(l1.get(&a, Instant::now()), &stored));
+        let later = Instant::now() + Duration::from_secs(61);
+        assert!(l1.get(&a, later).is_none());
+    }
+
+    /// A promotion that a removal overtook does not put back what was removed.
+    #[test]
+    fn a_promotion_overtaken_by_a_removal_is_dropped() {
+        let l1 = L1::new(1 << 20);
+        let a = key(4, 0);
+        let stored = entry(1, HOUR);
+        let Err(removals) = l1.front.peek(&a, Arc::clone) else {
+            panic!("an empty front holds nothing");
+        };
+        // Between the miss and the promotion, the entry is invalidated.
+        l1.front.remove_response(a.response);
+        l1.front.promote(a, stored, removals);
+        assert!(l1.front.peek(&a, Arc::clone).is_err());
+    }
+
+    /// Under eviction, with reads racing puts and invalidations, the front never holds
+    /// what moka dropped: it stays a subset of moka, and what a read gives after the
+    /// race is moka's own entry.
+    #[test]
+    fn the_front_stays_a_subset_of_moka_under_races() {
+        use std::sync::atomic::AtomicBool;
+        // Room for some 200 entries: moka evicts all the time.
+        let l1 = Arc::new(L1::new(200 * weigh(&entry(1, HOUR)) as u64));
+        let tombstones = Arc::new(new_tombstones());
+        // Writers put `keys` (and one in 50 invalidates one), while readers read the
+        // keys `read` until the writers are done.
+        let race = |keys: std::ops::Range<u64>, read: std::ops::Range<u64>| {
+            let done = Arc::new(AtomicBool::new(false));
+            let readers: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let (l1, done, read) = (l1.clone(), done.clone(), read.clone());
+                    std::thread::spawn(move || {
+                        let mut reads = 0u64;
+                        while !done.load(Ordering::Relaxed) || reads < 1000 {
+                            for n in read.clone() {
+                                l1.get(&key(u128::from(n), (n + t) % 3), Instant::now());
+                                reads += 1;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let writers: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let (l1, tombstones, keys) = (l1.clone(), tombstones.clone(), keys.clone());
+                    std::thread::spawn(move || {
+                        for round in 0..10 {
+                            for n in keys.clone().skip(t as usize).step_by(2) {
+                                let k = key(u128::from(n), (n + round) % 3);
+                                if n % 50 == 0 {
+                                    l1.invalidate_response(k.response, true);
+                                } else {
+                                    l1.put(&tombstones, k, entry(round * 1000 + n, HOUR), 0);
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for writer in writers {
+                writer.join().unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+            for reader in readers {
+                reader.join().unwrap();
+            }
+        };
+        // Reads, puts and invalidations of the same keys.
+        race(0..800, 0..800);
+        // The front full of the entries moka kept; then new keys push them out, while
+        // they are read (and promoted again): only moka's listener takes them out of
+        // the front.
+        for n in 0..800u64 {
+            for v in 0..3 {
+                l1.get(&key(u128::from(n), v), Instant::now());
+            }
+        }
+        assert!(l1.front.len() > 100, "the front holds {}", l1.front.len());
+        race(800..1600, 0..800);
+        front_agrees(&l1);
+        for n in 0..1600u128 {
+            for v in 0..3 {
+                let k = key(n, v);
+                let (front, moka) = (l1.get(&k, Instant::now()), l1.moka.get(&k));
+                match (front, moka) {
+                    (Some(f), Some(m)) => assert!(Arc::ptr_eq(&f, &m)),
+                    (None, None) => {}
+                    (f, m) => panic!("L1 gave {:?}, moka {:?}", f.is_some(), m.is_some()),
+                }
+            }
+        }
     }
 }

@@ -1,19 +1,20 @@
 //! The two tiers: L1, a moka cache in each process, and L2, Redis, shared by the fleet.
 //!
-//! Both hold the same [`CachedResponse`](crate::entry::CachedResponse). L1 weighs entries by their size in bytes and
-//! drops each at the end of its keep time; L2 stores each entry as a Redis hash of its
-//! writer's fencing token and its encoding, with the keep time as its TTL, so that Redis
-//! itself ages entries and no machine's wall clock is consulted.
+//! Both hold the same [`CachedResponse`](crate::entry::CachedResponse). L1 weighs entries
+//! by their size in bytes and drops each at the end of its keep time, and answers hits
+//! from its front (the entries that were read, in a map cheaper to read than moka); L2
+//! stores each entry as a Redis hash of its writer's fencing token and its encoding,
+//! with the keep time as its TTL, so that Redis itself ages entries and no machine's
+//! wall clock is consulted.
 //!
 //! Writes to both are fenced: an entry replaces another only if its token is not lower.
 
+mod front;
 mod l1;
 mod l2;
 mod scripts;
 mod stored;
 
-pub(crate) use self::l1::{
-    L1, Tombstones, invalidated, l1_invalidate_response, l1_put, new_l1, new_tombstones,
-};
+pub(crate) use self::l1::{L1, Peek, Tombstones, invalidated, new_tombstones};
 pub(crate) use self::l2::{L2Read, l2_invalidate, l2_read, l2_write};
-pub(crate) use self::stored::{Freshness, Stored, X_CACHE_NAME};
+pub(crate) use self::stored::{Freshness, Instant, Stored, X_CACHE_NAME};

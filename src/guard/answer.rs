@@ -20,15 +20,23 @@ use crate::metrics::Event;
 use crate::policy::ColdMiss;
 use crate::rules::Kind;
 
+/// An entry found for a request, and what answering from it needs.
+pub(crate) struct Found<'a> {
+    pub(crate) stored: &'a Arc<Stored>,
+    /// How old it is now.
+    pub(crate) age: Duration,
+    /// Its key in L1.
+    pub(crate) local: LocalKey,
+    /// Its Redis keys, when the caller has them (past L1).
+    pub(crate) keys: Option<&'a CacheKeys>,
+}
+
 /// Answers from an entry that is fresh (a hit) or stale (served, and refreshed in the
-/// background with a clone of the service); `None` for an expired one. `local` is the
-/// entry's key in L1; `keys` its Redis keys, when the caller has them.
+/// background with a clone of the service); `None` for an expired one.
 pub(crate) fn answer<S, ReqBody, ResBody>(
     route: &Arc<Route>,
-    stored: &Arc<Stored>,
+    found: Found<'_>,
     kind: Kind,
-    local: LocalKey,
-    keys: Option<&CacheKeys>,
     request: &Request<ReqBody>,
     inner: &S,
 ) -> Option<Response<ResponseBody<ResBody>>>
@@ -37,8 +45,41 @@ where
     ReqBody: FillBody,
     ResBody: OriginBody,
 {
-    let age = stored.age();
-    let freshness = match stored.freshness_at(age) {
+    let Found {
+        stored,
+        age,
+        local,
+        keys,
+    } = found;
+    match freshness(route, stored, age) {
+        Freshness::Fresh => {
+            route.stats.record(Event::Hit);
+            Some(serve_aged(stored, age, kind, "hit"))
+        }
+        Freshness::Stale => {
+            route.stats.record(Event::Stale);
+            spawn_refresh(route, local, keys, stored.clone(), request, inner);
+            Some(serve_aged(stored, age, kind, "stale"))
+        }
+        Freshness::Expired => None,
+    }
+}
+
+/// A hit: the answer from an entry `age` old if it is fresh (counted by the caller).
+/// What L1 makes of an entry under its lock, so it does nothing else.
+pub(crate) fn answer_fresh<B: Body>(
+    route: &Route,
+    stored: &Stored,
+    age: Duration,
+    kind: Kind,
+) -> Option<Response<ResponseBody<B>>> {
+    (freshness(route, stored, age) == Freshness::Fresh)
+        .then(|| serve_aged(stored, age, kind, "hit"))
+}
+
+/// Where an entry `age` old is in its life, for this process.
+fn freshness(route: &Route, stored: &Stored, age: Duration) -> Freshness {
+    match stored.freshness_at(age) {
         // Put in L1 before the notice subscription last came up: it may have missed an
         // invalidation. Served, but not as fresh.
         Freshness::Fresh
@@ -51,18 +92,6 @@ where
             Freshness::Stale
         }
         freshness => freshness,
-    };
-    match freshness {
-        Freshness::Fresh => {
-            route.stats.record(Event::Hit);
-            Some(serve_aged(stored, age, kind, "hit"))
-        }
-        Freshness::Stale => {
-            route.stats.record(Event::Stale);
-            spawn_refresh(route, local, keys, stored.clone(), request, inner);
-            Some(serve_aged(stored, age, kind, "stale"))
-        }
-        Freshness::Expired => None,
     }
 }
 

@@ -534,7 +534,7 @@ pub(crate) async fn landed_meanwhile(
     notified: bool,
 ) -> Option<Arc<Stored>> {
     let usable = |s: &Stored| s.freshness() != Freshness::Expired && s.response.token >= seen;
-    if let Some(stored) = route.l1().get(&keys.local)
+    if let Some(stored) = route.l1().get(&keys.local, crate::cache::Instant::now())
         && usable(&stored)
         && !invalidated(&route.shared.tombstones, keys.local.response, &stored)
     {

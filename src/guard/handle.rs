@@ -13,7 +13,7 @@ use super::layer::GuardLayer;
 use super::marks::{Mark, Marks};
 use super::refresh::RefreshMap;
 use super::vary::Learned;
-use crate::cache::{L1, Tombstones, l1_invalidate_response, new_l1, new_tombstones};
+use crate::cache::{L1, Tombstones, new_tombstones};
 use crate::error::ConfigError;
 use crate::keys::{KeySpace, LocalKey};
 use crate::lease::{FencingToken, LeaseClient};
@@ -217,7 +217,8 @@ impl Hears for Shared {
         match local {
             Some(local) => {
                 self.tombstones.insert(local.response, token);
-                l1_invalidate_response(&self.l1, local.response, self.keeps_variants());
+                self.l1
+                    .invalidate_response(local.response, self.keeps_variants());
             }
             None => self.l1.invalidate_all(),
         }
@@ -332,7 +333,7 @@ impl GuardBuilder {
                 store: self.store,
                 keys: self.keys,
                 leases,
-                l1: new_l1(self.l1_capacity),
+                l1: L1::new(self.l1_capacity),
                 tombstones: new_tombstones(),
                 notices: Notices::new(channel),
                 marks: Marks::default(),

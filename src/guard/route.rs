@@ -10,7 +10,7 @@ use http::Request;
 use super::flight::Flights;
 use super::handle::Shared;
 use super::vary::Learned;
-use crate::cache::{L1, Stored, l1_invalidate_response, l1_put, l2_invalidate};
+use crate::cache::{L1, Stored, l2_invalidate};
 use std::hash::Hasher;
 
 use siphasher::sip128::Hasher128;
@@ -110,7 +110,7 @@ impl Route {
     pub(crate) async fn put_l1(&self, keys: &CacheKeys, stored: Arc<Stored>) -> bool {
         let epoch = self.shared.epoch.load(std::sync::atomic::Ordering::Acquire);
         let shared = &self.shared;
-        let put = l1_put(&shared.l1, &shared.tombstones, keys.local, stored, epoch);
+        let put = shared.l1.put(&shared.tombstones, keys.local, stored, epoch);
         if self.shared.store.is_local_only() {
             // No notice listener to report L1 once a second: report on each fill.
             let l1 = &self.shared.l1;
@@ -158,7 +158,7 @@ impl Route {
                 .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
         );
         shared.tombstones.insert(response, local);
-        l1_invalidate_response(self.l1(), response, variants);
+        self.l1().invalidate_response(response, variants);
         if shared.store.is_local_only() {
             return Ok(true);
         }
@@ -173,7 +173,7 @@ impl Route {
         // Redis's token from now on: it orders against the fills' tokens, which come from
         // the same clock (the local one only covered the round trip).
         shared.tombstones.insert(response, token);
-        l1_invalidate_response(self.l1(), response, variants);
+        self.l1().invalidate_response(response, variants);
         Ok(existed)
     }
 }

@@ -9,14 +9,14 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::answer::{answer, cold_miss, passthrough, usable_on_error};
+use super::answer::{Found, answer, answer_fresh, cold_miss, passthrough, usable_on_error};
 use super::body::ResponseBody;
 use super::cold::{Next, Redis, cold, join_fill};
 use super::future::ResponseFuture;
 use super::marks::Mark;
 use super::origin::{FillBody, Inner, OriginBody};
 use super::route::Route;
-use crate::cache::{L2Read, Stored, l2_read};
+use crate::cache::{Instant, L2Read, Peek, Stored, l2_read};
 use crate::keys::CacheKeys;
 use crate::metrics::Event;
 use crate::rules::{self, Kind};
@@ -114,16 +114,28 @@ where
         // common case costs a fast keyed hash, a lookup and the response (no HMAC, no
         // key string: the Redis keys are made only past L1).
         let local = route.local_key(&request);
-        let fallback = match route.l1().get(&local) {
-            Some(stored) => {
+        let now = Instant::now();
+        let hit = |stored: &Stored| answer_fresh(route, stored, stored.age_at(now), kind);
+        let fallback = match route.l1().peek(&local, now, hit) {
+            Peek::Served(response) => {
+                route.stats.record_fresh_l1_hit();
+                return ResponseFuture::ready(response);
+            }
+            // Not fresh: stale (served, and refreshed), or expired.
+            Peek::Found(stored) => {
                 route.stats.record(Event::L1Hit);
-                let inner = &self.inner;
-                if let Some(response) = answer(route, &stored, kind, local, None, &request, inner) {
+                let found = Found {
+                    stored: &stored,
+                    age: stored.age_at(now),
+                    local,
+                    keys: None,
+                };
+                if let Some(response) = answer(route, found, kind, &request, &self.inner) {
                     return ResponseFuture::ready(response);
                 }
                 Some(stored)
             }
-            None => {
+            Peek::Missing => {
                 route.stats.record(Event::L1Miss);
                 None
             }
@@ -200,9 +212,13 @@ where
             Ok(L2Read::Found(stored)) => {
                 route.stats.record(Event::L2Hit);
                 route.put_l1(&keys, stored.clone()).await;
-                let local = keys.local;
-                let found = answer(&route, &stored, kind, local, Some(&keys), &request, &inner);
-                if let Some(response) = found {
+                let found = Found {
+                    stored: &stored,
+                    age: stored.age(),
+                    local: keys.local,
+                    keys: Some(&keys),
+                };
+                if let Some(response) = answer(&route, found, kind, &request, &inner) {
                     return Ok(response);
                 }
                 if fallback

@@ -126,22 +126,16 @@ impl Front {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// `found` of the entry at `key`, called under the shard's read lock, so that a hit
-    /// need not count a reference to the entry (`found` must not call into L1: a write
-    /// to the same shard would wait for this read forever); or, if it is not here, the
-    /// shard's removals so far, for [`Front::promote`].
-    pub(super) fn peek<R>(
-        &self,
-        key: &LocalKey,
-        found: impl FnOnce(&Arc<Stored>) -> R,
-    ) -> Result<R, u64> {
+    /// The entry at `key`; or, if it is not here, the shard's removals so far, for
+    /// [`Front::promote`].
+    pub(super) fn get(&self, key: &LocalKey) -> Result<Arc<Stored>, u64> {
         let shard = self.read(key.response);
         match shard
             .map
             .get(&key.response)
             .and_then(|v| v.get(key.variant))
         {
-            Some(stored) => Ok(found(stored)),
+            Some(stored) => Ok(stored.clone()),
             None => Err(shard.removals),
         }
     }

@@ -26,16 +26,6 @@ pub(crate) struct L1 {
     front: Arc<Front>,
 }
 
-/// What [`L1::peek`] found at a key.
-pub(crate) enum Peek<R> {
-    /// What `serve` made of the entry.
-    Served(R),
-    /// The entry, which `serve` declined.
-    Found(Arc<Stored>),
-    /// Nothing, or an entry past its keep time.
-    Missing,
-}
-
 /// Moka's hasher for the local tier's keys. They are already uniform hashes: fold them
 /// into 64 bits rather than hash them again.
 #[derive(Clone, Copy, Debug, Default)]
@@ -120,52 +110,26 @@ impl L1 {
     }
 
     /// The entry at `key`, unless it is past its keep time at `now`.
-    pub(crate) fn get(&self, key: &LocalKey, now: Instant) -> Option<Arc<Stored>> {
-        match self.peek(key, now, |_| None::<()>) {
-            Peek::Found(stored) => Some(stored),
-            Peek::Served(()) | Peek::Missing => None,
-        }
-    }
-
-    /// The entry at `key` (unless it is past its keep time at `now`), made into what
-    /// `serve` makes of it where it can: a hit. `serve` runs under a read lock of the
-    /// front, so it must not call into L1 (see [`Front::peek`]); where it declines, the
-    /// entry is given as it is.
     ///
     /// A hit that the front answers does not call moka, except one in
     /// [`front::SAMPLE`], which tells moka the entry is used.
-    pub(crate) fn peek<R>(
-        &self,
-        key: &LocalKey,
-        now: Instant,
-        serve: impl FnOnce(&Stored) -> Option<R>,
-    ) -> Peek<R> {
-        // Before the front's lock: moka may call its eviction listener, which takes one.
-        if front::sampled() {
-            let _ = self.moka.get(key);
-        }
-        let mut serve = Some(serve);
-        let mut peek = |stored: &Arc<Stored>| {
-            // Moka would no longer give it (it has not dropped it yet, or the front has
-            // not heard).
-            if now >= stored.expires_at() {
-                return Peek::Missing;
+    pub(crate) fn get(&self, key: &LocalKey, now: Instant) -> Option<Arc<Stored>> {
+        let stored = match self.front.get(key) {
+            Ok(stored) => {
+                if front::sampled() {
+                    let _ = self.moka.get(key);
+                }
+                stored
             }
-            match serve.take().and_then(|serve| serve(stored)) {
-                Some(served) => Peek::Served(served),
-                None => Peek::Found(stored.clone()),
+            Err(removals) => {
+                let stored = self.moka.get(key)?;
+                self.front.promote(*key, stored.clone(), removals);
+                stored
             }
         };
-        match self.front.peek(key, &mut peek) {
-            Ok(peeked) => peeked,
-            Err(removals) => match self.moka.get(key) {
-                Some(stored) => {
-                    self.front.promote(*key, stored.clone(), removals);
-                    peek(&stored)
-                }
-                None => Peek::Missing,
-            },
-        }
+        // Moka would no longer give it (it has not dropped it yet, or the front has not
+        // heard).
+        (now < stored.expires_at()).then_some(stored)
     }
 
     /// Puts an entry in L1 unless an entry with a higher token is there, or the key was
@@ -394,7 +358,7 @@ mod front_tests {
     fn front_agrees(l1: &L1) {
         l1.moka.run_pending_tasks();
         for (key, stored) in l1.moka.iter() {
-            if let Ok(front) = l1.front.peek(&key, Arc::clone) {
+            if let Ok(front) = l1.front.get(&key) {
                 assert!(
                     Arc::ptr_eq(&front, &stored),
                     "the front holds an older entry"
@@ -421,7 +385,7 @@ mod front_tests {
         assert!(l1.get(&a, Instant::now()).is_none());
         assert!(l1.put(&tombstones, a, one.clone(), 0));
         assert!(same(l1.get(&a, Instant::now()), &one));
-        assert!(matches!(l1.front.peek(&a, Arc::clone), Ok(ref s) if Arc::ptr_eq(s, &one)));
+        assert!(matches!(l1.front.get(&a), Ok(ref s) if Arc::ptr_eq(s, &one)));
         assert!(l1.put(&tombstones, a, two.clone(), 0));
         assert!(same(l1.get(&a, Instant::now()), &two));
         // An older entry is refused, by moka and so by the front.
@@ -471,13 +435,13 @@ mod front_tests {
         let l1 = L1::new(1 << 20);
         let a = key(4, 0);
         let stored = entry(1, HOUR);
-        let Err(removals) = l1.front.peek(&a, Arc::clone) else {
+        let Err(removals) = l1.front.get(&a) else {
             panic!("an empty front holds nothing");
         };
         // Between the miss and the promotion, the entry is invalidated.
         l1.front.remove_response(a.response);
         l1.front.promote(a, stored, removals);
-        assert!(l1.front.peek(&a, Arc::clone).is_err());
+        assert!(l1.front.get(&a).is_err());
     }
 
     /// Under eviction, with reads racing puts and invalidations, the front never holds

@@ -15,6 +15,6 @@ mod l2;
 mod scripts;
 mod stored;
 
-pub(crate) use self::l1::{L1, Peek, Tombstones, invalidated, new_tombstones};
+pub(crate) use self::l1::{L1, Tombstones, invalidated, new_tombstones};
 pub(crate) use self::l2::{L2Read, l2_invalidate, l2_read, l2_write};
 pub(crate) use self::stored::{Freshness, Instant, Stored, X_CACHE_NAME};

@@ -65,8 +65,8 @@ where
     }
 }
 
-/// A hit: the answer from an entry `age` old if it is fresh (counted by the caller).
-/// What L1 makes of an entry under its lock, so it does nothing else.
+/// A hit: the answer from an entry `age` old if it is fresh (counted by the caller, as
+/// an L1 hit and a hit at once).
 pub(crate) fn answer_fresh<B: Body>(
     route: &Route,
     stored: &Stored,

@@ -16,7 +16,7 @@ use super::future::ResponseFuture;
 use super::marks::Mark;
 use super::origin::{FillBody, Inner, OriginBody};
 use super::route::Route;
-use crate::cache::{Instant, L2Read, Peek, Stored, l2_read};
+use crate::cache::{Instant, L2Read, Stored, l2_read};
 use crate::keys::CacheKeys;
 use crate::metrics::Event;
 use crate::rules::{self, Kind};
@@ -115,18 +115,18 @@ where
         // key string: the Redis keys are made only past L1).
         let local = route.local_key(&request);
         let now = Instant::now();
-        let hit = |stored: &Stored| answer_fresh(route, stored, stored.age_at(now), kind);
-        let fallback = match route.l1().peek(&local, now, hit) {
-            Peek::Served(response) => {
-                route.stats.record_fresh_l1_hit();
-                return ResponseFuture::ready(response);
-            }
-            // Not fresh: stale (served, and refreshed), or expired.
-            Peek::Found(stored) => {
+        let fallback = match route.l1().get(&local, now) {
+            Some(stored) => {
+                let age = stored.age_at(now);
+                if let Some(response) = answer_fresh(route, &stored, age, kind) {
+                    route.stats.record_fresh_l1_hit();
+                    return ResponseFuture::ready(response);
+                }
+                // Not fresh: stale (served, and refreshed), or expired.
                 route.stats.record(Event::L1Hit);
                 let found = Found {
                     stored: &stored,
-                    age: stored.age_at(now),
+                    age,
                     local,
                     keys: None,
                 };
@@ -135,7 +135,7 @@ where
                 }
                 Some(stored)
             }
-            Peek::Missing => {
+            None => {
                 route.stats.record(Event::L1Miss);
                 None
             }

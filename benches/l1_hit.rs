@@ -3,7 +3,8 @@
 //! installed; and, in the same run, what three things every hit does cost alone: a
 //! keyed SipHash-1-3 of the request's identity (its key in L1), a clone of an answer's
 //! headers (`age` and `x-cache`, the two the guard adds, dropped again by the caller),
-//! and a read of the clock entries are aged by.
+//! and a read of the clock entries are aged by. And a hit when L1 is full, when every hit
+//! also reads moka.
 //!
 //! ```text
 //! cargo bench --bench l1_hit --features prometheus
@@ -114,6 +115,46 @@ async fn guarded(
     service
 }
 
+/// A guard whose L1 is full (a local-only one, small, filled with other keys while the
+/// bench's key is read often enough to stay): every hit also reads moka then, so that
+/// moka chooses what to evict knowing every hit.
+async fn guarded_full() -> impl Service<
+    Req,
+    Response = Response<stampede_guard::ResponseBody<Full<Bytes>>>,
+    Error = std::convert::Infallible,
+> + Clone {
+    const CAPACITY: u64 = 256 * 1024;
+    let guard = StampedeGuard::builder(RedisStore::local_only(), bench_keys())
+        .l1_capacity(CAPACITY)
+        .build()
+        .unwrap();
+    let layer = guard
+        .layer(
+            Policy::builder("items")
+                .fresh_ttl(Duration::from_secs(3600))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let service = layer.layer(bare());
+    for n in 0..1000 {
+        let other = Request::get(format!("/others/{n}"))
+            .header("host", "shop.example")
+            .body(Empty::new())
+            .unwrap();
+        let _ = service.clone().oneshot(other).await.unwrap();
+        let _ = service.clone().oneshot(request()).await.unwrap();
+    }
+    let hit = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(hit.headers()["x-cache"], "hit");
+    assert!(
+        guard.l1_bytes() >= CAPACITY / 4 * 3,
+        "L1 holds {} bytes, not full",
+        guard.l1_bytes()
+    );
+    service
+}
+
 async fn commands(server: &RedisServer) -> u64 {
     let stats: String = server.cmd(&["INFO", "commandstats"]).await;
     stats
@@ -126,6 +167,7 @@ async fn commands(server: &RedisServer) -> u64 {
 async fn phase(server: &RedisServer, label: &str) {
     let bare = bare();
     let guarded = guarded(server).await;
+    let full = guarded_full().await;
     // A hit's headers: the two the guard sets on every answer.
     let mut headers = http::HeaderMap::new();
     headers.insert(http::header::AGE, http::HeaderValue::from_static("0"));
@@ -136,11 +178,12 @@ async fn phase(server: &RedisServer, label: &str) {
     let hasher = SipHasher13::new_with_keys(0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
 
     let before = commands(server).await;
-    let (mut b, mut g) = (Vec::new(), Vec::new());
+    let (mut b, mut g, mut f) = (Vec::new(), Vec::new(), Vec::new());
     let (mut m, mut h, mut c) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         b.push(per_request(&bare).await);
         g.push(per_request(&guarded).await);
+        f.push(per_request(&full).await);
         let start = Instant::now();
         for _ in 0..BATCH {
             black_box(black_box(&headers).clone());
@@ -161,7 +204,7 @@ async fn phase(server: &RedisServer, label: &str) {
     }
     // Less the INFO that took the first count.
     let during = commands(server).await - before - 1;
-    let (b, g) = (median(&mut b), median(&mut g));
+    let (b, g, f) = (median(&mut b), median(&mut g), median(&mut f));
     let (m, h, c) = (median(&mut m), median(&mut h), median(&mut c));
     println!(
         "L1 hit, {label}: {ROUNDS} interleaved rounds of {BATCH} requests, median per request"
@@ -180,6 +223,11 @@ async fn phase(server: &RedisServer, label: &str) {
             100.0 * ns(alone) / (ns(g) - ns(b)).max(1.0)
         );
     }
+    println!(
+        "  guarded, L1 hit, L1 full     {:>8.0} ns ({:.2}x the bare service; every hit reads moka)",
+        ns(f),
+        ns(f) / ns(b)
+    );
     println!(
         "  Redis commands during {} hits: {during}",
         u64::from(BATCH) * ROUNDS as u64

@@ -2,10 +2,10 @@
 //!
 //! Many small entries are filled through a real hyper client (as the sidecar does): a
 //! client's header values are slices of its read buffer, and an entry that keeps one
-//! keeps the whole buffer alive. Each entry is read again right after its fill, so that
-//! hits put it in L1's front (which holds a second pointer to the entries that were
-//! read, and must let go of those L1 evicts). The process's resident memory may grow by
-//! at most the configured L1 capacity plus 25 %.
+//! keeps the whole buffer alive. Each entry is read again right after its fill: a hit,
+//! answered by L1's front, which holds a second pointer to every entry and must let go
+//! of those L1 evicts. The process's resident memory may grow by at most the configured
+//! L1 capacity plus 25 %.
 //!
 //! One test in this file: it measures the whole process.
 
@@ -158,7 +158,7 @@ async fn l1_memory_stays_within_its_capacity_for_entries_filled_through_a_hyper_
     let hits = layer.stats().get(Event::Hit);
     assert!(
         hits >= ENTRIES / 2,
-        "{hits} hits: too few entries were read from L1's front"
+        "{hits} hits: too few entries were read back from L1"
     );
     assert!(
         grown <= bound,

@@ -1,5 +1,5 @@
-//! The front of L1: the entries that were read, in a plain sharded map that a hit reads
-//! under one read lock, ahead of moka.
+//! The front of L1: a second pointer to moka's entries, in a plain sharded map that a
+//! hit reads under one read lock, ahead of moka.
 //!
 //! Why: moka's `get` was most of what a hit cost. It pins an epoch, records the read for
 //! its eviction policy and reads a clock: about 100 ns of a hit's 400. The front answers
@@ -7,24 +7,29 @@
 //! weights, its expiry, its choice of what to evict): the front holds a second pointer
 //! to entries moka holds, and nothing else.
 //!
-//! Three rules keep it so:
+//! Four rules keep it so:
 //!
-//! - **An entry enters only by promotion**: after a miss here, L1 copies what moka holds
-//!   into the front, unless something was removed from the same shard since the miss
-//!   (every shard counts its removals). A removal that races the copy wins.
+//! - **Every change counts**: each shard counts the changes made to it (puts, removals).
+//! - **An entry enters after moka has it, and only if nothing changed meanwhile**: a put
+//!   reads the count, puts the entry in moka, then in the front if the count is the
+//!   same (else it removes the key, and the next read promotes whatever moka holds); a
+//!   read that misses here reads the count, gets the entry from moka and promotes it on
+//!   the same condition. A change that races either wins: a promotion of an entry a put
+//!   replaced, or one that was removed, is dropped.
 //! - **Whatever leaves moka leaves the front after it**: moka's eviction listener removes
-//!   entries it evicts, expires or replaces; a put and an invalidation remove the key
-//!   here once moka has it (an invalidation of variants, which moka drops lazily, removes
-//!   them all). Since moka changes first and the front second, a promotion either sees
-//!   moka changed or is undone by the removal that follows.
+//!   the entries it evicts, expires or replaces; an invalidation removes the key here
+//!   once moka has dropped it (an invalidation of variants, which moka drops lazily,
+//!   removes them all at once).
 //! - **No lock is held across a call into moka**: moka may run its listener on the
 //!   calling thread, and the listener takes a shard's lock.
 //!
-//! Moka still needs to see reads, to keep popular entries and to do its housekeeping:
-//! one hit in [`SAMPLE`] on each thread also reads moka. Its counts of use are then
-//! scaled down alike for every entry, which does not change which entries it keeps.
+//! Moka still needs to see reads, to keep popular entries and to do its housekeeping: a
+//! hit reads moka too with a chance of one in [`SAMPLE`], drawn at random (so two keys
+//! read in turn are both seen). An entry read `n` times is seen about `n / 16` times
+//! (once more if it was promoted), so moka ranks entries by the same use, in coarser
+//! steps; `l1::front_tests` checks the hit ratio of a skewed load against moka seeing
+//! every read.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -35,13 +40,15 @@ use crate::keys::LocalKey;
 /// The front's shards, as a power of two: enough that threads rarely share one.
 const SHARD_BITS: u32 = 6;
 
-/// One hit in this many (on each thread) also reads moka.
+/// A hit also reads moka with a chance of one in this many.
 pub(super) const SAMPLE: u32 = 16;
 
-/// What the front costs per entry, besides the entry itself: a slot of a hash table
-/// (a 16-byte key and its variants, 48 bytes, with a control byte; tables are between
-/// 7/16 and 7/8 full) and a share of a variant list. Counted in each entry's weight.
-pub(super) const BOOKKEEPING: usize = 112;
+/// What the front costs per entry at most, besides the entry itself, counted in each
+/// entry's weight: a slot of a hash table (a 16-byte key and its variants, 48 bytes,
+/// with a control byte), and tables are at least 7/24 full (grown at 7/8, shrunk below
+/// 1/3 of their room), so up to 170 bytes; and a variant's place in its list, 16 bytes,
+/// lists at least a quarter full and on an allocation of their own: up to 80 more.
+pub(super) const BOOKKEEPING: usize = 256;
 
 /// The front of L1 (see the [module docs](self)).
 pub(super) struct Front {
@@ -53,11 +60,11 @@ struct Shard {
     /// By response: its variants share one slot, so that an invalidation of all of them
     /// removes one slot.
     map: HashMap<u128, Variants, Spread>,
-    /// Removals from this shard so far (see "promotion" in the module docs).
-    removals: u64,
+    /// Changes made to this shard so far (see the module docs).
+    changes: u64,
 }
 
-/// The entries of one response that were read: its own, or those its `Vary` told apart.
+/// The entries of one response: its own, or those its `Vary` told apart.
 enum Variants {
     One(u64, Arc<Stored>),
     Many(Vec<(u64, Arc<Stored>)>),
@@ -94,7 +101,13 @@ impl Variants {
             Variants::One(v, stored) => matches(*v, stored),
             Variants::Many(all) => {
                 all.retain(|(v, s)| !matches(*v, s));
-                all.is_empty()
+                if all.len() == 1 {
+                    let (v, stored) = all.remove(0);
+                    *self = Variants::One(v, stored);
+                } else if all.capacity() > 4 && all.len() * 4 < all.capacity() {
+                    all.shrink_to(all.len() * 2);
+                }
+                matches!(self, Variants::Many(all) if all.is_empty())
             }
         }
     }
@@ -126,7 +139,7 @@ impl Front {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The entry at `key`; or, if it is not here, the shard's removals so far, for
+    /// The entry at `key`; or, if it is not here, the shard's changes so far, for
     /// [`Front::promote`].
     pub(super) fn get(&self, key: &LocalKey) -> Result<Arc<Stored>, u64> {
         let shard = self.read(key.response);
@@ -136,43 +149,48 @@ impl Front {
             .and_then(|v| v.get(key.variant))
         {
             Some(stored) => Ok(stored.clone()),
-            None => Err(shard.removals),
+            None => Err(shard.changes),
         }
     }
 
-    /// Puts what moka held for `key` after a miss here that counted `removals`,
-    /// unless something left the shard since (it may have been this entry).
-    pub(super) fn promote(&self, key: LocalKey, stored: Arc<Stored>, removals: u64) {
+    /// The shard's changes so far, for [`Front::put`].
+    pub(super) fn changes(&self, key: &LocalKey) -> u64 {
+        self.read(key.response).changes
+    }
+
+    /// Puts what moka held for `key` after a miss here that counted `changes`, unless
+    /// the shard changed since (the change may have been this entry's).
+    pub(super) fn promote(&self, key: LocalKey, stored: Arc<Stored>, changes: u64) {
         let mut shard = self.write(key.response);
-        if shard.removals != removals {
-            return;
+        if shard.changes == changes {
+            insert(&mut shard.map, key, stored);
         }
-        match shard.map.get_mut(&key.response) {
-            Some(variants) => variants.put(key.variant, stored),
-            None => {
-                shard
-                    .map
-                    .insert(key.response, Variants::One(key.variant, stored));
-            }
+    }
+
+    /// Puts what was just put in moka at `key`, if the shard has not changed since it
+    /// counted `changes`; else removes the key, for the next read to promote what moka
+    /// holds. Either way a change: a promotion of what moka held before is dropped.
+    pub(super) fn put(&self, key: LocalKey, stored: Arc<Stored>, changes: u64) {
+        let mut shard = self.write(key.response);
+        if shard.changes == changes {
+            insert(&mut shard.map, key, stored);
+        } else {
+            remove(&mut shard.map, &key, None);
         }
+        shard.changes += 1;
     }
 
     /// Removes `key`'s entry if it is `only` (whatever it is, without `only`).
     pub(super) fn remove(&self, key: &LocalKey, only: Option<&Arc<Stored>>) {
         let mut shard = self.write(key.response);
-        shard.removals += 1;
-        if let Some(variants) = shard.map.get_mut(&key.response)
-            && variants.remove(key.variant, only)
-        {
-            shard.map.remove(&key.response);
-            shrink(&mut shard.map);
-        }
+        shard.changes += 1;
+        remove(&mut shard.map, key, only);
     }
 
     /// Removes every variant of `response`.
     pub(super) fn remove_response(&self, response: u128) {
         let mut shard = self.write(response);
-        shard.removals += 1;
+        shard.changes += 1;
         if shard.map.remove(&response).is_some() {
             shrink(&mut shard.map);
         }
@@ -181,37 +199,64 @@ impl Front {
     pub(super) fn clear(&self) {
         for shard in &self.shards {
             let mut shard = shard.write().unwrap_or_else(PoisonError::into_inner);
-            shard.removals += 1;
+            shard.changes += 1;
             shard.map = HashMap::default();
         }
     }
 
-    /// How many responses it holds (for tests).
+    /// Every entry it holds (for tests).
     #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.read().unwrap_or_else(PoisonError::into_inner).map.len())
-            .sum()
+    pub(super) fn entries(&self) -> Vec<(LocalKey, Arc<Stored>)> {
+        let mut entries = Vec::new();
+        for shard in &self.shards {
+            let shard = shard.read().unwrap_or_else(PoisonError::into_inner);
+            for (response, variants) in &shard.map {
+                let all = match variants {
+                    Variants::One(v, s) => vec![(*v, s.clone())],
+                    Variants::Many(all) => all.clone(),
+                };
+                entries.extend(all.into_iter().map(|(variant, stored)| {
+                    let key = LocalKey {
+                        response: *response,
+                        variant,
+                    };
+                    (key, stored)
+                }));
+            }
+        }
+        entries
+    }
+}
+
+fn insert(map: &mut HashMap<u128, Variants, Spread>, key: LocalKey, stored: Arc<Stored>) {
+    match map.get_mut(&key.response) {
+        Some(variants) => variants.put(key.variant, stored),
+        None => {
+            map.insert(key.response, Variants::One(key.variant, stored));
+        }
+    }
+}
+
+fn remove(map: &mut HashMap<u128, Variants, Spread>, key: &LocalKey, only: Option<&Arc<Stored>>) {
+    if let Some(variants) = map.get_mut(&key.response)
+        && variants.remove(key.variant, only)
+    {
+        map.remove(&key.response);
+        shrink(map);
     }
 }
 
 /// Gives memory back once a table is mostly empty (hash maps never shrink by
 /// themselves): a burst of entries does not keep its table after moka evicted them.
+/// Below a third of its room, to half again what it holds (at most 2/3 full after, and
+/// not shrunk again until a third of what it holds has gone).
 fn shrink(map: &mut HashMap<u128, Variants, Spread>) {
-    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
-        map.shrink_to(map.len() * 2);
+    if map.capacity() > 64 && map.len() * 3 < map.capacity() {
+        map.shrink_to(map.len() * 3 / 2);
     }
 }
 
-/// Whether this hit also reads moka: one in [`SAMPLE`] on each thread.
-pub(super) fn sampled() -> bool {
-    thread_local! {
-        static HITS: Cell<u32> = const { Cell::new(0) };
-    }
-    HITS.with(|hits| {
-        let n = hits.get().wrapping_add(1);
-        hits.set(n);
-        n % SAMPLE == 0
-    })
+/// Whether this hit also reads moka: at random, one in `sample` (see [`SAMPLE`]).
+pub(super) fn sampled(sample: u32) -> bool {
+    fastrand::u32(..sample) == 0
 }

@@ -21,7 +21,8 @@ pub(crate) struct Stored {
     /// The end of its keep time on this process's clock: L1 drops it then.
     expires_at: Instant,
     /// The guard's subscription epoch when the entry was put in L1 (see
-    /// [`l1_put`](super::l1_put)): an entry from an earlier epoch may have missed an invalidation.
+    /// [`L1::put`](super::L1::put)): an entry from an earlier epoch may have missed an
+    /// invalidation.
     pub(super) epoch: AtomicU64,
 }
 

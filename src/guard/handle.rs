@@ -327,6 +327,9 @@ impl GuardBuilder {
             leases = leases.instance_id(id);
         }
         let leases = leases.build()?;
+        // The clock entries are aged by calibrates itself the first time it is read:
+        // here, rather than on the first request.
+        let _ = crate::cache::Instant::now();
         let channel = self.keys.channel();
         Ok(StampedeGuard {
             shared: Arc::new(Shared {

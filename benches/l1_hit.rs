@@ -3,8 +3,8 @@
 //! installed; and, in the same run, what three things every hit does cost alone: a
 //! keyed SipHash-1-3 of the request's identity (its key in L1), a clone of an answer's
 //! headers (`age` and `x-cache`, the two the guard adds, dropped again by the caller),
-//! and a read of the clock entries are aged by. And a hit when L1 is full, when every hit
-//! also reads moka.
+//! and a read of the clock entries are aged by. And a hit when L1 is full, when moka
+//! answers every hit.
 //!
 //! ```text
 //! cargo bench --bench l1_hit --features prometheus
@@ -116,8 +116,8 @@ async fn guarded(
 }
 
 /// A guard whose L1 is full (a local-only one, small, filled with other keys while the
-/// bench's key is read often enough to stay): every hit also reads moka then, so that
-/// moka chooses what to evict knowing every hit.
+/// bench's key is read often enough to stay): moka answers every hit then, so that it
+/// chooses what to evict knowing every hit.
 async fn guarded_full() -> impl Service<
     Req,
     Response = Response<stampede_guard::ResponseBody<Full<Bytes>>>,
@@ -224,7 +224,7 @@ async fn phase(server: &RedisServer, label: &str) {
         );
     }
     println!(
-        "  guarded, L1 hit, L1 full     {:>8.0} ns ({:.2}x the bare service; every hit reads moka)",
+        "  guarded, L1 hit, L1 full     {:>8.0} ns ({:.2}x the bare service; moka answers)",
         ns(f),
         ns(f) / ns(b)
     );

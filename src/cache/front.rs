@@ -9,7 +9,8 @@
 //!
 //! Four rules keep it so:
 //!
-//! - **Every change counts**: each shard counts the changes made to it (puts, removals).
+//! - **Every change counts**: each shard counts the changes made to it (puts, removals;
+//!   a replacement is counted once, by the put that made it).
 //! - **An entry enters after moka has it, and only if nothing changed meanwhile**: a put
 //!   reads the count, puts the entry in moka, then in the front if the count is the
 //!   same (else it removes the key, and the next read promotes whatever moka holds); a
@@ -17,18 +18,21 @@
 //!   the same condition. A change that races either wins: a promotion of an entry a put
 //!   replaced, or one that was removed, is dropped.
 //! - **Whatever leaves moka leaves the front after it**: moka's eviction listener removes
-//!   the entries it evicts, expires or replaces; an invalidation removes the key here
-//!   once moka has dropped it (an invalidation of variants, which moka drops lazily,
-//!   removes them all at once).
+//!   the entries it evicts, expires or replaces (that very entry: a newer one may be
+//!   there already); an invalidation removes the key here once moka has dropped it (an
+//!   invalidation of variants, which moka drops lazily, removes them all at once).
 //! - **No lock is held across a call into moka**: moka may run its listener on the
 //!   calling thread, and the listener takes a shard's lock.
 //!
-//! Moka still needs to see reads, to keep popular entries and to do its housekeeping: a
-//! hit reads moka too with a chance of one in [`SAMPLE`], drawn at random (so two keys
-//! read in turn are both seen). An entry read `n` times is seen about `n / 16` times
-//! (once more if it was promoted), so moka ranks entries by the same use, in coarser
-//! steps; `l1::front_tests` checks the hit ratio of a skewed load against moka seeing
-//! every read.
+//! Moka still needs to see reads, to do its housekeeping and, once it has to choose what
+//! to evict, to keep what is used. While L1 is less than three quarters full, a hit
+//! reads moka too with a chance of one in [`SAMPLE`], drawn at random (so two keys read
+//! in turn are both seen). From three quarters on, L1 does not read the front at all:
+//! moka answers every hit, as it did before the front. Misses always reach moka (to find
+//! the entry), and hits seen one in 16 against misses seen in full would make rarely
+//! used keys look as used as the hot ones: on a skewed load that does not fit, that
+//! costs 3 % of hits (`l1::front_tests` measures it), each far dearer than the 100 ns
+//! moka's lookup adds to a hit.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -45,10 +49,16 @@ pub(super) const SAMPLE: u32 = 16;
 
 /// What the front costs per entry at most, besides the entry itself, counted in each
 /// entry's weight: a slot of a hash table (a 16-byte key and its variants, 48 bytes,
-/// with a control byte), and tables are at least 7/24 full (grown at 7/8, shrunk below
-/// 1/3 of their room), so up to 170 bytes; and a variant's place in its list, 16 bytes,
-/// lists at least a quarter full and on an allocation of their own: up to 80 more.
+/// with a control byte), and a table is at least 7/32 full (it doubles once its free
+/// room is gone, which slots left deleted by removals also use up, and shrinks below a
+/// third of its room), so up to 224 bytes; and a variant's place in its list, 16 bytes,
+/// lists at least a quarter full: up to 64 more (shared with the slot's share when the
+/// response has one entry only). Besides: tables of up to [`SMALL`] slots do not shrink,
+/// at most 64 × 16 × 49 bytes (50 KB) for a whole guard, whatever its capacity.
 pub(super) const BOOKKEEPING: usize = 256;
+
+/// Tables this small are left as they are (see [`BOOKKEEPING`]).
+const SMALL: usize = 16;
 
 /// The front of L1 (see the [module docs](self)).
 pub(super) struct Front {
@@ -180,6 +190,14 @@ impl Front {
         shard.changes += 1;
     }
 
+    /// Removes `key`'s entry `old`, which a put replaced in moka, if it is still here.
+    /// Not a change of its own: the put counts it (see [`Front::put`]), and counting it
+    /// here too would make every replacing put miss its own insert.
+    pub(super) fn replaced(&self, key: &LocalKey, old: &Arc<Stored>) {
+        let mut shard = self.write(key.response);
+        remove(&mut shard.map, key, Some(old));
+    }
+
     /// Removes `key`'s entry if it is `only` (whatever it is, without `only`).
     pub(super) fn remove(&self, key: &LocalKey, only: Option<&Arc<Stored>>) {
         let mut shard = self.write(key.response);
@@ -251,7 +269,7 @@ fn remove(map: &mut HashMap<u128, Variants, Spread>, key: &LocalKey, only: Optio
 /// Below a third of its room, to half again what it holds (at most 2/3 full after, and
 /// not shrunk again until a third of what it holds has gone).
 fn shrink(map: &mut HashMap<u128, Variants, Spread>) {
-    if map.capacity() > 64 && map.len() * 3 < map.capacity() {
+    if map.capacity() > SMALL && map.len() * 3 < map.capacity() {
         map.shrink_to(map.len() * 3 / 2);
     }
 }

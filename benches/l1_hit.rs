@@ -99,15 +99,7 @@ async fn guarded(
     .build()
     .unwrap();
     guard.ready().await.unwrap();
-    let layer = guard
-        .layer(
-            Policy::builder("items")
-                .fresh_ttl(Duration::from_secs(3600))
-                .build()
-                .unwrap(),
-        )
-        .unwrap();
-    let service = layer.layer(bare());
+    let service = items(&guard).layer(bare());
     // Fill L1 (from the origin, or from L2 in the second phase).
     let _first = service.clone().oneshot(request()).await.unwrap();
     let second = service.clone().oneshot(request()).await.unwrap();
@@ -128,15 +120,7 @@ async fn guarded_full() -> impl Service<
         .l1_capacity(CAPACITY)
         .build()
         .unwrap();
-    let layer = guard
-        .layer(
-            Policy::builder("items")
-                .fresh_ttl(Duration::from_secs(3600))
-                .build()
-                .unwrap(),
-        )
-        .unwrap();
-    let service = layer.layer(bare());
+    let service = items(&guard).layer(bare());
     for n in 0..1000 {
         let other = Request::get(format!("/others/{n}"))
             .header("host", "shop.example")
@@ -153,6 +137,15 @@ async fn guarded_full() -> impl Service<
         guard.l1_bytes()
     );
     service
+}
+
+/// The bench's route: entries fresh for an hour.
+fn items(guard: &StampedeGuard) -> stampede_guard::GuardLayer {
+    let policy = Policy::builder("items")
+        .fresh_ttl(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    guard.layer(policy).unwrap()
 }
 
 async fn commands(server: &RedisServer) -> u64 {

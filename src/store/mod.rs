@@ -6,19 +6,22 @@
 //! pool check-out included, so that no caller waits on Redis longer than that, whatever
 //! Redis is doing.
 //!
-//! What answers is a backend: none at all ([`RedisStore::local_only`]) or a single
-//! server today. Redis Cluster and Sentinel are further variants of the same enum; the
-//! rest of the crate sees only the store.
+//! What answers is a backend: none at all ([`RedisStore::local_only`]), a single server
+//! ([`RedisStore::builder`]) or a Redis Cluster ([`RedisStore::cluster`]); the rest of
+//! the crate sees only the store.
 //!
 //! # Connections
 //!
-//! The pool holds a few multiplexed connections. An operation checks one out, takes a
+//! For a single server, a pool holds a few multiplexed connections. An operation checks one out, takes a
 //! clone of it (a multiplexed connection is a handle to one socket that many callers can
 //! use at once) and gives it straight back, so the pool size bounds sockets, not
 //! concurrency. A connection on which a command timed out or broke is marked and
-//! replaced; no `PING` is spent on checking connections out.
+//! replaced; no `PING` is spent on checking connections out. A cluster is reached through
+//! one multiplexed cluster connection (see the `cluster` module for why, and for how
+//! notices travel on a cluster).
 
 mod breaker;
+mod cluster;
 mod error;
 mod manager;
 
@@ -28,12 +31,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bb8_redis::bb8;
-use redis::aio::MultiplexedConnection;
 use redis::{Client, FromRedisValue, ScriptInvocation};
 use tokio::time::{Instant, timeout_at};
 
 use self::breaker::Breaker;
 pub use self::breaker::{BreakerConfig, CIRCUIT_OPEN, CIRCUIT_OPENED};
+use self::cluster::Cluster;
 pub use self::error::{Operation, StoreError, StoreErrorKind};
 use self::manager::{Conn, Manager};
 use crate::error::ConfigError;
@@ -70,6 +73,8 @@ enum Backend {
         /// For what a pool cannot give: pub/sub connections.
         client: Client,
     },
+    /// A Redis Cluster (boxed: its client is large, and the enum is built once).
+    Cluster(Box<Cluster>),
 }
 
 /// A duration in whole milliseconds, as Redis takes them (`PX`, `PEXPIRE`) and as entries
@@ -105,12 +110,38 @@ impl RedisStore {
     /// Redis is down.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
-            url: url.into(),
+            target: Target::Single(url.into()),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_size: DEFAULT_POOL_SIZE,
             breaker: BreakerConfig::default(),
         }
+    }
+
+    /// Starts a store for a Redis Cluster, given some of its nodes as URLs (any of them;
+    /// the rest of the cluster is learned from them). Every key a script touches shares
+    /// one hash tag per cached key, so no script meets `CROSSSLOT`, and keys spread over
+    /// every primary.
+    ///
+    /// [`pool_size`](RedisStoreBuilder::pool_size) does not apply: a cluster connection is
+    /// one multiplexed connection per node. Building connects nothing.
+    pub fn cluster<I, S>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder {
+            target: Target::Cluster(nodes.into_iter().map(Into::into).collect()),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+            breaker: BreakerConfig::default(),
+        }
+    }
+
+    /// Whether the store speaks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.backend, Backend::Cluster(_))
     }
 
     /// A store with no Redis behind it: a guard built on it runs on L1 and its local
@@ -160,8 +191,14 @@ impl RedisStore {
         connect_timeout: Duration,
     ) -> Result<redis::aio::PubSub, StoreError> {
         let client = match &self.inner.backend {
-            Backend::Single { client, .. } if !self.inner.breaker.is_open() => client,
-            _ => {
+            _ if self.inner.breaker.is_open() => None,
+            Backend::Single { client, .. } => Some(client),
+            Backend::Cluster(cluster) => return cluster.pubsub(connect_timeout).await,
+            Backend::None => None,
+        };
+        let client = match client {
+            Some(client) => client,
+            None => {
                 return Err(StoreError::new(
                     Operation::Subscribe,
                     StoreErrorKind::CircuitOpen,
@@ -269,6 +306,10 @@ impl Inner {
         let deadline = Instant::now() + self.command_timeout + slack;
         let pool = match &self.backend {
             Backend::Single { pool, .. } => pool,
+            Backend::Cluster(cluster) => {
+                let mut conn = cluster.connection(deadline, operation).await?;
+                return execute(&mut conn, request, deadline, operation).await;
+            }
             Backend::None => {
                 return Err(StoreError::new(
                     operation,
@@ -347,7 +388,7 @@ where
 }
 
 async fn execute<T: FromRedisValue>(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl redis::aio::ConnectionLike,
     request: &Request<'_>,
     deadline: Instant,
     operation: Operation,
@@ -368,16 +409,28 @@ async fn execute<T: FromRedisValue>(
 /// Builds a [`RedisStore`].
 #[must_use]
 pub struct RedisStoreBuilder {
-    url: String,
+    target: Target,
     command_timeout: Duration,
     connect_timeout: Duration,
     pool_size: u32,
     breaker: BreakerConfig,
 }
 
+/// What a builder builds a store for.
+enum Target {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // No URL: it may carry a password.
+        let target = match &self.target {
+            Target::Single(_) => "single",
+            Target::Cluster(_) => "cluster",
+        };
         f.debug_struct("RedisStoreBuilder")
+            .field("target", &target)
             .field("command_timeout", &self.command_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("pool_size", &self.pool_size)
@@ -401,7 +454,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many connections to keep (default 4, at most 256).
+    /// How many connections to keep (default 4, at most 256). A cluster store keeps one
+    /// multiplexed connection per node instead.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
         self
@@ -424,8 +478,22 @@ impl RedisStoreBuilder {
         if self.pool_size > 256 {
             return Err(ConfigError::invalid("pool_size", "at most 256"));
         }
+        let url = match self.target {
+            Target::Single(url) => url,
+            Target::Cluster(nodes) => {
+                let cluster = Cluster::new(nodes, connect_timeout, command_timeout)?;
+                return Ok(RedisStore {
+                    inner: Arc::new(Inner {
+                        backend: Backend::Cluster(Box::new(cluster)),
+                        command_timeout,
+                        connect_timeout,
+                        breaker: Breaker::new(self.breaker),
+                    }),
+                });
+            }
+        };
         // The error's text is not passed on: it can quote the URL, password and all.
-        let client = Client::open(self.url.as_str())
+        let client = Client::open(url.as_str())
             .map_err(|_| ConfigError::invalid("url", "not a valid Redis URL"))?;
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size)

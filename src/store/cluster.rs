@@ -1,0 +1,140 @@
+//! Redis Cluster: redis-rs' asynchronous cluster client behind the store.
+//!
+//! bb8-redis speaks to one server only, so a cluster is reached through redis-rs' own
+//! cluster connection. It is multiplexed (one socket per node, shared by every caller)
+//! and a cheap clone, so the store keeps one and clones it for each operation: a pool in
+//! front of it would add sockets, not concurrency. It learns the slot map from the
+//! nodes it is given, routes each command by its first key (a script by its first key:
+//! every key a script touches shares that key's hash tag, see [`crate::keys`]), follows
+//! `MOVED` and `ASK` answers and reconnects to nodes by itself, within the store's
+//! deadline. It is made by the first operation, not when the store is built, so that a
+//! service can start while the cluster is down.
+//!
+//! # Notices on a cluster
+//!
+//! Notices use classic pub/sub, not sharded pub/sub (`SSUBSCRIBE`). A classic `PUBLISH`
+//! reaches the subscribers of every node (the cluster bus carries it to all of them), so
+//! an instance subscribes on any one node and hears the whole fleet, and a fill script
+//! may publish from whichever node holds its key. Sharded pub/sub would keep each
+//! message on one shard, but it routes a channel by its slot: one channel per key space
+//! would put every notice on one shard anyway, and a channel per key would have every
+//! instance subscribe on every shard. What classic pub/sub costs is that each notice
+//! crosses the cluster bus to every node, which at a few notices per fill is small
+//! beside the fill itself. If the node an instance listens on goes away, the
+//! subscription ends, and the listener subscribes again on the next node that answers
+//! (and treats L1 as it does after any lost subscription).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use tokio::time::{Instant, timeout_at};
+
+use super::error::{Operation, StoreError, StoreErrorKind};
+use crate::error::ConfigError;
+
+/// A cluster, as the store speaks to it.
+pub(super) struct Cluster {
+    client: ClusterClient,
+    /// The nodes the store was given, for pub/sub connections (any node hears every
+    /// notice, see the module docs).
+    nodes: Vec<String>,
+    /// The connection, once made.
+    connection: Mutex<Option<ClusterConnection>>,
+    /// Held while a connection is being made, so that callers wait for one attempt
+    /// instead of each making their own.
+    connecting: tokio::sync::Mutex<()>,
+    connect_timeout: Duration,
+}
+
+impl Cluster {
+    /// Checks the node URLs; connects nothing.
+    pub(super) fn new(
+        nodes: Vec<String>,
+        connect_timeout: Duration,
+        command_timeout: Duration,
+    ) -> Result<Self, ConfigError> {
+        if nodes.is_empty() {
+            return Err(ConfigError::invalid("nodes", "needs at least one node"));
+        }
+        for node in &nodes {
+            // The error's text is not passed on: it can quote the URL, password and all.
+            redis::Client::open(node.as_str())
+                .map_err(|_| ConfigError::invalid("nodes", "not a valid Redis URL"))?;
+        }
+        let client = ClusterClientBuilder::new(nodes.clone())
+            .connection_timeout(connect_timeout)
+            // The store puts its own deadline on each operation; this only bounds one
+            // attempt within it, so that a retry after `MOVED` or a reconnect fits.
+            .response_timeout(command_timeout)
+            .build()
+            .map_err(|_| ConfigError::invalid("nodes", "not a valid cluster"))?;
+        Ok(Self {
+            client,
+            nodes,
+            connection: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            connect_timeout,
+        })
+    }
+
+    /// The cluster connection (a clone of it), made first if need be, by `deadline`.
+    pub(super) async fn connection(
+        &self,
+        deadline: Instant,
+        operation: Operation,
+    ) -> Result<ClusterConnection, StoreError> {
+        if let Some(connection) = self.made() {
+            return Ok(connection);
+        }
+        let no_connection =
+            |source| StoreError::new(operation, StoreErrorKind::NoConnection, source);
+        let _one_attempt = timeout_at(deadline, self.connecting.lock())
+            .await
+            .map_err(|_| no_connection(None))?;
+        if let Some(connection) = self.made() {
+            return Ok(connection);
+        }
+        let deadline = deadline.min(Instant::now() + self.connect_timeout);
+        match timeout_at(deadline, self.client.get_async_connection()).await {
+            Ok(Ok(connection)) => {
+                *self.connection.lock().expect("cluster connection lock") =
+                    Some(connection.clone());
+                Ok(connection)
+            }
+            Ok(Err(error)) => Err(no_connection(Some(error))),
+            Err(_) => Err(no_connection(None)),
+        }
+    }
+
+    fn made(&self) -> Option<ClusterConnection> {
+        self.connection
+            .lock()
+            .expect("cluster connection lock")
+            .clone()
+    }
+
+    /// A pub/sub connection to the first node that answers within `connect_timeout`.
+    pub(super) async fn pubsub(
+        &self,
+        connect_timeout: Duration,
+    ) -> Result<redis::aio::PubSub, StoreError> {
+        let mut last = None;
+        for node in &self.nodes {
+            let Ok(client) = redis::Client::open(node.as_str()) else {
+                continue;
+            };
+            match tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await {
+                Ok(Ok(pubsub)) => return Ok(pubsub),
+                Ok(Err(error)) => last = Some(error),
+                Err(_) => {}
+            }
+        }
+        Err(StoreError::new(
+            Operation::Subscribe,
+            StoreErrorKind::NoConnection,
+            last,
+        ))
+    }
+}

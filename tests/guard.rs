@@ -1,4 +1,6 @@
-//! The guard layer against real Redis servers: stampedes, fencing, HTTP rules.
+//! The guard layer against real Redis servers: stampedes, fencing, HTTP rules. The
+//! stampede, cold-miss, fencing and invalidation tests run one body on a single server
+//! and on a Redis Cluster, with the same exact counts.
 
 mod support;
 
@@ -13,19 +15,17 @@ use redis::AsyncCommands;
 use stampede_guard::metrics::Event;
 use stampede_guard::{ColdMiss, GuardLayer, Policy, RedisStore, StampedeGuard};
 use support::web::{self, Instance, Origin, all_within, full, get, keys, send, total};
-use support::{HANG, RedisServer, eventually, joined, within};
+use support::{HANG, Redis, RedisServer, Store, eventually, joined, within};
 use tokio::sync::Barrier;
 
 /// Generous: exact counts must not depend on every Redis reply coming within 100 ms
 /// on a machine whose cores are busy.
 const TIMEOUT: Duration = Duration::from_millis(250);
 
-fn guard(server: &RedisServer) -> StampedeGuard {
-    let store = RedisStore::builder(server.url())
-        .command_timeout(TIMEOUT)
+fn guard(redis: &impl Store) -> StampedeGuard {
+    StampedeGuard::builder(redis.store(TIMEOUT), keys())
         .build()
-        .unwrap();
-    StampedeGuard::builder(store, keys()).build().unwrap()
+        .unwrap()
 }
 
 fn policy(route: &str) -> stampede_guard::policy::PolicyBuilder {
@@ -38,8 +38,8 @@ fn policy(route: &str) -> stampede_guard::policy::PolicyBuilder {
         .error_backoff(Duration::from_secs(1))
 }
 
-async fn instance<S>(server: &RedisServer, policy: Policy, origin: S) -> Instance<S> {
-    web::instance(guard(server), policy, origin).await
+async fn instance<S>(redis: &impl Store, policy: Policy, origin: S) -> Instance<S> {
+    web::instance(guard(redis), policy, origin).await
 }
 
 /// 3 instances, an entry gone stale, 300 concurrent requests: one origin call for the
@@ -48,7 +48,15 @@ async fn instance<S>(server: &RedisServer, policy: Policy, origin: S) -> Instanc
 /// would never finish).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stale_entry_is_refreshed_once_for_the_fleet_and_nobody_waits() {
-    let server = RedisServer::start();
+    stale_entry_refreshed_once(Redis::single()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_a_stale_entry_is_refreshed_once_for_the_fleet_and_nobody_waits() {
+    stale_entry_refreshed_once(Redis::cluster()).await;
+}
+
+async fn stale_entry_refreshed_once(server: Redis) {
     let origin = Origin::versions(Duration::from_millis(200));
     let mut fleet = Vec::new();
     for _ in 0..3 {
@@ -151,7 +159,15 @@ async fn a_stale_entry_is_refreshed_once_for_the_fleet_and_nobody_waits() {
 /// instances' fills find the lease busy and are woken by the filler's notice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cold_key_is_filled_once_and_other_instances_are_woken_by_the_notice() {
-    let server = RedisServer::start();
+    cold_key_filled_once(Redis::single()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_a_cold_key_is_filled_once_and_other_instances_are_woken_by_the_notice() {
+    cold_key_filled_once(Redis::cluster()).await;
+}
+
+async fn cold_key_filled_once(server: Redis) {
     let origin = Origin::versions(Duration::from_millis(300));
     let mut fleet = Vec::new();
     for _ in 0..3 {
@@ -249,7 +265,7 @@ async fn origin_calls_equal_the_number_of_windows() {
 /// Two instances sharing `/items/1` (answered `v1`, then `second`, then `third`), the
 /// entry gone stale, and instance a's refresh held in the origin with its lease taken.
 async fn a_refresh_held_in_the_origin(
-    server: &RedisServer,
+    server: &impl Store,
     second: &'static str,
     third: &'static str,
 ) -> (
@@ -294,12 +310,19 @@ async fn a_refresh_held_in_the_origin(
 /// refused in Redis, counted, and it takes the newer entry into its L1 instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
-    let server = RedisServer::start();
+    late_refresher_fenced(Redis::single()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
+    late_refresher_fenced(Redis::cluster()).await;
+}
+
+async fn late_refresher_fenced(server: Redis) {
     let (origin, fleet) = a_refresh_held_in_the_origin(&server, "from-a-late", "from-b").await;
     let (a, b) = (&fleet[0], &fleet[1]);
     let keys = a.layer.cache_keys(&get("/items/1")).unwrap();
-    let mut conn = server.conn().await;
-    let deleted: i64 = conn.del(keys.lease().key()).await.unwrap();
+    let deleted: i64 = server.cmd(redis::cmd("DEL").arg(keys.lease().key())).await;
     assert_eq!(deleted, 1, "a's lease was not there");
 
     assert_eq!(send(&b.service, get("/items/1")).await.x_cache(), "stale");
@@ -317,7 +340,9 @@ async fn a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
         .await
     );
 
-    let data: Vec<u8> = conn.hget(keys.entry(), "d").await.unwrap();
+    let data: Vec<u8> = server
+        .cmd(redis::cmd("HGET").arg(keys.entry()).arg("d"))
+        .await;
     let stored = stampede_guard::entry::decode(&data).unwrap();
     assert_eq!(stored.body, "from-b");
     assert_eq!(origin.calls(), 3);
@@ -776,7 +801,15 @@ async fn an_origin_error_keeps_serving_stale_until_stale_if_error_ends() {
 
 #[tokio::test]
 async fn invalidation_removes_the_entry_from_every_instance() {
-    let server = RedisServer::start();
+    invalidation_reaches_every_instance(Redis::single()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_invalidation_removes_the_entry_from_every_instance() {
+    invalidation_reaches_every_instance(Redis::cluster()).await;
+}
+
+async fn invalidation_reaches_every_instance(server: Redis) {
     let origin = Origin::versions(Duration::ZERO);
     let mut fleet = Vec::new();
     for _ in 0..3 {

@@ -2,6 +2,7 @@
 
 #![allow(dead_code, unused_imports)] // each test or bench binary uses a part of it
 
+pub(crate) mod backend;
 pub(crate) mod cluster;
 pub(crate) mod http;
 pub(crate) mod proxy;
@@ -12,6 +13,7 @@ use std::fmt::Display;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+pub(crate) use self::backend::{Redis, Store};
 pub(crate) use self::cluster::RedisCluster;
 pub(crate) use self::proxy::{Mode, Proxy};
 pub(crate) use self::server::RedisServer;

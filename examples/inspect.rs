@@ -10,6 +10,8 @@
 //! (service and instance, not the random part of the owner value). Deleting a lease can
 //! break work in progress: the tool prints who holds it and deletes only with `--yes`.
 //! `--redis URL` (or `REDIS_URL`, default `redis://127.0.0.1:6379`), `--prefix` (`sg`).
+//! For a Redis Cluster, `--cluster URL` once per node to start from (one is enough):
+//! every primary is scanned, each with its own cursor.
 
 use std::process::ExitCode;
 
@@ -22,11 +24,13 @@ async fn main() -> ExitCode {
     let mut redis =
         std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let (mut prefix, mut env, mut service) = ("sg".to_owned(), None, None);
+    let mut cluster: Vec<String> = Vec::new();
     let (mut delete, mut yes, mut limit) = (None, false, 1000usize);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_default();
         match arg.as_str() {
             "--redis" => redis = value(),
+            "--cluster" => cluster.push(value()),
             "--prefix" => prefix = value(),
             "--env" => env = Some(value()),
             "--service" => service = Some(value()),
@@ -43,7 +47,12 @@ async fn main() -> ExitCode {
         eprintln!("--env and --service are required");
         return ExitCode::from(2);
     };
-    let store = match RedisStore::builder(redis.as_str()).build() {
+    let builder = if cluster.is_empty() {
+        RedisStore::builder(redis.as_str())
+    } else {
+        RedisStore::cluster(cluster)
+    };
+    let store = match builder.build() {
         Ok(store) => store,
         Err(error) => {
             eprintln!("{error}");

@@ -59,35 +59,38 @@ pub fn pattern(prefix: &str, env: &str, service: &str) -> Result<String, ConfigE
     Ok(format!("{prefix}:{env}:{service}:*"))
 }
 
-/// Lists up to `limit` keys matching `pattern`, with `SCAN` in batches of 100.
+/// Lists up to `limit` keys matching `pattern`, with `SCAN` in batches of 100 (never
+/// `KEYS`): on a cluster, every primary in turn, each with its own cursor.
 pub async fn list(
     store: &RedisStore,
     pattern: &str,
     limit: usize,
 ) -> Result<Vec<Item>, StoreError> {
     let mut items = Vec::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let mut scan = redis::cmd("SCAN");
-        scan.arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(100);
-        let (next, keys): (u64, Vec<String>) = store
-            .run(Operation::Inspect, Request::Command(&scan))
-            .await?;
-        for key in keys {
-            if items.len() >= limit {
-                return Ok(items);
+    for node in store.nodes().await? {
+        let mut cursor: u64 = 0;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(100);
+            let (next, keys): (u64, Vec<String>) =
+                store.run_at(&node, Operation::Inspect, &scan).await?;
+            for key in keys {
+                if items.len() >= limit {
+                    return Ok(items);
+                }
+                items.push(describe(store, &key).await?);
             }
-            items.push(describe(store, &key).await?);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        if next == 0 {
-            return Ok(items);
-        }
-        cursor = next;
     }
+    Ok(items)
 }
 
 /// Describes one key.

@@ -346,3 +346,46 @@ async fn failovers_under_load_give_no_5xx_and_never_a_lower_token() {
     }
     assert!(new_after > 0, "no entry was written after the promotion");
 }
+
+/// The inspection tool on a cluster: `SCAN` on every primary, each with its cursor,
+/// never `KEYS`; every entry is listed, whichever primary holds it.
+#[tokio::test]
+async fn the_inspector_scans_every_primary() {
+    use stampede_guard::inspect::{self, ItemKind};
+
+    let cluster = RedisCluster::start();
+    let origin = Origin::versions(Duration::ZERO);
+    let policy = Policy::builder("items")
+        .fresh_ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let guard = StampedeGuard::builder(store(&cluster), keys())
+        .build()
+        .unwrap();
+    let a = web::instance(guard, policy, origin.service()).await;
+    const ENTRIES: usize = 150;
+    for n in 0..ENTRIES {
+        assert_eq!(
+            send(&a.service, get(&format!("/items/{n}"))).await.status,
+            200
+        );
+    }
+    let store = store(&cluster);
+    let pattern = inspect::pattern("sg", "test", "catalog").unwrap();
+    let items = inspect::list(&store, &pattern, 10_000).await.unwrap();
+    let entries = items.iter().filter(|i| i.kind == ItemKind::Entry).count();
+    assert_eq!(entries, ENTRIES, "entries listed");
+    let primaries = cluster.primaries();
+    assert_eq!(primaries.len(), 3);
+    for port in primaries {
+        let stats = support::cluster::cli(port, &["INFO", "commandstats"]).unwrap();
+        assert!(
+            stats.contains("cmdstat_scan:"),
+            "no SCAN on the primary on {port}"
+        );
+        assert!(
+            !stats.contains("cmdstat_keys:"),
+            "KEYS on the primary on {port}"
+        );
+    }
+}

@@ -29,6 +29,8 @@ use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{FromRedisValue, RedisResult};
 use tokio::time::{Instant, timeout_at};
 
 use super::error::{Operation, StoreError, StoreErrorKind};
@@ -137,4 +139,41 @@ impl Cluster {
             last,
         ))
     }
+}
+
+/// The primaries of the cluster as `conn` sees it (`CLUSTER NODES`): those that hold
+/// slots and are not marked failed.
+pub(super) async fn primaries(conn: &mut ClusterConnection) -> RedisResult<Vec<(String, u16)>> {
+    let text: String = redis::cmd("CLUSTER").arg("NODES").query_async(conn).await?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            // Holding slots: a ninth field (a range or a slot) is there.
+            let serves = fields.len() > 8;
+            if !flags.contains("master") || flags.contains("fail") || !serves {
+                return None;
+            }
+            // `host:port@bus-port` (and `,hostname` since Redis 7).
+            let address = fields.get(1)?.split(['@', ',']).next()?;
+            let (host, port) = address.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect())
+}
+
+/// Runs `cmd` on the node at `host:port`.
+pub(super) async fn run_at<T: FromRedisValue>(
+    conn: &mut ClusterConnection,
+    host: &str,
+    port: u16,
+    cmd: &redis::Cmd,
+) -> RedisResult<T> {
+    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    });
+    let value = conn.route_command(cmd.clone(), routing).await?;
+    T::from_redis_value(value).map_err(Into::into)
 }

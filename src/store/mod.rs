@@ -287,7 +287,61 @@ impl RedisStore {
     }
 }
 
+/// A node a command can be sent to, for what must visit every node (a key scan).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Node {
+    /// The one server of a single-server store.
+    Server,
+    /// A primary of a cluster, by address.
+    Primary(String, u16),
+}
+
 impl RedisStore {
+    /// The nodes that together hold every key: the server, or each primary of a
+    /// cluster (as the cluster sees itself now).
+    pub(crate) async fn nodes(&self) -> Result<Vec<Node>, StoreError> {
+        match &self.inner.backend {
+            Backend::Cluster(cluster) => {
+                let deadline = Instant::now() + self.inner.command_timeout;
+                let mut conn = cluster.connection(deadline, Operation::Inspect).await?;
+                match timeout_at(deadline, cluster::primaries(&mut conn)).await {
+                    Ok(Ok(primaries)) => Ok(primaries
+                        .into_iter()
+                        .map(|(host, port)| Node::Primary(host, port))
+                        .collect()),
+                    Ok(Err(error)) => Err(StoreError::from_redis(Operation::Inspect, error)),
+                    Err(_) => Err(StoreError::new(
+                        Operation::Inspect,
+                        StoreErrorKind::Timeout,
+                        None,
+                    )),
+                }
+            }
+            _ => Ok(vec![Node::Server]),
+        }
+    }
+
+    /// Runs a command on one node (see [`RedisStore::nodes`]), within the deadline.
+    pub(crate) async fn run_at<T: FromRedisValue>(
+        &self,
+        node: &Node,
+        operation: Operation,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
+        match (node, &self.inner.backend) {
+            (Node::Primary(host, port), Backend::Cluster(cluster)) => {
+                let deadline = Instant::now() + self.inner.command_timeout;
+                let mut conn = cluster.connection(deadline, operation).await?;
+                match timeout_at(deadline, cluster::run_at(&mut conn, host, *port, cmd)).await {
+                    Ok(Ok(value)) => Ok(value),
+                    Ok(Err(error)) => Err(StoreError::from_redis(operation, error)),
+                    Err(_) => Err(StoreError::new(operation, StoreErrorKind::Timeout, None)),
+                }
+            }
+            _ => self.run(operation, Request::Command(cmd)).await,
+        }
+    }
+
     /// Starts the probe of an open breaker unless one runs.
     fn start_probe(&self) {
         if !self.inner.breaker.probing.swap(true, Ordering::AcqRel) {

@@ -134,6 +134,40 @@ impl KeySpace {
         format!("{}*", self.inner.head)
     }
 
+    /// The least a Redis ACL user needs for a guard of this key space: its keys, its
+    /// notice channel and the commands the crate sends, and nothing else. For
+    /// `ACL SETUSER <name> on ><password> <rules>`:
+    ///
+    /// - keys `~{prefix}:{env}:{service}:*` and channels `&{prefix}:{env}:{service}:*`;
+    /// - `PING`; `EVALSHA` and `SCRIPT LOAD` (the scripts, loaded again when a server
+    ///   answers `NOSCRIPT`); `PUBLISH` and `SUBSCRIBE` (notices);
+    /// - what the scripts call, which Redis checks against the user too: `GET`, `SET`,
+    ///   `DEL`, `HGET`, `HSET`, `HEXISTS`, `PEXPIRE`, `PTTL`, `TYPE`, `TIME`;
+    /// - on a Redis Cluster, `CLUSTER SLOTS`, `CLUSTER SHARDS` and `CLUSTER NODES`, to
+    ///   learn which node holds which slot (harmless on a single server).
+    ///
+    /// The inspection tool needs `SCAN` and `HMGET` besides; it is meant to run with an
+    /// operator's user. The tests run the guard as exactly this user.
+    ///
+    /// ```
+    /// # use stampede_guard::KeySpace;
+    /// let keys = KeySpace::builder()
+    ///     .env("prod")
+    ///     .service("catalog")
+    ///     .secret(b"at least sixteen bytes of secret".to_vec())
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(keys.acl_rules().starts_with("resetkeys ~sg:prod:catalog:* resetchannels &sg:prod:catalog:* -@all"));
+    /// ```
+    pub fn acl_rules(&self) -> String {
+        let head = &self.inner.head;
+        format!(
+            "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
+             +script|load +publish +subscribe +get +set +del +hget +hset +hexists +pexpire \
+             +pttl +type +time +cluster|slots +cluster|shards +cluster|nodes"
+        )
+    }
+
     /// The keyed hash of an identifier of a kind, as it appears in keys: `{kind}_{hex}`.
     ///
     /// The kind is part of what is hashed, so the same value under two kinds (a tenant

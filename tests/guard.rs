@@ -1,6 +1,7 @@
 //! The guard layer against real Redis servers: stampedes, fencing, HTTP rules. The
-//! stampede, cold-miss, fencing and invalidation tests run one body on a single server
-//! and on a Redis Cluster, with the same exact counts.
+//! stampede, cold-miss, fencing and invalidation tests run one body on a single server,
+//! on a Redis Cluster and as a user with only what `KeySpace::acl_rules` allows, with
+//! the same exact counts.
 
 mod support;
 
@@ -54,6 +55,12 @@ async fn a_stale_entry_is_refreshed_once_for_the_fleet_and_nobody_waits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_a_stale_entry_is_refreshed_once_for_the_fleet_and_nobody_waits() {
     stale_entry_refreshed_once(Redis::cluster()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn as_the_least_privileged_user_a_stale_entry_is_refreshed_once_for_the_fleet_and_nobody_waits()
+ {
+    stale_entry_refreshed_once(Redis::least_privileged(&keys()).await).await;
 }
 
 async fn stale_entry_refreshed_once(server: Redis) {
@@ -165,6 +172,12 @@ async fn a_cold_key_is_filled_once_and_other_instances_are_woken_by_the_notice()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_a_cold_key_is_filled_once_and_other_instances_are_woken_by_the_notice() {
     cold_key_filled_once(Redis::cluster()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn as_the_least_privileged_user_a_cold_key_is_filled_once_and_other_instances_are_woken_by_the_notice()
+ {
+    cold_key_filled_once(Redis::least_privileged(&keys()).await).await;
 }
 
 async fn cold_key_filled_once(server: Redis) {
@@ -316,6 +329,12 @@ async fn a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
     late_refresher_fenced(Redis::cluster()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_the_least_privileged_user_a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry()
+ {
+    late_refresher_fenced(Redis::least_privileged(&keys()).await).await;
 }
 
 async fn late_refresher_fenced(server: Redis) {
@@ -807,6 +826,11 @@ async fn invalidation_removes_the_entry_from_every_instance() {
 #[tokio::test]
 async fn on_a_cluster_invalidation_removes_the_entry_from_every_instance() {
     invalidation_reaches_every_instance(Redis::cluster()).await;
+}
+
+#[tokio::test]
+async fn as_the_least_privileged_user_invalidation_removes_the_entry_from_every_instance() {
+    invalidation_reaches_every_instance(Redis::least_privileged(&keys()).await).await;
 }
 
 async fn invalidation_reaches_every_instance(server: Redis) {

@@ -12,6 +12,9 @@ use super::{RedisCluster, RedisServer};
 pub(crate) enum Redis {
     Single(RedisServer),
     Cluster(RedisCluster),
+    /// A single server, spoken to as a user with only what
+    /// [`KeySpace::acl_rules`](stampede_guard::KeySpace::acl_rules) allows: its URL.
+    LeastPrivileged(RedisServer, String),
 }
 
 /// Something a store can be made for.
@@ -43,6 +46,10 @@ impl Store for Redis {
         match self {
             Redis::Single(server) => server.store(timeout),
             Redis::Cluster(cluster) => cluster.store(timeout),
+            Redis::LeastPrivileged(_, url) => RedisStore::builder(url.as_str())
+                .command_timeout(timeout)
+                .build()
+                .unwrap(),
         }
     }
 }
@@ -56,11 +63,34 @@ impl Redis {
         Self::Cluster(RedisCluster::start())
     }
 
+    /// A server with a user allowed what `keys`' ACL rules allow, and nothing else; the
+    /// stores are made as that user (the test's own commands, as the default user).
+    pub(crate) async fn least_privileged(keys: &stampede_guard::KeySpace) -> Self {
+        let server = RedisServer::start();
+        let mut setuser = redis::cmd("ACL");
+        setuser
+            .arg("SETUSER")
+            .arg("guard")
+            .arg("on")
+            .arg(">guard-pw");
+        for rule in keys.acl_rules().split_whitespace() {
+            setuser.arg(rule);
+        }
+        let () = setuser
+            .query_async(&mut server.conn().await)
+            .await
+            .expect("ACL SETUSER");
+        let url = format!("redis://guard:guard-pw@127.0.0.1:{}", server.addr().port());
+        Self::LeastPrivileged(server, url)
+    }
+
     /// Runs `cmd` on a direct connection (on a cluster, routed by its first key), for
     /// looking at or changing what the code under test left in Redis.
     pub(crate) async fn cmd<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
         let reply = match self {
-            Redis::Single(server) => cmd.query_async(&mut server.conn().await).await,
+            Redis::Single(server) | Redis::LeastPrivileged(server, _) => {
+                cmd.query_async(&mut server.conn().await).await
+            }
             Redis::Cluster(cluster) => {
                 let mut conn = redis::cluster::ClusterClient::new(cluster.urls())
                     .unwrap()

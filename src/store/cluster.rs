@@ -30,7 +30,7 @@ use std::time::Duration;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{FromRedisValue, RedisResult};
+use redis::{ConnectionInfo, FromRedisValue, RedisResult};
 use tokio::time::{Instant, timeout_at};
 
 use super::error::{Operation, StoreError, StoreErrorKind};
@@ -41,7 +41,7 @@ pub(super) struct Cluster {
     client: ClusterClient,
     /// The nodes the store was given, for pub/sub connections (any node hears every
     /// notice, see the module docs).
-    nodes: Vec<String>,
+    nodes: Vec<ConnectionInfo>,
     /// The connection, once made.
     connection: Mutex<Option<ClusterConnection>>,
     /// Held while a connection is being made, so that callers wait for one attempt
@@ -51,21 +51,25 @@ pub(super) struct Cluster {
 }
 
 impl Cluster {
-    /// Checks the node URLs; connects nothing.
+    /// Takes the nodes' parsed URLs; connects nothing.
     pub(super) fn new(
-        nodes: Vec<String>,
+        nodes: Vec<ConnectionInfo>,
         connect_timeout: Duration,
         command_timeout: Duration,
     ) -> Result<Self, ConfigError> {
-        if nodes.is_empty() {
+        let Some(first) = nodes.first() else {
             return Err(ConfigError::invalid("nodes", "needs at least one node"));
+        };
+        let settings = first.redis_settings();
+        let mut builder = ClusterClientBuilder::new(nodes.clone());
+        // The cluster client authenticates to every node as the first node says.
+        if let Some(username) = settings.username() {
+            builder = builder.username(username);
         }
-        for node in &nodes {
-            // The error's text is not passed on: it can quote the URL, password and all.
-            redis::Client::open(node.as_str())
-                .map_err(|_| ConfigError::invalid("nodes", "not a valid Redis URL"))?;
+        if let Some(password) = settings.password() {
+            builder = builder.password(password);
         }
-        let client = ClusterClientBuilder::new(nodes.clone())
+        let client = builder
             .connection_timeout(connect_timeout)
             // The store puts its own deadline on each operation; this only bounds one
             // attempt within it, so that a retry after `MOVED` or a reconnect fits.
@@ -124,7 +128,7 @@ impl Cluster {
     ) -> Result<redis::aio::PubSub, StoreError> {
         let mut last = None;
         for node in &self.nodes {
-            let Ok(client) = redis::Client::open(node.as_str()) else {
+            let Ok(client) = redis::Client::open(node.clone()) else {
                 continue;
             };
             match tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await {

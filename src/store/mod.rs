@@ -31,7 +31,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bb8_redis::bb8;
-use redis::{Client, FromRedisValue, ScriptInvocation};
+use redis::{Client, ConnectionInfo, FromRedisValue, IntoConnectionInfo, ScriptInvocation};
 use tokio::time::{Instant, timeout_at};
 
 use self::breaker::Breaker;
@@ -111,6 +111,8 @@ impl RedisStore {
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             target: Target::Single(url.into()),
+            username: None,
+            password: None,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_size: DEFAULT_POOL_SIZE,
@@ -132,6 +134,8 @@ impl RedisStore {
     {
         RedisStoreBuilder {
             target: Target::Cluster(nodes.into_iter().map(Into::into).collect()),
+            username: None,
+            password: None,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_size: DEFAULT_POOL_SIZE,
@@ -464,6 +468,9 @@ async fn execute<T: FromRedisValue>(
 #[must_use]
 pub struct RedisStoreBuilder {
     target: Target,
+    /// An ACL user and password that replace those of the URLs. Never shown by `Debug`.
+    username: Option<String>,
+    password: Option<String>,
     command_timeout: Duration,
     connect_timeout: Duration,
     pool_size: u32,
@@ -485,6 +492,7 @@ impl fmt::Debug for RedisStoreBuilder {
         };
         f.debug_struct("RedisStoreBuilder")
             .field("target", &target)
+            .field("username", &self.username)
             .field("command_timeout", &self.command_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("pool_size", &self.pool_size)
@@ -515,6 +523,41 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// The ACL user to authenticate as, in place of one in the URL (or the URLs of a
+    /// cluster's nodes).
+    pub fn username(mut self, username: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self
+    }
+
+    /// The password to authenticate with, in place of one in the URL: a way to keep it
+    /// out of URLs, which end up in configuration files and command lines. Never
+    /// logged, and never shown by `Debug`.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// `url` parsed, with this builder's user and password in place of its own.
+    fn connection_info(
+        &self,
+        url: &str,
+        field: &'static str,
+    ) -> Result<ConnectionInfo, ConfigError> {
+        // The error's text is not passed on: it can quote the URL, password and all.
+        let info = url
+            .into_connection_info()
+            .map_err(|_| ConfigError::invalid(field, "not a valid Redis URL"))?;
+        let mut settings = info.redis_settings().clone();
+        if let Some(username) = &self.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = &self.password {
+            settings = settings.set_password(password);
+        }
+        Ok(info.set_redis_settings(settings))
+    }
+
     /// When the circuit breaker opens and how often it probes (see [`BreakerConfig`]).
     pub fn breaker(mut self, config: BreakerConfig) -> Self {
         self.breaker = config;
@@ -532,9 +575,13 @@ impl RedisStoreBuilder {
         if self.pool_size > 256 {
             return Err(ConfigError::invalid("pool_size", "at most 256"));
         }
-        let url = match self.target {
+        let url = match &self.target {
             Target::Single(url) => url,
             Target::Cluster(nodes) => {
+                let nodes = nodes
+                    .iter()
+                    .map(|node| self.connection_info(node, "nodes"))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let cluster = Cluster::new(nodes, connect_timeout, command_timeout)?;
                 return Ok(RedisStore {
                     inner: Arc::new(Inner {
@@ -546,8 +593,7 @@ impl RedisStoreBuilder {
                 });
             }
         };
-        // The error's text is not passed on: it can quote the URL, password and all.
-        let client = Client::open(url.as_str())
+        let client = Client::open(self.connection_info(url, "url")?)
             .map_err(|_| ConfigError::invalid("url", "not a valid Redis URL"))?;
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size)

@@ -1,0 +1,86 @@
+//! Authentication: an ACL user and password from the builder, kept out of URLs, logs and
+//! `Debug`; a wrong password is a Redis failure the guard falls back from, never a 5xx.
+
+mod support;
+
+use std::time::Duration;
+
+use stampede_guard::metrics::Event;
+use stampede_guard::{Policy, RedisStore, StampedeGuard};
+use support::web::{self, Origin, get, keys, send};
+use support::{Redis, Store};
+
+const TIMEOUT: Duration = Duration::from_millis(250);
+
+fn policy() -> Policy {
+    Policy::builder("items")
+        .fresh_ttl(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// The least-privileged user, named and authenticated by the builder over a URL with
+/// no credentials: the guard fills and serves through Redis; `Debug` shows the user,
+/// never the password.
+#[tokio::test]
+async fn a_user_and_password_from_the_builder_authenticate() {
+    let redis = Redis::least_privileged(&keys()).await;
+    let Redis::LeastPrivileged(server, _) = &redis else {
+        unreachable!()
+    };
+    let builder = RedisStore::builder(server.url())
+        .command_timeout(TIMEOUT)
+        .username("guard")
+        .password("guard-pw");
+    let shown = format!("{builder:?}");
+    assert!(
+        shown.contains("guard") && !shown.contains("guard-pw"),
+        "{shown}"
+    );
+    let store = builder.build().unwrap();
+    assert!(!format!("{store:?}").contains("guard-pw"));
+    store.ping().await.unwrap();
+    let origin = Origin::versions(Duration::ZERO);
+    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
+    let a = web::instance(guard, policy(), origin.service()).await;
+    // A second instance reads the first one's entry from Redis.
+    let b = web::instance(
+        StampedeGuard::builder(redis.store(TIMEOUT), keys())
+            .build()
+            .unwrap(),
+        policy(),
+        origin.service(),
+    )
+    .await;
+    assert_eq!(send(&a.service, get("/items/1")).await.x_cache(), "miss");
+    assert_eq!(send(&b.service, get("/items/1")).await.x_cache(), "hit");
+    assert_eq!(b.layer.stats().get(Event::L2Hit), 1);
+    assert_eq!(origin.calls(), 1);
+}
+
+/// A wrong password: every Redis operation fails, is counted, and the guard answers
+/// from the origin and L1 as it does without Redis.
+#[tokio::test]
+async fn a_wrong_password_degrades_to_local_protection() {
+    let redis = Redis::least_privileged(&keys()).await;
+    let Redis::LeastPrivileged(server, _) = &redis else {
+        unreachable!()
+    };
+    let store = RedisStore::builder(server.url())
+        .command_timeout(TIMEOUT)
+        .username("guard")
+        .password("not-the-password")
+        .build()
+        .unwrap();
+    assert!(store.ping().await.is_err());
+    let origin = Origin::versions(Duration::ZERO);
+    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
+    let layer = guard.layer(policy()).unwrap();
+    let service = tower::Layer::layer(&layer, origin.service());
+    let first = send(&service, get("/items/1")).await;
+    assert_eq!(first.status, 200);
+    let second = send(&service, get("/items/1")).await;
+    assert_eq!((second.status.as_u16(), second.x_cache()), (200, "hit"));
+    assert_eq!(origin.calls(), 1);
+    assert!(layer.stats().get(Event::RedisError) > 0);
+}

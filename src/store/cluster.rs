@@ -30,7 +30,7 @@ use std::time::Duration;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{ConnectionInfo, FromRedisValue, RedisResult};
+use redis::{ConnectionInfo, FromRedisValue, RedisResult, TlsCertificates};
 use tokio::time::{Instant, timeout_at};
 
 use super::error::{Operation, StoreError, StoreErrorKind};
@@ -42,6 +42,8 @@ pub(super) struct Cluster {
     /// The nodes the store was given, for pub/sub connections (any node hears every
     /// notice, see the module docs).
     nodes: Vec<ConnectionInfo>,
+    /// The TLS certificates of the store, for pub/sub connections too.
+    certificates: Option<TlsCertificates>,
     /// The connection, once made.
     connection: Mutex<Option<ClusterConnection>>,
     /// Held while a connection is being made, so that callers wait for one attempt
@@ -54,6 +56,7 @@ impl Cluster {
     /// Takes the nodes' parsed URLs; connects nothing.
     pub(super) fn new(
         nodes: Vec<ConnectionInfo>,
+        certificates: Option<TlsCertificates>,
         connect_timeout: Duration,
         command_timeout: Duration,
     ) -> Result<Self, ConfigError> {
@@ -69,6 +72,16 @@ impl Cluster {
         if let Some(password) = settings.password() {
             builder = builder.password(password);
         }
+        if let redis::ConnectionAddr::TcpTls { insecure, .. } = first.addr() {
+            builder = builder.tls(if *insecure {
+                redis::TlsMode::Insecure
+            } else {
+                redis::TlsMode::Secure
+            });
+        }
+        if let Some(certificates) = &certificates {
+            builder = builder.certs(certificates.clone());
+        }
         let client = builder
             .connection_timeout(connect_timeout)
             // The store puts its own deadline on each operation; this only bounds one
@@ -79,6 +92,7 @@ impl Cluster {
         Ok(Self {
             client,
             nodes,
+            certificates,
             connection: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             connect_timeout,
@@ -128,7 +142,13 @@ impl Cluster {
     ) -> Result<redis::aio::PubSub, StoreError> {
         let mut last = None;
         for node in &self.nodes {
-            let Ok(client) = redis::Client::open(node.clone()) else {
+            let client = match &self.certificates {
+                Some(certificates) => {
+                    redis::Client::build_with_tls(node.clone(), certificates.clone())
+                }
+                None => redis::Client::open(node.clone()),
+            };
+            let Ok(client) = client else {
                 continue;
             };
             match tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await {

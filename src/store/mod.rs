@@ -31,7 +31,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bb8_redis::bb8;
-use redis::{Client, ConnectionInfo, FromRedisValue, IntoConnectionInfo, ScriptInvocation};
+use redis::{
+    Client, ConnectionInfo, FromRedisValue, IntoConnectionInfo, ScriptInvocation, TlsCertificates,
+};
 use tokio::time::{Instant, timeout_at};
 
 use self::breaker::Breaker;
@@ -70,8 +72,9 @@ enum Backend {
     /// One server (or a proxy in front of one).
     Single {
         pool: bb8::Pool<Manager>,
-        /// For what a pool cannot give: pub/sub connections.
-        client: Client,
+        /// For what a pool cannot give: pub/sub connections (boxed: with its TLS settings
+        /// it is large, and it is used once per subscription).
+        client: Box<Client>,
     },
     /// A Redis Cluster (boxed: its client is large, and the enum is built once).
     Cluster(Box<Cluster>),
@@ -113,6 +116,7 @@ impl RedisStore {
             target: Target::Single(url.into()),
             username: None,
             password: None,
+            tls: Tls::default(),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_size: DEFAULT_POOL_SIZE,
@@ -136,6 +140,7 @@ impl RedisStore {
             target: Target::Cluster(nodes.into_iter().map(Into::into).collect()),
             username: None,
             password: None,
+            tls: Tls::default(),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_size: DEFAULT_POOL_SIZE,
@@ -471,10 +476,41 @@ pub struct RedisStoreBuilder {
     /// An ACL user and password that replace those of the URLs. Never shown by `Debug`.
     username: Option<String>,
     password: Option<String>,
+    tls: Tls,
     command_timeout: Duration,
     connect_timeout: Duration,
     pool_size: u32,
     breaker: BreakerConfig,
+}
+
+/// The TLS settings of a builder, for `rediss://` URLs.
+#[derive(Default)]
+struct Tls {
+    /// PEM root certificates to trust instead of the system's.
+    root: Option<Vec<u8>>,
+    /// A PEM client certificate and its key, for servers that ask for one.
+    client: Option<(Vec<u8>, Vec<u8>)>,
+    /// Certificates are not checked at all.
+    insecure: bool,
+}
+
+impl Tls {
+    /// What redis-rs is given besides the URL, if anything.
+    fn certificates(&self) -> Option<TlsCertificates> {
+        if self.root.is_none() && self.client.is_none() {
+            return None;
+        }
+        Some(TlsCertificates {
+            client_tls: self
+                .client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.root.clone(),
+        })
+    }
 }
 
 /// What a builder builds a store for.
@@ -493,6 +529,9 @@ impl fmt::Debug for RedisStoreBuilder {
         f.debug_struct("RedisStoreBuilder")
             .field("target", &target)
             .field("username", &self.username)
+            .field("tls_root_certificate", &self.tls.root.is_some())
+            .field("tls_client_certificate", &self.tls.client.is_some())
+            .field("danger_accept_invalid_certificates", &self.tls.insecure)
             .field("command_timeout", &self.command_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("pool_size", &self.pool_size)
@@ -538,7 +577,37 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// `url` parsed, with this builder's user and password in place of its own.
+    /// Trusts these root certificates (PEM) for `rediss://` URLs instead of the
+    /// system's: for a private certificate authority. Certificates are checked, and so
+    /// are host names.
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM) on `rediss://` connections, for
+    /// servers that ask for one (`tls-auth-clients yes`).
+    pub fn tls_client_certificate(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((certificate.into(), key.into()));
+        self
+    }
+
+    /// Accepts any certificate on `rediss://` connections, whoever signed it and
+    /// whatever host it names: the traffic is encrypted, but anyone between the service
+    /// and Redis can read and change it. For tests against a server with a throwaway
+    /// certificate, never for production. The only way to turn the checks off (a URL's
+    /// `#insecure` is refused without it); building warns when it is on.
+    pub fn danger_accept_invalid_certificates(mut self) -> Self {
+        self.tls.insecure = true;
+        self
+    }
+
+    /// `url` parsed, with this builder's user and password in place of its own, and its
+    /// TLS checks as the builder says.
     fn connection_info(
         &self,
         url: &str,
@@ -548,6 +617,35 @@ impl RedisStoreBuilder {
         let info = url
             .into_connection_info()
             .map_err(|_| ConfigError::invalid(field, "not a valid Redis URL"))?;
+        let info = match info.addr().clone() {
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                tls_params,
+            } => {
+                if insecure && !self.tls.insecure {
+                    return Err(ConfigError::invalid(
+                        field,
+                        "`#insecure` turns certificate checks off: call \
+                         danger_accept_invalid_certificates() to mean it",
+                    ));
+                }
+                info.set_addr(redis::ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: self.tls.insecure,
+                    tls_params,
+                })
+            }
+            _ if self.tls.root.is_some() || self.tls.client.is_some() || self.tls.insecure => {
+                return Err(ConfigError::invalid(
+                    field,
+                    "TLS settings were given, but the URL is not `rediss://`",
+                ));
+            }
+            _ => info,
+        };
         let mut settings = info.redis_settings().clone();
         if let Some(username) = &self.username {
             settings = settings.set_username(username);
@@ -556,6 +654,15 @@ impl RedisStoreBuilder {
             settings = settings.set_password(password);
         }
         Ok(info.set_redis_settings(settings))
+    }
+
+    fn warn_if_insecure(&self) {
+        if self.tls.insecure {
+            tracing::warn!(
+                "Redis TLS certificates are not checked (danger_accept_invalid_certificates): \
+                 anyone on the path can read and change what the cache stores"
+            );
+        }
     }
 
     /// When the circuit breaker opens and how often it probes (see [`BreakerConfig`]).
@@ -582,7 +689,13 @@ impl RedisStoreBuilder {
                     .iter()
                     .map(|node| self.connection_info(node, "nodes"))
                     .collect::<Result<Vec<_>, _>>()?;
-                let cluster = Cluster::new(nodes, connect_timeout, command_timeout)?;
+                let cluster = Cluster::new(
+                    nodes,
+                    self.tls.certificates(),
+                    connect_timeout,
+                    command_timeout,
+                )?;
+                self.warn_if_insecure();
                 return Ok(RedisStore {
                     inner: Arc::new(Inner {
                         backend: Backend::Cluster(Box::new(cluster)),
@@ -593,8 +706,13 @@ impl RedisStoreBuilder {
                 });
             }
         };
-        let client = Client::open(self.connection_info(url, "url")?)
-            .map_err(|_| ConfigError::invalid("url", "not a valid Redis URL"))?;
+        let info = self.connection_info(url, "url")?;
+        let client = match self.tls.certificates() {
+            Some(certificates) => Client::build_with_tls(info, certificates),
+            None => Client::open(info),
+        }
+        .map_err(|_| ConfigError::invalid("url", "not usable with these TLS settings"))?;
+        self.warn_if_insecure();
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size)
             // Checks only the broken mark: no round trip.
@@ -608,7 +726,10 @@ impl RedisStoreBuilder {
             .build_unchecked(Manager::new(client.clone(), connect_timeout));
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                backend: Backend::Single { pool, client },
+                backend: Backend::Single {
+                    pool,
+                    client: Box::new(client),
+                },
                 command_timeout,
                 connect_timeout,
                 breaker: Breaker::new(self.breaker),

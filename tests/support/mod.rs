@@ -7,6 +7,7 @@ pub(crate) mod cluster;
 pub(crate) mod http;
 pub(crate) mod proxy;
 pub(crate) mod server;
+pub(crate) mod tls;
 pub(crate) mod web;
 
 use std::fmt::Display;
@@ -17,6 +18,7 @@ pub(crate) use self::backend::{Redis, Store};
 pub(crate) use self::cluster::RedisCluster;
 pub(crate) use self::proxy::{Mode, Proxy};
 pub(crate) use self::server::RedisServer;
+pub(crate) use self::tls::TlsServer;
 
 /// How long one request, one spawned task or one origin start may take before a test
 /// calls it a hang: far past anything a test waits for on purpose, so that only a hang

@@ -360,7 +360,7 @@ fn answers_as(addr: SocketAddr, pid: u32) -> bool {
         .is_some_and(|found| found.trim() == pid.to_string())
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free loopback port")

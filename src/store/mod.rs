@@ -24,6 +24,7 @@ mod breaker;
 mod cluster;
 mod error;
 mod manager;
+mod sentinel;
 
 use std::fmt;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ pub use self::breaker::{BreakerConfig, CIRCUIT_OPEN, CIRCUIT_OPENED};
 use self::cluster::Cluster;
 pub use self::error::{Operation, StoreError, StoreErrorKind};
 use self::manager::{Conn, Manager};
+use self::sentinel::Sentinel;
 use crate::error::ConfigError;
 
 /// Default deadline of one Redis operation.
@@ -78,6 +80,8 @@ enum Backend {
     },
     /// A Redis Cluster (boxed: its client is large, and the enum is built once).
     Cluster(Box<Cluster>),
+    /// A primary found through Redis Sentinel.
+    Sentinel(Box<Sentinel>),
 }
 
 /// A duration in whole milliseconds, as Redis takes them (`PX`, `PEXPIRE`) and as entries
@@ -148,6 +152,36 @@ impl RedisStore {
         }
     }
 
+    /// Starts a store for the primary that Redis Sentinel watches under `service`
+    /// (`sentinel monitor <service> ...`), given some of the sentinels as URLs (with
+    /// their own credentials, if they need any). The builder's
+    /// [`username`](RedisStoreBuilder::username) and
+    /// [`password`](RedisStoreBuilder::password) are those of the Redis servers; TLS
+    /// settings apply to both. After a failover, the first operation that finds the old
+    /// primary gone (or read-only) asks the sentinels for the new one.
+    ///
+    /// [`pool_size`](RedisStoreBuilder::pool_size) does not apply: the store keeps one
+    /// multiplexed connection to the primary. Building connects nothing.
+    pub fn sentinel<I, S>(sentinels: I, service: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder {
+            target: Target::Sentinel(
+                sentinels.into_iter().map(Into::into).collect(),
+                service.into(),
+            ),
+            username: None,
+            password: None,
+            tls: Tls::default(),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+            breaker: BreakerConfig::default(),
+        }
+    }
+
     /// Whether the store speaks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner.backend, Backend::Cluster(_))
@@ -203,6 +237,7 @@ impl RedisStore {
             _ if self.inner.breaker.is_open() => None,
             Backend::Single { client, .. } => Some(client),
             Backend::Cluster(cluster) => return cluster.pubsub(connect_timeout).await,
+            Backend::Sentinel(sentinel) => return sentinel.pubsub(connect_timeout).await,
             Backend::None => None,
         };
         let client = match client {
@@ -373,6 +408,14 @@ impl Inner {
                 let mut conn = cluster.connection(deadline, operation).await?;
                 return execute(&mut conn, request, deadline, operation).await;
             }
+            Backend::Sentinel(sentinel) => {
+                let mut conn = sentinel.connection(deadline, operation).await?;
+                let result = execute(&mut conn, request, deadline, operation).await;
+                if let Err(error) = &result {
+                    sentinel.after(error);
+                }
+                return result;
+            }
             Backend::None => {
                 return Err(StoreError::new(
                     operation,
@@ -517,6 +560,8 @@ impl Tls {
 enum Target {
     Single(String),
     Cluster(Vec<String>),
+    /// The sentinels, and the service they watch.
+    Sentinel(Vec<String>, String),
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -525,6 +570,7 @@ impl fmt::Debug for RedisStoreBuilder {
         let target = match &self.target {
             Target::Single(_) => "single",
             Target::Cluster(_) => "cluster",
+            Target::Sentinel(..) => "sentinel",
         };
         f.debug_struct("RedisStoreBuilder")
             .field("target", &target)
@@ -613,11 +659,24 @@ impl RedisStoreBuilder {
         url: &str,
         field: &'static str,
     ) -> Result<ConnectionInfo, ConfigError> {
+        let info = self.parsed(url, field)?;
+        let mut settings = info.redis_settings().clone();
+        if let Some(username) = &self.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = &self.password {
+            settings = settings.set_password(password);
+        }
+        Ok(info.set_redis_settings(settings))
+    }
+
+    /// `url` parsed, with its TLS checks as the builder says, and its own credentials.
+    fn parsed(&self, url: &str, field: &'static str) -> Result<ConnectionInfo, ConfigError> {
         // The error's text is not passed on: it can quote the URL, password and all.
         let info = url
             .into_connection_info()
             .map_err(|_| ConfigError::invalid(field, "not a valid Redis URL"))?;
-        let info = match info.addr().clone() {
+        Ok(match info.addr().clone() {
             redis::ConnectionAddr::TcpTls {
                 host,
                 port,
@@ -645,15 +704,7 @@ impl RedisStoreBuilder {
                 ));
             }
             _ => info,
-        };
-        let mut settings = info.redis_settings().clone();
-        if let Some(username) = &self.username {
-            settings = settings.set_username(username);
-        }
-        if let Some(password) = &self.password {
-            settings = settings.set_password(password);
-        }
-        Ok(info.set_redis_settings(settings))
+        })
     }
 
     fn warn_if_insecure(&self) {
@@ -684,6 +735,30 @@ impl RedisStoreBuilder {
         }
         let url = match &self.target {
             Target::Single(url) => url,
+            Target::Sentinel(sentinels, service) => {
+                let sentinels = sentinels
+                    .iter()
+                    // The sentinels' own credentials: the builder's are the servers'.
+                    .map(|url| self.parsed(url, "sentinels"))
+                    .collect::<Result<Vec<_>, ConfigError>>()?;
+                let sentinel = Sentinel::new(
+                    &sentinels,
+                    service,
+                    (self.username.as_deref(), self.password.as_deref()),
+                    (self.tls.certificates(), self.tls.insecure),
+                    connect_timeout,
+                    command_timeout,
+                )?;
+                self.warn_if_insecure();
+                return Ok(RedisStore {
+                    inner: Arc::new(Inner {
+                        backend: Backend::Sentinel(Box::new(sentinel)),
+                        command_timeout,
+                        connect_timeout,
+                        breaker: Breaker::new(self.breaker),
+                    }),
+                });
+            }
             Target::Cluster(nodes) => {
                 let nodes = nodes
                     .iter()

@@ -6,6 +6,7 @@ pub(crate) mod backend;
 pub(crate) mod cluster;
 pub(crate) mod http;
 pub(crate) mod proxy;
+pub(crate) mod sentinel;
 pub(crate) mod server;
 pub(crate) mod tls;
 pub(crate) mod web;

@@ -25,6 +25,8 @@ pub(crate) struct RedisServer {
     dir: TempDir,
     port: u16,
     args: Vec<String>,
+    /// For a sentinel: its configuration file's first contents (it rewrites the file).
+    sentinel: Option<String>,
     child: Option<Child>,
 }
 
@@ -37,6 +39,16 @@ impl RedisServer {
     /// A server with extra `redis-server` arguments, such as
     /// `["--enable-debug-command", "local"]`.
     pub(crate) fn start_with(args: &[&str]) -> Self {
+        Self::start_as(args, None)
+    }
+
+    /// A Redis Sentinel (`redis-server <config> --sentinel`) whose configuration starts
+    /// as `config` (`sentinel monitor ...` lines).
+    pub(crate) fn start_sentinel(config: &str) -> Self {
+        Self::start_as(&[], Some(config.to_owned()))
+    }
+
+    fn start_as(args: &[&str], sentinel: Option<String>) -> Self {
         let binary = redis_server_binary();
         let dir = tempfile::Builder::new()
             .prefix("stampede-guard-redis-")
@@ -47,6 +59,7 @@ impl RedisServer {
             dir,
             port: free_port(),
             args,
+            sentinel,
             child: None,
         };
         // A port picked from the OS can be taken by someone else before redis binds it:
@@ -257,6 +270,13 @@ impl RedisServer {
             }
             None => Command::new(binary),
         };
+        if let Some(config) = &self.sentinel {
+            let path = self.dir.path().join("sentinel.conf");
+            if !path.exists() {
+                std::fs::write(&path, config).expect("the sentinel's configuration");
+            }
+            command.arg(path).arg("--sentinel");
+        }
         command
             .arg("--port")
             .arg(self.port.to_string())

@@ -1,0 +1,200 @@
+//! Redis Sentinel: the store asks the sentinels which server is the primary, and keeps one
+//! multiplexed connection to it until it fails.
+//!
+//! The connection is dropped, and the primary asked for again at the next operation,
+//! when an operation on it breaks it (a timeout, a lost connection) or when the server
+//! answers `READONLY`: it is no longer the primary, a failover happened. Until the
+//! sentinels have promoted a replica, operations fail as they do when a single server is
+//! down (the breaker opens, the guard runs on L1 and its local single-flight), and the
+//! first operation after the promotion finds the new primary. Notices subscribe on the
+//! primary too: a failover ends the subscription, and the listener subscribes again on
+//! the new primary (and treats L1 as after any lost subscription).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, TlsCertificates};
+use tokio::time::{Instant, timeout_at};
+
+use super::error::{Operation, StoreError, StoreErrorKind};
+use crate::error::ConfigError;
+
+/// A primary found through sentinels, as the store speaks to it.
+pub(super) struct Sentinel {
+    /// Asked for the primary; behind an async lock, as redis-rs' client asks through
+    /// `&mut self` (one question at a time, which is what a failover needs anyway).
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    /// The primary's client and a connection to it, once found.
+    primary: Mutex<Option<(Client, MultiplexedConnection)>>,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+}
+
+impl Sentinel {
+    /// Takes the sentinels' parsed URLs (with their own credentials, if they need
+    /// any), the name of the service they watch, the user and password for its servers,
+    /// and the TLS settings for both; connects nothing.
+    pub(super) fn new(
+        sentinels: &[ConnectionInfo],
+        service: &str,
+        credentials: (Option<&str>, Option<&str>),
+        tls: (Option<TlsCertificates>, bool),
+        connect_timeout: Duration,
+        command_timeout: Duration,
+    ) -> Result<Self, ConfigError> {
+        let Some(first) = sentinels.first() else {
+            return Err(ConfigError::invalid(
+                "sentinels",
+                "needs at least one sentinel",
+            ));
+        };
+        if service.is_empty() {
+            return Err(ConfigError::invalid(
+                "service",
+                "names the primary the sentinels watch",
+            ));
+        }
+        let invalid = |_| ConfigError::invalid("sentinels", "not valid sentinel URLs");
+        let mut builder = SentinelClientBuilder::new(
+            sentinels.iter().map(|s| s.addr().clone()),
+            service,
+            SentinelServerType::Master,
+        )
+        .map_err(invalid)?;
+        let own = first.redis_settings();
+        if let Some(username) = own.username() {
+            builder = builder.set_client_to_sentinel_username(username);
+        }
+        if let Some(password) = own.password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        let (username, password) = credentials;
+        if let Some(username) = username {
+            builder = builder.set_client_to_redis_username(username);
+        }
+        if let Some(password) = password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        let (certificates, insecure) = tls;
+        if let redis::ConnectionAddr::TcpTls { .. } = first.addr() {
+            let mode = if insecure {
+                redis::TlsMode::Insecure
+            } else {
+                redis::TlsMode::Secure
+            };
+            builder = builder
+                .set_client_to_sentinel_tls_mode(mode)
+                .set_client_to_redis_tls_mode(mode);
+            if let Some(certificates) = certificates {
+                builder = builder
+                    .set_client_to_sentinel_certificates(certificates.clone())
+                    .set_client_to_redis_certificates(certificates);
+            }
+        }
+        Ok(Self {
+            sentinels: tokio::sync::Mutex::new(builder.build().map_err(invalid)?),
+            primary: Mutex::new(None),
+            connect_timeout,
+            command_timeout,
+        })
+    }
+
+    /// A connection to the primary (a clone of it), found first if need be, by
+    /// `deadline`.
+    pub(super) async fn connection(
+        &self,
+        deadline: Instant,
+        operation: Operation,
+    ) -> Result<MultiplexedConnection, StoreError> {
+        if let Some(connection) = self.known() {
+            return Ok(connection);
+        }
+        // Boxed: asking the sentinels is a deep future, and rare.
+        let (client, connection) = Box::pin(self.find(deadline, operation)).await?;
+        *self.primary.lock().expect("primary lock") = Some((client, connection.clone()));
+        Ok(connection)
+    }
+
+    fn known(&self) -> Option<MultiplexedConnection> {
+        self.primary
+            .lock()
+            .expect("primary lock")
+            .as_ref()
+            .map(|(_, connection)| connection.clone())
+    }
+
+    /// Asks the sentinels for the primary and connects to it.
+    async fn find(
+        &self,
+        deadline: Instant,
+        operation: Operation,
+    ) -> Result<(Client, MultiplexedConnection), StoreError> {
+        let no_connection =
+            |source| StoreError::new(operation, StoreErrorKind::NoConnection, source);
+        let deadline = deadline.min(Instant::now() + self.connect_timeout);
+        let mut sentinels = timeout_at(deadline, self.sentinels.lock())
+            .await
+            .map_err(|_| no_connection(None))?;
+        let client = match timeout_at(deadline, sentinels.async_get_client()).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => return Err(no_connection(Some(error))),
+            Err(_) => return Err(no_connection(None)),
+        };
+        drop(sentinels);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.command_timeout));
+        let connect = client.get_multiplexed_async_connection_with_config(&config);
+        match timeout_at(deadline, connect).await {
+            Ok(Ok(connection)) => Ok((client, connection)),
+            Ok(Err(error)) => Err(no_connection(Some(error))),
+            Err(_) => Err(no_connection(None)),
+        }
+    }
+
+    /// Forgets the primary after `error`, if the error says the connection is broken or
+    /// the server is no longer the primary: the next operation asks the sentinels.
+    pub(super) fn after(&self, error: &StoreError) {
+        if error.breaks_connection() || error.server_code() == Some("READONLY") {
+            *self.primary.lock().expect("primary lock") = None;
+        }
+    }
+
+    /// A pub/sub connection to the primary, found first if need be.
+    pub(super) async fn pubsub(
+        &self,
+        connect_timeout: Duration,
+    ) -> Result<redis::aio::PubSub, StoreError> {
+        let deadline = Instant::now() + connect_timeout;
+        let known = self
+            .primary
+            .lock()
+            .expect("primary lock")
+            .as_ref()
+            .map(|(client, _)| client.clone());
+        let client = match known {
+            Some(client) => client,
+            None => {
+                let (client, connection) =
+                    Box::pin(self.find(deadline, Operation::Subscribe)).await?;
+                *self.primary.lock().expect("primary lock") = Some((client.clone(), connection));
+                client
+            }
+        };
+        match timeout_at(deadline, client.get_async_pubsub()).await {
+            Ok(Ok(pubsub)) => Ok(pubsub),
+            Ok(Err(error)) => {
+                // A primary that refuses a subscription may be gone: look again next time.
+                *self.primary.lock().expect("primary lock") = None;
+                Err(StoreError::from_redis(Operation::Subscribe, error))
+            }
+            Err(_) => Err(StoreError::new(
+                Operation::Subscribe,
+                StoreErrorKind::NoConnection,
+                None,
+            )),
+        }
+    }
+}

@@ -22,15 +22,28 @@ pub(crate) struct RedisCluster {
 pub(crate) struct Node {
     pub(crate) id: String,
     pub(crate) port: u16,
+    /// A primary that serves slots (a node just joined is a primary of none until it
+    /// is made a replica).
     pub(crate) primary: bool,
+    /// Marked as failing by the node asked.
+    pub(crate) failing: bool,
     /// For a replica, its primary's id.
     pub(crate) of: Option<String>,
 }
 
 impl RedisCluster {
     /// Starts six nodes and joins them: three primaries, a replica each. Returns once
-    /// every node says `cluster_state:ok` and knows all six.
+    /// every node says `cluster_state:ok` and knows all six. A node is failed over after
+    /// 5 s without an answer: long enough that a machine busy with other tests' clusters
+    /// does not fail one over by itself.
     pub(crate) fn start() -> Self {
+        Self::start_failing_over_after(Duration::from_secs(5))
+    }
+
+    /// [`start`](Self::start), with nodes failed over after `timeout` without an
+    /// answer (`cluster-node-timeout`), for tests that kill nodes.
+    pub(crate) fn start_failing_over_after(timeout: Duration) -> Self {
+        let timeout = timeout.as_millis().to_string();
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
                 RedisServer::start_with(&[
@@ -39,9 +52,8 @@ impl RedisCluster {
                     // Relative to the server's own directory.
                     "--cluster-config-file",
                     "nodes.conf",
-                    // Failures are noticed within a second or two.
                     "--cluster-node-timeout",
-                    "1000",
+                    &timeout,
                 ])
             })
             .collect();
@@ -89,24 +101,7 @@ impl RedisCluster {
             .iter()
             .find_map(|n| cli(n.addr().port(), &["CLUSTER", "NODES"]))
             .expect("a live node answers CLUSTER NODES");
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                let port = fields[1]
-                    .split('@')
-                    .next()
-                    .and_then(|a| a.rsplit(':').next())
-                    .and_then(|p| p.parse().ok())
-                    .expect("a node address");
-                Node {
-                    id: fields[0].to_owned(),
-                    port,
-                    primary: fields[2].contains("master"),
-                    of: (fields[3] != "-").then(|| fields[3].to_owned()),
-                }
-            })
-            .collect()
+        parse_nodes(&text)
     }
 
     /// The ports of the primaries that are up.
@@ -129,7 +124,8 @@ impl RedisCluster {
             .expect("DBSIZE")
     }
 
-    /// Waits until every live node says `cluster_state:ok` and agrees on the slots.
+    /// Waits until every live node says `cluster_state:ok`, knows every node, and sees
+    /// three primaries serving slots and every other live node replicating one.
     pub(crate) fn wait_formed(&self) {
         let deadline = Instant::now() + FORM_TIMEOUT;
         loop {
@@ -139,13 +135,22 @@ impl RedisCluster {
                 .map(|n| n.addr().port())
                 .filter(|p| !is_down(*p))
                 .collect();
+            let known = format!("cluster_known_nodes:{}", self.nodes.len());
             let ok = live.iter().all(|port| {
-                cli(*port, &["CLUSTER", "INFO"]).is_some_and(|info| {
+                let state = cli(*port, &["CLUSTER", "INFO"]).is_some_and(|info| {
                     info.lines().any(|l| l.trim() == "cluster_state:ok")
-                        && info.lines().any(|l| {
-                            l.trim() == format!("cluster_known_nodes:{}", self.nodes.len())
-                        })
-                })
+                        && info.lines().any(|l| l.trim() == known)
+                });
+                let roles = cli(*port, &["CLUSTER", "NODES"]).is_some_and(|text| {
+                    let nodes = parse_nodes(&text);
+                    let serving = nodes.iter().filter(|n| n.primary && !n.failing).count();
+                    let replicas = nodes
+                        .iter()
+                        .filter(|n| n.of.is_some() && !n.failing)
+                        .count();
+                    serving == 3 && replicas == live.len() - 3
+                });
+                state && roles
             });
             if ok {
                 return;
@@ -157,6 +162,31 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// The nodes listed by `CLUSTER NODES`.
+fn parse_nodes(text: &str) -> Vec<Node> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let port = fields[1]
+                .split(['@', ','])
+                .next()
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse().ok())
+                .expect("a node address");
+            let flags = fields[2];
+            Node {
+                id: fields[0].to_owned(),
+                port,
+                // Slots (or slot ranges) follow the eight fixed fields.
+                primary: flags.contains("master") && fields.len() > 8,
+                failing: flags.contains("fail"),
+                of: (fields[3] != "-").then(|| fields[3].to_owned()),
+            }
+        })
+        .collect()
 }
 
 fn is_down(port: u16) -> bool {

@@ -164,6 +164,27 @@ impl RedisCluster {
     }
 }
 
+impl RedisCluster {
+    /// Waits until the replica on `port` has synchronized with its primary and is
+    /// linked to it (`master_link_status:up`).
+    pub(crate) fn wait_replicating(&self, port: u16) {
+        assert!(
+            self.nodes.iter().any(|n| n.addr().port() == port),
+            "{port} is not a node of this cluster"
+        );
+        let deadline = Instant::now() + FORM_TIMEOUT;
+        while !cli(port, &["INFO", "replication"])
+            .is_some_and(|info| info.lines().any(|l| l.trim() == "master_link_status:up"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the replica on {port} did not synchronize within {FORM_TIMEOUT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 /// The nodes listed by `CLUSTER NODES`.
 fn parse_nodes(text: &str) -> Vec<Node> {
     text.lines()

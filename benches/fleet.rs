@@ -1,6 +1,7 @@
-//! A fleet stampede: K = 1, 3 and 8 instances on one Redis, a crowd of clients on a few
-//! hot keys over several freshness windows, from a cold start. Reports origin calls per
-//! key per freshness window (the goal is 1.0 whatever K) and the latency of stale-served
+//! A fleet stampede: K = 1, 3 and 8 instances on one Redis, then on a Redis Cluster
+//! (three primaries, a replica each), a crowd of clients on a few hot keys over several
+//! freshness windows, from a cold start. Reports origin calls per key per freshness
+//! window (the goal is 1.0 whatever K, on either) and the latency of stale-served
 //! requests against fresh hits measured in the same run.
 //!
 //! ```text
@@ -13,9 +14,9 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stampede_guard::{Policy, RedisStore, StampedeGuard};
-use support::RedisServer;
+use stampede_guard::{Policy, StampedeGuard, store::DEFAULT_COMMAND_TIMEOUT};
 use support::web::{Origin, get, instance, keys, send};
+use support::{RedisCluster, RedisServer, Store};
 
 const KEYS: usize = 4;
 const CLIENTS: usize = 200;
@@ -34,11 +35,11 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-async fn run(server: &RedisServer, k: usize, round: usize) {
+async fn run(redis: &impl Store, k: usize, round: usize) {
     let origin = Origin::versions(ORIGIN_TIME);
     let mut fleet = Vec::new();
     for _ in 0..k {
-        let store = RedisStore::builder(server.url()).build().unwrap();
+        let store = redis.store(DEFAULT_COMMAND_TIMEOUT);
         let guard = StampedeGuard::builder(store, keys()).build().unwrap();
         let policy = Policy::builder("items")
             .fresh_ttl(FRESH)
@@ -101,6 +102,7 @@ async fn run(server: &RedisServer, k: usize, round: usize) {
 
 fn main() {
     let server = RedisServer::start();
+    let cluster = RedisCluster::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -112,8 +114,13 @@ fn main() {
         RUN.as_secs_f64() / FRESH.as_secs_f64() + 1.0
     );
     runtime.block_on(async {
+        println!("one Redis server:");
         for (round, k) in [1, 3, 8].into_iter().enumerate() {
             run(&server, k, round).await;
+        }
+        println!("a Redis Cluster of three primaries:");
+        for (round, k) in [1, 3, 8].into_iter().enumerate() {
+            run(&cluster, k, round).await;
         }
     });
 }

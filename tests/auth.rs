@@ -84,3 +84,39 @@ async fn a_wrong_password_degrades_to_local_protection() {
     assert_eq!(origin.calls(), 1);
     assert!(layer.stats().get(Event::RedisError) > 0);
 }
+
+/// A command the guard needs, revoked from its user while it runs: every failure is
+/// counted, cached entries are still served from L1, new keys come from the origin
+/// (once per key per process), and no request fails.
+#[tokio::test]
+async fn a_revoked_command_degrades_cleanly() {
+    let redis = Redis::least_privileged(&keys()).await;
+    let origin = Origin::versions(Duration::ZERO);
+    let guard = StampedeGuard::builder(redis.store(TIMEOUT), keys())
+        .build()
+        .unwrap();
+    let i = web::instance(guard, policy(), origin.service()).await;
+    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "miss");
+    assert_eq!(i.layer.stats().get(Event::RedisError), 0);
+
+    let _: () = redis
+        .cmd(
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("guard")
+                .arg("-evalsha"),
+        )
+        .await;
+    let cached = send(&i.service, get("/items/1")).await;
+    assert_eq!((cached.status.as_u16(), cached.x_cache()), (200, "hit"));
+    for n in 2..=6 {
+        let got = send(&i.service, get(&format!("/items/{n}"))).await;
+        assert_eq!(got.status, 200, "/items/{n}");
+        let again = send(&i.service, get(&format!("/items/{n}"))).await;
+        assert_eq!((again.status.as_u16(), again.x_cache()), (200, "hit"));
+    }
+    assert_eq!(origin.calls(), 6);
+    let stats = i.layer.stats();
+    assert!(stats.get(Event::RedisError) >= 5, "{stats:?}");
+    assert_eq!(stats.get(Event::LocalOnly), 5, "{stats:?}");
+}

@@ -583,3 +583,55 @@ async fn a_replica_promoted_without_the_last_writes_recovers_with_higher_tokens(
         within(HANG, worker, "a load worker").await.unwrap();
     }
 }
+
+/// The node an instance listens for notices on is killed (the first node it was given:
+/// where it subscribes). The listener subscribes again on another node, as after any
+/// lost subscription: an invalidation sent afterwards by another instance reaches it,
+/// and it serves the refilled entry instead of the one it held fresh for a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_are_heard_again_after_the_node_listened_on_dies() {
+    let mut cluster = RedisCluster::start_failing_over_after(Duration::from_secs(2));
+    let origin = Origin::versions(Duration::ZERO);
+    let policy = || {
+        Policy::builder("items")
+            .fresh_ttl(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let guard = || {
+        StampedeGuard::builder(store(&cluster), keys())
+            .build()
+            .unwrap()
+    };
+    let a = web::instance(guard(), policy(), origin.service()).await;
+    let b = web::instance(guard(), policy(), origin.service()).await;
+    assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
+    assert_eq!(send(&b.service, get("/items/1")).await.body, "v1");
+
+    let listened_on = cluster.servers()[0].addr().port();
+    cluster.server(listened_on).kill();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            cluster.primaries().len() == 3
+        })
+        .await,
+        "the cluster did not recover from losing the node on {listened_on}"
+    );
+    cluster.wait_formed();
+    // The invalidation is sent through Redis once Redis takes it again.
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            a.layer.invalidate(&get("/items/1")).await.is_ok()
+        })
+        .await,
+        "invalidations did not go through after the failover"
+    );
+    let service = &b.service;
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            send(service, get("/items/1")).await.body != "v1"
+        })
+        .await,
+        "b kept serving the invalidated entry: it did not listen again"
+    );
+}

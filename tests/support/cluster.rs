@@ -125,7 +125,8 @@ impl RedisCluster {
     }
 
     /// Waits until every live node says `cluster_state:ok`, knows every node, and sees
-    /// three primaries serving slots and every other live node replicating one.
+    /// three primaries serving slots and every other live node replicating one, and
+    /// every replica has caught up with its primary.
     pub(crate) fn wait_formed(&self) {
         let deadline = Instant::now() + FORM_TIMEOUT;
         loop {
@@ -150,7 +151,13 @@ impl RedisCluster {
                         .count();
                     serving == 3 && replicas == live.len() - 3
                 });
-                state && roles
+                // A replica has caught up with its primary (one that has not cannot be
+                // promoted if its primary dies).
+                let linked = cli(*port, &["INFO", "replication"]).is_some_and(|info| {
+                    !info.lines().any(|l| l.trim() == "role:slave")
+                        || info.lines().any(|l| l.trim() == "master_link_status:up")
+                });
+                state && roles && linked
             });
             if ok {
                 return;

@@ -635,3 +635,133 @@ async fn notices_are_heard_again_after_the_node_listened_on_dies() {
         "b kept serving the invalidated entry: it did not listen again"
     );
 }
+
+/// Every slot of the primary that holds the most entries moves to another primary
+/// (`redis-cli --cluster reshard`) while two instances serve under load: the `ASK` and
+/// `MOVED` answers of the move are followed, and none of it becomes a Redis error of the
+/// guard; no request fails, and every entry is found on its new primary afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resharding_under_load_is_followed_without_errors() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let cluster = RedisCluster::start();
+    let origin = Origin::versions(Duration::from_millis(5));
+    // A deadline no busy machine reaches: what is counted is what the move did.
+    const PATIENT: Duration = Duration::from_secs(2);
+    let policy = || {
+        Policy::builder("items")
+            .fresh_ttl(Duration::from_millis(200))
+            .grace(Duration::from_secs(60))
+            .lease_ttl(Duration::from_secs(10))
+            .refresh_timeout(Duration::from_secs(10))
+            .error_backoff(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    let store = || {
+        RedisStore::cluster(cluster.urls())
+            .command_timeout(PATIENT)
+            .build()
+            .unwrap()
+    };
+    let guard = || StampedeGuard::builder(store(), keys()).build().unwrap();
+    let fleet = Arc::new(vec![
+        web::instance(guard(), policy(), origin.service()).await,
+        web::instance(guard(), policy(), origin.service()).await,
+    ]);
+    const KEYS: usize = 12;
+    for n in 0..KEYS {
+        assert_eq!(
+            send(&fleet[0].service, get(&format!("/items/{n}")))
+                .await
+                .status,
+            200
+        );
+    }
+    let entries: Vec<String> = (0..KEYS)
+        .map(|n| {
+            let keys = fleet[0]
+                .layer
+                .cache_keys(&get(&format!("/items/{n}")))
+                .unwrap();
+            keys.entry().to_owned()
+        })
+        .collect();
+    let holds = |port: u16| {
+        entries
+            .iter()
+            .filter(|e| {
+                support::cluster::cli(port, &["EXISTS", e]).is_some_and(|r| r.trim() == "1")
+            })
+            .count()
+    };
+    let topology = cluster.topology();
+    let primaries: Vec<_> = topology.iter().filter(|n| n.primary).collect();
+    let from = *primaries.iter().max_by_key(|n| holds(n.port)).unwrap();
+    let to = *primaries.iter().find(|n| n.id != from.id).unwrap();
+    let moved = holds(from.port);
+    assert!(moved > 0);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|w| {
+            let (fleet, stop) = (fleet.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut answered = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for n in 0..KEYS {
+                        let i = (n + w) % fleet.len();
+                        let got = send(&fleet[i].service, get(&format!("/items/{n}"))).await;
+                        assert!(got.status.is_success(), "instance {i}: {}", got.status);
+                        answered += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                answered
+            })
+        })
+        .collect();
+    let reshard = {
+        let (from, to, port) = (from.id.clone(), to.id.clone(), to.port);
+        tokio::task::spawn_blocking(move || {
+            support::cluster::cli(
+                port,
+                &[
+                    "--cluster",
+                    "reshard",
+                    &format!("127.0.0.1:{port}"),
+                    "--cluster-from",
+                    &from,
+                    "--cluster-to",
+                    &to,
+                    "--cluster-slots",
+                    "16384",
+                    "--cluster-yes",
+                ],
+            )
+        })
+    };
+    let output = within(Duration::from_secs(120), reshard, "the reshard")
+        .await
+        .unwrap();
+    assert!(output.is_some(), "redis-cli --cluster reshard failed");
+    stop.store(true, Ordering::Relaxed);
+    let mut answered = 0;
+    for worker in workers {
+        answered += within(HANG, worker, "a load worker").await.unwrap();
+    }
+    assert_eq!(holds(from.port), 0, "entries left on the emptied primary");
+    assert!(
+        holds(to.port) >= moved,
+        "the moved entries are not on the new primary"
+    );
+    let errors: u64 = fleet
+        .iter()
+        .map(|i| i.layer.stats().get(Event::RedisError))
+        .sum();
+    assert_eq!(
+        errors, 0,
+        "the move became Redis errors ({answered} requests)"
+    );
+}

@@ -143,11 +143,16 @@ impl KeySpace {
     ///   answers `NOSCRIPT`); `PUBLISH` and `SUBSCRIBE` (notices);
     /// - what the scripts call, which Redis checks against the user too: `GET`, `SET`,
     ///   `DEL`, `HGET`, `HSET`, `HEXISTS`, `PEXPIRE`, `PTTL`, `TYPE`, `TIME`;
-    /// - on a Redis Cluster, `CLUSTER SLOTS`, `CLUSTER SHARDS` and `CLUSTER NODES`, to
-    ///   learn which node holds which slot (harmless on a single server).
+    /// - on a Redis Cluster, `CLUSTER SLOTS` (which node holds which slot) and `ASKING`
+    ///   (following a slot on the move); behind Sentinel, `ROLE` (is this the primary).
+    ///   Harmless elsewhere.
     ///
-    /// The inspection tool needs `SCAN` and `HMGET` besides; it is meant to run with an
-    /// operator's user. The tests run the guard as exactly this user.
+    /// Set the user on every server: on a cluster, on every node, replicas included (ACL
+    /// users are not replicated, and scripts are loaded on every node). The inspection
+    /// tool needs `SCAN`, `HMGET` and `CLUSTER NODES` besides; it is meant to run with an
+    /// operator's user. The guard's stampede, cold-miss, fencing and invalidation tests,
+    /// a cluster's cache scripts, a reshard and a Sentinel failover run as exactly this
+    /// user.
     ///
     /// ```
     /// # use stampede_guard::KeySpace;
@@ -164,7 +169,7 @@ impl KeySpace {
         format!(
             "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
              +script|load +publish +subscribe +get +set +del +hget +hset +hexists +pexpire \
-             +pttl +type +time +cluster|slots +cluster|shards +cluster|nodes"
+             +pttl +type +time +cluster|slots +asking +role"
         )
     }
 

@@ -26,6 +26,11 @@ fn store(cluster: &RedisCluster) -> RedisStore {
 /// A store that speaks to `cluster` as a user allowed only what `KeySpace::acl_rules`
 /// allows, set on every node (ACL users are not replicated).
 fn least_privileged_store(cluster: &RedisCluster) -> RedisStore {
+    least_privileged_store_with(cluster, TIMEOUT)
+}
+
+/// [`least_privileged_store`], with `timeout` as its command timeout.
+fn least_privileged_store_with(cluster: &RedisCluster, timeout: Duration) -> RedisStore {
     let rules = keys().acl_rules();
     for node in cluster.servers() {
         let mut args = vec!["ACL", "SETUSER", "guard", "on", ">guard-pw"];
@@ -36,7 +41,7 @@ fn least_privileged_store(cluster: &RedisCluster) -> RedisStore {
     RedisStore::cluster(cluster.urls())
         .username("guard")
         .password("guard-pw")
-        .command_timeout(TIMEOUT)
+        .command_timeout(timeout)
         .build()
         .unwrap()
 }
@@ -637,9 +642,10 @@ async fn notices_are_heard_again_after_the_node_listened_on_dies() {
 }
 
 /// Every slot of the primary that holds the most entries moves to another primary
-/// (`redis-cli --cluster reshard`) while two instances serve under load: the `ASK` and
-/// `MOVED` answers of the move are followed, and none of it becomes a Redis error of the
-/// guard; no request fails, and every entry is found on its new primary afterwards.
+/// (`redis-cli --cluster reshard`) while two instances serve under load, as the
+/// least-privileged user: the `ASK` and `MOVED` answers of the move are followed
+/// (`ASKING` included), and none of it becomes a Redis error of the guard; no request
+/// fails, and every entry is found on its new primary afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn resharding_under_load_is_followed_without_errors() {
     use std::sync::Arc;
@@ -659,13 +665,11 @@ async fn resharding_under_load_is_followed_without_errors() {
             .build()
             .unwrap()
     };
-    let store = || {
-        RedisStore::cluster(cluster.urls())
-            .command_timeout(PATIENT)
+    let guard = || {
+        StampedeGuard::builder(least_privileged_store_with(&cluster, PATIENT), keys())
             .build()
             .unwrap()
     };
-    let guard = || StampedeGuard::builder(store(), keys()).build().unwrap();
     let fleet = Arc::new(vec![
         web::instance(guard(), policy(), origin.service()).await,
         web::instance(guard(), policy(), origin.service()).await,

@@ -20,14 +20,23 @@ const TIMEOUT: Duration = Duration::from_millis(250);
 /// seconds), and the guard's next operations, with room for a busy machine.
 const FOLLOWS_WITHIN: Duration = Duration::from_secs(20);
 
-/// Two instances under load; the primary is killed. No request gets a 5xx, and the
-/// guard writes refreshes through the promoted replica within [`FOLLOWS_WITHIN`].
+/// Two instances under load, as the least-privileged user (set on both servers); the
+/// primary is killed. No request gets a 5xx, and the guard writes refreshes through the
+/// promoted replica within [`FOLLOWS_WITHIN`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_guard_follows_the_primary_the_sentinels_promote() {
     let mut group = SentinelGroup::start();
     let first = group.primary_port().unwrap();
+    let rules = keys().acl_rules();
+    for server in [&group.primary, &group.replica] {
+        let mut args = vec!["ACL", "SETUSER", "guard", "on", ">guard-pw"];
+        args.extend(rules.split_whitespace());
+        let () = server.cmd(&args).await;
+    }
     let store = || {
         RedisStore::sentinel(group.urls(), SERVICE)
+            .username("guard")
+            .password("guard-pw")
             .command_timeout(TIMEOUT)
             .build()
             .unwrap()

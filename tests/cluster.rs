@@ -589,10 +589,11 @@ async fn a_replica_promoted_without_the_last_writes_recovers_with_higher_tokens(
     }
 }
 
-/// The node an instance listens for notices on is killed (the first node it was given:
-/// where it subscribes). The listener subscribes again on another node, as after any
-/// lost subscription: an invalidation sent afterwards by another instance reaches it,
-/// and it serves the refilled entry instead of the one it held fresh for a minute.
+/// The node an instance listens for notices on is killed: instance b is given that one
+/// node only, so that it subscribes there, and must find another node through the
+/// cluster. It subscribes again (its entries go stale, as after any lost subscription,
+/// and are refreshed), and an invalidation sent afterwards by another instance reaches
+/// it while its entry is fresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notices_are_heard_again_after_the_node_listened_on_dies() {
     let mut cluster = RedisCluster::start_failing_over_after(Duration::from_secs(2));
@@ -603,17 +604,28 @@ async fn notices_are_heard_again_after_the_node_listened_on_dies() {
             .build()
             .unwrap()
     };
-    let guard = || {
+    let a = web::instance(
         StampedeGuard::builder(store(&cluster), keys())
             .build()
-            .unwrap()
-    };
-    let a = web::instance(guard(), policy(), origin.service()).await;
-    let b = web::instance(guard(), policy(), origin.service()).await;
+            .unwrap(),
+        policy(),
+        origin.service(),
+    )
+    .await;
+    let listened_on = cluster.servers()[0].addr().port();
+    let only = RedisStore::cluster([cluster.servers()[0].url()])
+        .command_timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    let b = web::instance(
+        StampedeGuard::builder(only, keys()).build().unwrap(),
+        policy(),
+        origin.service(),
+    )
+    .await;
     assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
     assert_eq!(send(&b.service, get("/items/1")).await.body, "v1");
 
-    let listened_on = cluster.servers()[0].addr().port();
     cluster.server(listened_on).kill();
     assert!(
         eventually(Duration::from_secs(30), || async {
@@ -623,21 +635,42 @@ async fn notices_are_heard_again_after_the_node_listened_on_dies() {
         "the cluster did not recover from losing the node on {listened_on}"
     );
     cluster.wait_formed();
+    // b subscribed again (elsewhere: its one node is gone): its entry went stale.
+    let service = &b.service;
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            send(service, get("/items/1")).await.x_cache() == "stale"
+        })
+        .await,
+        "b did not subscribe again"
+    );
+    // Refreshed, it answers a hit again (fresh for a minute): only a notice can change
+    // it now.
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            send(service, get("/items/1")).await.x_cache() == "hit"
+        })
+        .await,
+        "b did not come back to a fresh entry"
+    );
+    let held = send(service, get("/items/1")).await.body;
     // The invalidation is sent through Redis once Redis takes it again.
     assert!(
         eventually(Duration::from_secs(15), || async {
-            a.layer.invalidate(&get("/items/1")).await.is_ok()
+            a.layer
+                .invalidate(&get("/items/1"))
+                .await
+                .is_ok_and(|existed| existed)
         })
         .await,
         "invalidations did not go through after the failover"
     );
-    let service = &b.service;
     assert!(
         eventually(Duration::from_secs(15), || async {
-            send(service, get("/items/1")).await.body != "v1"
+            send(service, get("/items/1")).await.body != held
         })
         .await,
-        "b kept serving the invalidated entry: it did not listen again"
+        "b kept serving the invalidated entry: the notice did not reach it"
     );
 }
 

@@ -20,9 +20,11 @@
 //! would put every notice on one shard anyway, and a channel per key would have every
 //! instance subscribe on every shard. What classic pub/sub costs is that each notice
 //! crosses the cluster bus to every node, which at a few notices per fill is small
-//! beside the fill itself. If the node an instance listens on goes away, the
-//! subscription ends, and the listener subscribes again on the next node that answers
-//! (and treats L1 as it does after any lost subscription).
+//! beside the fill itself. An instance subscribes on one of the nodes it was given,
+//! starting from one picked at random (so that a fleet spreads its subscriptions), then
+//! on the primaries the cluster names. If that node goes away, the subscription ends,
+//! and the listener subscribes again the same way (and treats L1 as it does after any
+//! lost subscription).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -35,6 +37,9 @@ use tokio::time::{Instant, timeout_at};
 
 use super::error::{Operation, StoreError, StoreErrorKind};
 use crate::error::ConfigError;
+
+/// See the cluster client's `response_timeout` in [`Cluster::new`].
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A cluster, as the store speaks to it.
 pub(super) struct Cluster {
@@ -63,6 +68,15 @@ impl Cluster {
         let Some(first) = nodes.first() else {
             return Err(ConfigError::invalid("nodes", "needs at least one node"));
         };
+        let tls =
+            |node: &ConnectionInfo| matches!(node.addr(), redis::ConnectionAddr::TcpTls { .. });
+        if nodes.iter().any(|node| tls(node) != tls(first)) {
+            // Else some connections (pub/sub ones, with the password) would go in clear.
+            return Err(ConfigError::invalid(
+                "nodes",
+                "mixes `rediss://` and `redis://`: all or none must use TLS",
+            ));
+        }
         let settings = first.redis_settings();
         let mut builder = ClusterClientBuilder::new(nodes.clone());
         // The cluster client authenticates to every node as the first node says.
@@ -84,9 +98,11 @@ impl Cluster {
         }
         let client = builder
             .connection_timeout(connect_timeout)
-            // The store puts its own deadline on each operation; this only bounds one
-            // attempt within it, so that a retry after `MOVED` or a reconnect fits.
-            .response_timeout(command_timeout)
+            // The store puts its own deadline on each operation (and drops the request
+            // when it passes). redis-rs would send a request again after its own reply
+            // timeout, and a script sent twice (an acquire) would meet itself: leave it
+            // far beyond any deadline of the store.
+            .response_timeout(RESPONSE_TIMEOUT.max(command_timeout * 10))
             .build()
             .map_err(|_| ConfigError::invalid("nodes", "not a valid cluster"))?;
         Ok(Self {
@@ -99,10 +115,13 @@ impl Cluster {
         })
     }
 
-    /// The cluster connection (a clone of it), made first if need be, by `deadline`.
+    /// The cluster connection (a clone of it), made first if need be. Making it (the
+    /// seeds asked for the slot map, every node connected, TLS handshakes) is bounded by
+    /// the connect timeout, not by the operation's deadline, so that it can finish on a
+    /// slow link: the first operation may wait that long. One attempt at a time; the
+    /// others wait for it.
     pub(super) async fn connection(
         &self,
-        deadline: Instant,
         operation: Operation,
     ) -> Result<ClusterConnection, StoreError> {
         if let Some(connection) = self.made() {
@@ -110,13 +129,13 @@ impl Cluster {
         }
         let no_connection =
             |source| StoreError::new(operation, StoreErrorKind::NoConnection, source);
+        let deadline = Instant::now() + self.connect_timeout;
         let _one_attempt = timeout_at(deadline, self.connecting.lock())
             .await
             .map_err(|_| no_connection(None))?;
         if let Some(connection) = self.made() {
             return Ok(connection);
         }
-        let deadline = deadline.min(Instant::now() + self.connect_timeout);
         match timeout_at(deadline, self.client.get_async_connection()).await {
             Ok(Ok(connection)) => {
                 *self.connection.lock().expect("cluster connection lock") =
@@ -135,13 +154,44 @@ impl Cluster {
             .clone()
     }
 
-    /// A pub/sub connection to the first node that answers within `connect_timeout`.
+    /// A pub/sub connection to a node that answers within `connect_timeout`: the nodes
+    /// given, from one picked at random (so that a fleet spreads its subscriptions),
+    /// then the primaries the cluster names now (the nodes given may all be gone).
     pub(super) async fn pubsub(
         &self,
         connect_timeout: Duration,
     ) -> Result<redis::aio::PubSub, StoreError> {
         let mut last = None;
-        for node in &self.nodes {
+        let start = fastrand::usize(..self.nodes.len());
+        let mut candidates: Vec<ConnectionInfo> = self.nodes[start..]
+            .iter()
+            .chain(&self.nodes[..start])
+            .cloned()
+            .collect();
+        if let Some(mut connection) = self.made() {
+            let listed = tokio::time::timeout(connect_timeout, primaries(&mut connection)).await;
+            if let Ok(Ok(primaries)) = listed {
+                let template = &self.nodes[0];
+                candidates.extend(primaries.into_iter().map(|(host, port)| {
+                    // As the given nodes are reached (TLS, user and password), elsewhere.
+                    let addr = match template.addr() {
+                        redis::ConnectionAddr::TcpTls {
+                            insecure,
+                            tls_params,
+                            ..
+                        } => redis::ConnectionAddr::TcpTls {
+                            host,
+                            port,
+                            insecure: *insecure,
+                            tls_params: tls_params.clone(),
+                        },
+                        _ => redis::ConnectionAddr::Tcp(host, port),
+                    };
+                    template.clone().set_addr(addr)
+                }));
+            }
+        }
+        for node in &candidates {
             let client = match &self.certificates {
                 Some(certificates) => {
                     redis::Client::build_with_tls(node.clone(), certificates.clone())
@@ -173,10 +223,15 @@ pub(super) async fn primaries(conn: &mut ClusterConnection) -> RedisResult<Vec<(
         .lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let flags = fields.get(2)?;
-            // Holding slots: a ninth field (a range or a slot) is there.
+            let flags: Vec<&str> = fields.get(2)?.split(',').collect();
+            // Holding slots: a ninth field (a range or a slot) is there. `fail?` is one
+            // node's suspicion, not a failure: such a primary still holds its keys.
             let serves = fields.len() > 8;
-            if !flags.contains("master") || flags.contains("fail") || !serves {
+            if !flags.contains(&"master")
+                || flags.contains(&"fail")
+                || flags.contains(&"noaddr")
+                || !serves
+            {
                 return None;
             }
             // `host:port@bus-port` (and `,hostname` since Redis 7).

@@ -7,8 +7,9 @@
 //! Redis is doing.
 //!
 //! What answers is a backend: none at all ([`RedisStore::local_only`]), a single server
-//! ([`RedisStore::builder`]) or a Redis Cluster ([`RedisStore::cluster`]); the rest of
-//! the crate sees only the store.
+//! ([`RedisStore::builder`]), a Redis Cluster ([`RedisStore::cluster`]) or the primary
+//! that Redis Sentinel names ([`RedisStore::sentinel`]); the rest of the crate sees only
+//! the store.
 //!
 //! # Connections
 //!
@@ -347,7 +348,7 @@ impl RedisStore {
         match &self.inner.backend {
             Backend::Cluster(cluster) => {
                 let deadline = Instant::now() + self.inner.command_timeout;
-                let mut conn = cluster.connection(deadline, Operation::Inspect).await?;
+                let mut conn = cluster.connection(Operation::Inspect).await?;
                 match timeout_at(deadline, cluster::primaries(&mut conn)).await {
                     Ok(Ok(primaries)) => Ok(primaries
                         .into_iter()
@@ -375,7 +376,7 @@ impl RedisStore {
         match (node, &self.inner.backend) {
             (Node::Primary(host, port), Backend::Cluster(cluster)) => {
                 let deadline = Instant::now() + self.inner.command_timeout;
-                let mut conn = cluster.connection(deadline, operation).await?;
+                let mut conn = cluster.connection(operation).await?;
                 match timeout_at(deadline, cluster::run_at(&mut conn, host, *port, cmd)).await {
                     Ok(Ok(value)) => Ok(value),
                     Ok(Err(error)) => Err(StoreError::from_redis(operation, error)),
@@ -405,11 +406,11 @@ impl Inner {
         let pool = match &self.backend {
             Backend::Single { pool, .. } => pool,
             Backend::Cluster(cluster) => {
-                let mut conn = cluster.connection(deadline, operation).await?;
+                let mut conn = cluster.connection(operation).await?;
                 return execute(&mut conn, request, deadline, operation).await;
             }
             Backend::Sentinel(sentinel) => {
-                let mut conn = sentinel.connection(deadline, operation).await?;
+                let mut conn = sentinel.connection(operation).await?;
                 let result = execute(&mut conn, request, deadline, operation).await;
                 if let Err(error) = &result {
                     sentinel.after(error);
@@ -725,6 +726,14 @@ impl RedisStoreBuilder {
     /// Checks the settings and builds the store. Connects nothing.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         let command_timeout = ConfigError::nonzero("command_timeout", self.command_timeout)?;
+        if self.username.is_some() && self.password.is_none() {
+            // Redis authenticates a user only with a password: the user alone would be
+            // dropped without a word.
+            return Err(ConfigError::invalid(
+                "username",
+                "needs a password (set password() too)",
+            ));
+        }
         let connect_timeout = ConfigError::nonzero("connect_timeout", self.connect_timeout)?;
         self.breaker.check()?;
         if self.pool_size == 0 {

@@ -28,6 +28,9 @@ pub(super) struct Sentinel {
     sentinels: tokio::sync::Mutex<SentinelClient>,
     /// The primary's client and a connection to it, once found.
     primary: Mutex<Option<(Client, MultiplexedConnection)>>,
+    /// Held while the primary is looked for, so that callers wait for one lookup instead
+    /// of each making their own (after a failover, every caller needs the new primary).
+    finding: tokio::sync::Mutex<()>,
     connect_timeout: Duration,
     command_timeout: Duration,
 }
@@ -96,18 +99,27 @@ impl Sentinel {
         Ok(Self {
             sentinels: tokio::sync::Mutex::new(builder.build().map_err(invalid)?),
             primary: Mutex::new(None),
+            finding: tokio::sync::Mutex::new(()),
             connect_timeout,
             command_timeout,
         })
     }
 
-    /// A connection to the primary (a clone of it), found first if need be, by
-    /// `deadline`.
+    /// A connection to the primary (a clone of it), found first if need be. Finding it
+    /// (a sentinel asked, the primary's role checked, a connection made) is bounded by
+    /// the connect timeout, not by the operation's deadline, so that it can finish on a
+    /// slow link. One lookup at a time; the others wait for it.
     pub(super) async fn connection(
         &self,
-        deadline: Instant,
         operation: Operation,
     ) -> Result<MultiplexedConnection, StoreError> {
+        if let Some(connection) = self.known() {
+            return Ok(connection);
+        }
+        let deadline = Instant::now() + self.connect_timeout;
+        let _one_lookup = timeout_at(deadline, self.finding.lock())
+            .await
+            .map_err(|_| StoreError::new(operation, StoreErrorKind::NoConnection, None))?;
         if let Some(connection) = self.known() {
             return Ok(connection);
         }
@@ -133,7 +145,6 @@ impl Sentinel {
     ) -> Result<(Client, MultiplexedConnection), StoreError> {
         let no_connection =
             |source| StoreError::new(operation, StoreErrorKind::NoConnection, source);
-        let deadline = deadline.min(Instant::now() + self.connect_timeout);
         let mut sentinels = timeout_at(deadline, self.sentinels.lock())
             .await
             .map_err(|_| no_connection(None))?;
@@ -154,10 +165,15 @@ impl Sentinel {
         }
     }
 
-    /// Forgets the primary after `error`, if the error says the connection is broken or
-    /// the server is no longer the primary: the next operation asks the sentinels.
+    /// Forgets the primary after `error`, if the error says the connection is lost or
+    /// the server is no longer the primary: the next operation asks the sentinels. A
+    /// timeout alone does not: a slow command is not a failover.
     pub(super) fn after(&self, error: &StoreError) {
-        if error.breaks_connection() || error.server_code() == Some("READONLY") {
+        let lost = matches!(
+            error.kind(),
+            StoreErrorKind::ConnectionLost | StoreErrorKind::NoConnection
+        );
+        if lost || error.server_code() == Some("READONLY") {
             *self.primary.lock().expect("primary lock") = None;
         }
     }

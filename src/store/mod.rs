@@ -742,6 +742,16 @@ impl RedisStoreBuilder {
         if self.pool_size > 256 {
             return Err(ConfigError::invalid("pool_size", "at most 256"));
         }
+        // The store around a backend, whichever it is.
+        let breaker = self.breaker;
+        let made = move |backend| RedisStore {
+            inner: Arc::new(Inner {
+                backend,
+                command_timeout,
+                connect_timeout,
+                breaker: Breaker::new(breaker),
+            }),
+        };
         let url = match &self.target {
             Target::Single(url) => url,
             Target::Sentinel(sentinels, service) => {
@@ -759,14 +769,7 @@ impl RedisStoreBuilder {
                     command_timeout,
                 )?;
                 self.warn_if_insecure();
-                return Ok(RedisStore {
-                    inner: Arc::new(Inner {
-                        backend: Backend::Sentinel(Box::new(sentinel)),
-                        command_timeout,
-                        connect_timeout,
-                        breaker: Breaker::new(self.breaker),
-                    }),
-                });
+                return Ok(made(Backend::Sentinel(Box::new(sentinel))));
             }
             Target::Cluster(nodes) => {
                 let nodes = nodes
@@ -780,14 +783,7 @@ impl RedisStoreBuilder {
                     command_timeout,
                 )?;
                 self.warn_if_insecure();
-                return Ok(RedisStore {
-                    inner: Arc::new(Inner {
-                        backend: Backend::Cluster(Box::new(cluster)),
-                        command_timeout,
-                        connect_timeout,
-                        breaker: Breaker::new(self.breaker),
-                    }),
-                });
+                return Ok(made(Backend::Cluster(Box::new(cluster))));
             }
         };
         let info = self.connection_info(url, "url")?;
@@ -808,17 +804,10 @@ impl RedisStoreBuilder {
             .idle_timeout(None)
             .max_lifetime(None)
             .build_unchecked(Manager::new(client.clone(), connect_timeout));
-        Ok(RedisStore {
-            inner: Arc::new(Inner {
-                backend: Backend::Single {
-                    pool,
-                    client: Box::new(client),
-                },
-                command_timeout,
-                connect_timeout,
-                breaker: Breaker::new(self.breaker),
-            }),
-        })
+        Ok(made(Backend::Single {
+            pool,
+            client: Box::new(client),
+        }))
     }
 }
 

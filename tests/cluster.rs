@@ -222,31 +222,7 @@ async fn failovers_under_load_give_no_5xx_and_never_a_lower_token() {
 
     let stop = Arc::new(AtomicBool::new(false));
     // Load: every request answered, none with a 5xx.
-    let workers: Vec<_> = (0..4)
-        .map(|w| {
-            let (fleet, stop) = (fleet.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut answered = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    for n in 0..KEYS {
-                        let i = (n + w) % fleet.len();
-                        let got = send(&fleet[i].service, get(&format!("/items/{n}"))).await;
-                        assert!(
-                            got.status.is_success(),
-                            "instance {i}, /items/{n}: {} ({})",
-                            got.status,
-                            got.x_cache()
-                        );
-                        answered += 1;
-                    }
-                    // Hits answer without waiting: leave the runtime's threads to the
-                    // refreshes now and then.
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-                answered
-            })
-        })
-        .collect();
+    let workers = web::load(&fleet, KEYS, 4, &stop);
     // A watcher of L2: each key's entry token, with the phase it was seen in (0 before
     // the kill, 1 until the promotion is done, 2 after).
     let phase = Arc::new(AtomicU8::new(0));
@@ -495,26 +471,8 @@ async fn a_replica_promoted_without_the_last_writes_recovers_with_higher_tokens(
             .ok()
     };
 
-    // Load on both instances until `stop`: every request answered, none with a 5xx.
-    let load = |stop: Arc<AtomicBool>| -> Vec<tokio::task::JoinHandle<()>> {
-        (0..2)
-            .map(|w| {
-                let (fleet, stop) = (fleet.clone(), stop.clone());
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::Relaxed) {
-                        for n in 0..KEYS {
-                            let i = (n + w) % fleet.len();
-                            let got = send(&fleet[i].service, get(&format!("/items/{n}"))).await;
-                            assert!(got.status.is_success(), "instance {i}: {}", got.status);
-                        }
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                })
-            })
-            .collect()
-    };
     let stop = Arc::new(AtomicBool::new(false));
-    let workers = load(stop.clone());
+    let workers = web::load(&fleet, KEYS, 2, &stop);
 
     // The replica stops replicating (once it has caught up: a replica that never
     // did is not promoted at all); the primary goes on taking refreshes.
@@ -573,7 +531,7 @@ async fn a_replica_promoted_without_the_last_writes_recovers_with_higher_tokens(
     // Under load again, refreshes write on it, with tokens above every token issued
     // before.
     let stop = Arc::new(AtomicBool::new(false));
-    let workers = load(stop.clone());
+    let workers = web::load(&fleet, KEYS, 2, &stop);
     assert!(
         eventually(Duration::from_secs(20), || async {
             on_primary
@@ -741,24 +699,7 @@ async fn resharding_under_load_is_followed_without_errors() {
     assert!(moved > 0);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let workers: Vec<_> = (0..2)
-        .map(|w| {
-            let (fleet, stop) = (fleet.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut answered = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    for n in 0..KEYS {
-                        let i = (n + w) % fleet.len();
-                        let got = send(&fleet[i].service, get(&format!("/items/{n}"))).await;
-                        assert!(got.status.is_success(), "instance {i}: {}", got.status);
-                        answered += 1;
-                    }
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-                answered
-            })
-        })
-        .collect();
+    let workers = web::load(&fleet, KEYS, 2, &stop);
     let reshard = {
         let (from, to, port) = (from.id.clone(), to.id.clone(), to.port);
         tokio::task::spawn_blocking(move || {

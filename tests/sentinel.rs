@@ -70,24 +70,7 @@ async fn the_guard_follows_the_primary_the_sentinels_promote() {
         );
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let workers: Vec<_> = (0..2)
-        .map(|w| {
-            let (fleet, stop) = (fleet.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut answered = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    for n in 0..KEYS {
-                        let i = (n + w) % fleet.len();
-                        let got = send(&fleet[i].service, get(&format!("/items/{n}"))).await;
-                        assert!(got.status.is_success(), "instance {i}: {}", got.status);
-                        answered += 1;
-                    }
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-                answered
-            })
-        })
-        .collect();
+    let workers = web::load(&fleet, KEYS, 2, &stop);
     let written = || {
         fleet
             .iter()

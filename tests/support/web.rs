@@ -287,3 +287,45 @@ pub(crate) async fn all_within<T: Send + 'static>(
     }
     out
 }
+
+/// Load on a fleet until `stop`: `workers` tasks, each sending `/items/{n}` for `n` in
+/// `0..keys` in turn (worker `w` to instance `(n + w) % fleet.len()`), two milliseconds
+/// apart per round (hits answer without waiting: the pause leaves the runtime's threads
+/// to refreshes), asserting that every answer is a success. Each task returns how many
+/// requests it sent.
+pub(crate) fn load<S>(
+    fleet: &Arc<Vec<Instance<S>>>,
+    keys: usize,
+    workers: usize,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<u64>>
+where
+    S: Clone + Send + Sync + 'static,
+    Guard<S>:
+        Service<Req, Response = Response<ResponseBody<Body>>, Error = Infallible> + Send + Sync,
+    <Guard<S> as Service<Req>>::Future: Send,
+{
+    (0..workers)
+        .map(|w| {
+            let (fleet, stop) = (fleet.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut answered = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for n in 0..keys {
+                        let i = (n + w) % fleet.len();
+                        let got = send(&fleet[i].service, get(&format!("/items/{n}"))).await;
+                        assert!(
+                            got.status.is_success(),
+                            "instance {i}, /items/{n}: {} ({})",
+                            got.status,
+                            got.x_cache()
+                        );
+                        answered += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                answered
+            })
+        })
+        .collect()
+}

@@ -39,7 +39,7 @@ pub struct CachedResponse {
     /// The status.
     pub status: StatusCode,
     /// The headers, without hop-by-hop ones and without those the layer sets itself
-    /// (`age`, `x-cache`).
+    /// (`age`, `x-cache`, `cache-status`).
     pub headers: HeaderMap,
     /// The whole body.
     pub body: Bytes,
@@ -96,11 +96,11 @@ impl CachedResponse {
         self.encode_where(|_| true)
     }
 
-    /// Encodes the entry without `age` and `x-cache`: what L2 keeps of an entry of L1,
-    /// whose headers hold placeholders for the two (the layer sets them on every
-    /// answer).
+    /// Encodes the entry without `age`, `x-cache` and `cache-status`: what L2 keeps of
+    /// an entry of L1, whose headers hold placeholders for the three (the layer sets
+    /// them on every answer).
     pub(crate) fn encode_for_l2(&self) -> Vec<u8> {
-        self.encode_where(|name| *name != http::header::AGE && name.as_str() != crate::X_CACHE)
+        self.encode_where(|name| !crate::cache::is_set_by_the_layer(name))
     }
 
     fn encode_where(&self, keep: impl Fn(&HeaderName) -> bool) -> Vec<u8> {

@@ -46,6 +46,16 @@ pub use self::store::RedisStore;
 /// request is not cacheable: its method, its credentials, or a never-cached route).
 pub const X_CACHE: &str = "x-cache";
 
+/// The response header of RFC 9211, set on every answer next to [`X_CACHE`], with this
+/// cache's entry ([`CACHE_NAME`]) appended to what the origin's own caches said: `hit`
+/// with the `ttl` left (negative once stale) for an answer from an entry; `fwd=uri-miss`
+/// with `stored` and its `ttl` for a fill, `fwd=uri-miss` alone for an answer that was
+/// not stored, `fwd=bypass` for a request the cache does not handle.
+pub const CACHE_STATUS: &str = "cache-status";
+
+/// The name this cache gives itself in [`CACHE_STATUS`].
+pub const CACHE_NAME: &str = "stampede-guard";
+
 // The README's examples are compiled with the doc tests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

@@ -97,6 +97,11 @@ names! {
     VARY_LEARNED: Counter = "stampede_guard_vary_learned_total", "Header names routes learned from their responses' Vary.";
     /// The gauge of the breakers' state: how many are open in this process (one per store).
     CIRCUIT_OPEN: Gauge = "stampede_guard_redis_circuit_open", "1 while the Redis circuit breaker is open.";
+    /// Conditional requests answered `304 Not Modified` from an entry.
+    NOT_MODIFIED: Counter = "stampede_guard_not_modified_total", "Conditional requests answered 304 from an entry.";
+    /// Conditional requests to the origin (refreshes and fills of an entry with a
+    /// validator), by result (`not_modified`: renewed with the body it had; `modified`).
+    REVALIDATIONS: Counter = "stampede_guard_revalidations_total", "Conditional requests to the origin, by result.";
     /// Counter of breaker openings.
     CIRCUIT_OPENED: Counter = "stampede_guard_redis_circuit_opened_total", "Times the Redis circuit breaker opened.";
 }
@@ -145,6 +150,7 @@ events! {
     RefreshTimeout => (REFRESHES, "result" => "timeout"), "A refresh's origin call ran past the refresh timeout.";
     RefreshRedisError => (REFRESHES, "result" => "redis_error"), "A refresh could not use Redis.";
     RefreshNotStored => (REFRESHES, "result" => "not_stored"), "A refresh got a response that may not be stored; the fleet backs off as after an error.";
+    RefreshRevalidated => (REFRESHES, "result" => "revalidated"), "A refresh asked the origin whether the entry changed, and it had not (304): renewed with the body it had.";
     RefreshSkipped => (REFRESHES, "result" => "skipped"), "A refresh was not started: the refresh budget was spent. The stale entry is served.";
     FencedWriteRefused => (FENCED_WRITES_REFUSED), "A write was refused: a newer entry is stored.";
     NotStored => (NOT_STORED), "An origin response was not stored.";
@@ -162,6 +168,9 @@ events! {
     ExpiredWhileWorking => (EXPIRED_WHILE_WORKING), "A lease was lost (or reached its maximum) while its holder worked.";
     UncertainAcquire => (UNCERTAIN_ACQUIRES), "An acquire timed out; it was treated as not acquired.";
     SoftTimeout => (SOFT_TIMEOUTS), "A fill took longer than the soft timeout; an expired entry was served.";
+    NotModified => (NOT_MODIFIED), "A conditional request was answered 304 from an entry (also counted as a hit or a stale answer).";
+    Revalidated => (REVALIDATIONS, "result" => "not_modified"), "The origin answered a conditional refresh or fill 304: the entry was renewed with the body it had.";
+    RevalidatedModified => (REVALIDATIONS, "result" => "modified"), "The origin answered a conditional refresh or fill with a new response.";
 }
 
 /// The events of one route.

@@ -77,6 +77,9 @@ pub struct Policy {
     pub(crate) strict_forwarding: bool,
     pub(crate) hit_for_pass: Duration,
     pub(crate) fresh_jitter: Duration,
+    /// How long past its grace and stale-if-error windows an entry is kept, only to be
+    /// revalidated (Varnish's `keep`).
+    pub(crate) keep: Duration,
     /// False for a route that is never cached: every request goes to the origin.
     pub(crate) cache: bool,
 }
@@ -107,6 +110,7 @@ impl fmt::Debug for Policy {
             .field("strict_forwarding", &self.strict_forwarding)
             .field("hit_for_pass", &self.hit_for_pass)
             .field("fresh_jitter", &self.fresh_jitter)
+            .field("keep", &self.keep)
             .field("cache", &self.cache)
             .finish()
     }
@@ -172,6 +176,7 @@ impl Policy {
                 strict_forwarding: false,
                 hit_for_pass: defaults::HIT_FOR_PASS,
                 fresh_jitter: Duration::ZERO,
+                keep: Duration::ZERO,
                 cache: true,
             },
             header_error: None,
@@ -205,13 +210,14 @@ impl Policy {
     }
 
     /// How long past freshness a response is kept in the caches: the longer of the grace
-    /// window and the stale-if-error window.
+    /// window and the stale-if-error window, and the [`keep`](PolicyBuilder::keep)
+    /// window after it.
     pub fn stale_keep(&self) -> Duration {
-        self.grace.max(self.stale_if_error)
+        self.grace.max(self.stale_if_error) + self.keep
     }
 
     /// The whole time an entry is kept, from its write.
-    pub(crate) fn keep(&self) -> Duration {
+    pub(crate) fn kept_for(&self) -> Duration {
         self.fresh_ttl + self.stale_keep()
     }
 
@@ -482,6 +488,16 @@ impl PolicyBuilder {
         self
     }
 
+    /// Keep entries this long past their grace and stale-if-error windows, only to be
+    /// revalidated (default zero; Varnish's `keep`). Such an entry is never served, but
+    /// when it has a validator (`ETag`, `Last-Modified`) the fill that replaces it asks
+    /// the origin whether it changed, and a `304` renews it with the body it has: the
+    /// origin sends no body. At most 24 hours.
+    pub fn keep(mut self, window: Duration) -> Self {
+        self.policy.keep = window;
+        self
+    }
+
     /// Never cache this route: every request goes to the origin, marked
     /// `x-cache: bypass`. For routes that must not be cached but sit behind a layer
     /// that is applied to many.
@@ -560,6 +576,7 @@ impl PolicyBuilder {
             ("grace", p.grace),
             ("stale_if_error", p.stale_if_error),
             ("lease_ttl", p.lease_ttl),
+            ("keep", p.keep),
         ] {
             if value > day {
                 return Err(ConfigError::invalid(field, "at most 24 hours"));
@@ -577,6 +594,7 @@ impl PolicyBuilder {
             ("stale_if_error", p.stale_if_error),
             ("lease_ttl", p.lease_ttl),
             ("error_backoff", p.error_backoff),
+            ("keep", p.keep),
         ] {
             if !value.subsec_nanos().is_multiple_of(1_000_000) {
                 return Err(ConfigError::invalid(
@@ -675,7 +693,7 @@ mod tests {
     #[test]
     fn defaults_build() {
         let p = Policy::builder("items").build().unwrap();
-        assert_eq!(p.keep(), defaults::FRESH_TTL + defaults::STALE_IF_ERROR);
+        assert_eq!(p.kept_for(), defaults::FRESH_TTL + defaults::STALE_IF_ERROR);
         assert!(p.check_against(Duration::from_millis(100)).is_ok());
     }
 
@@ -727,6 +745,7 @@ mod tests {
             (b().key_query([""]), "key_query"),
             (b().fresh_jitter(defaults::FRESH_TTL), "fresh_jitter"),
             (b().hit_for_pass(Duration::from_secs(7200)), "hit_for_pass"),
+            (b().keep(Duration::from_secs(2 * 86400)), "keep"),
         ];
         for (builder, field) in cases {
             let error = builder.build().unwrap_err();

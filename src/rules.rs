@@ -36,7 +36,7 @@ impl Bypass {
     }
 }
 
-pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Kind, Bypass> {
+pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Asked, Bypass> {
     if !policy.cache {
         return Err(Bypass::Route);
     }
@@ -45,12 +45,13 @@ pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Kind,
         Method::HEAD => Kind::Head,
         _ => return Err(Bypass::Method),
     };
-    // One pass over the names a request has (a handful), rather than two hashed
+    // One pass over the names a request has (a handful), rather than three hashed
     // lookups: every request comes here.
-    let (mut authorization, mut cookie) = (false, false);
+    let (mut authorization, mut cookie, mut conditional) = (false, false, false);
     for name in request.headers().keys() {
         authorization |= *name == header::AUTHORIZATION;
         cookie |= *name == header::COOKIE;
+        conditional |= crate::guard::is_conditional(name);
     }
     if authorization && !policy.allow_authorization {
         return Err(Bypass::Authorization);
@@ -58,7 +59,16 @@ pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Kind,
     if cookie && !policy.allow_cookies {
         return Err(Bypass::Cookie);
     }
-    Ok(kind)
+    Ok(Asked { kind, conditional })
+}
+
+/// What a cacheable request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Asked {
+    pub(crate) kind: Kind,
+    /// It has `If-None-Match` or `If-Modified-Since`: an entry that meets the condition
+    /// answers `304` (see `guard::conditional`).
+    pub(crate) conditional: bool,
 }
 
 /// Everything that tells requests of a route apart, as bytes to be hashed: the host (if
@@ -499,6 +509,7 @@ pub(crate) fn strip_unstorable(headers: &mut HeaderMap) {
     headers.remove(header::AGE);
     headers.remove("keep-alive");
     headers.remove(crate::X_CACHE);
+    headers.remove(crate::CACHE_STATUS);
 }
 
 #[cfg(test)]
@@ -729,12 +740,23 @@ mod tests {
         assert_eq!(classify(&p, &post), Err(Bypass::Method));
         assert_eq!(
             classify(&p, &Request::head("/").body(()).unwrap()),
-            Ok(Kind::Head)
+            Ok(Asked {
+                kind: Kind::Head,
+                conditional: false
+            })
+        );
+        let conditional = get("/").header("if-none-match", "\"v1\"").body(()).unwrap();
+        assert_eq!(
+            classify(&p, &conditional),
+            Ok(Asked {
+                kind: Kind::Get,
+                conditional: true
+            })
         );
         let open = Policy::builder("items")
             .allow_authorization(true)
             .build()
             .unwrap();
-        assert_eq!(classify(&open, &auth), Ok(Kind::Get));
+        assert_eq!(classify(&open, &auth).map(|a| a.kind), Ok(Kind::Get));
     }
 }

@@ -1,11 +1,11 @@
-//! The shared tier: Redis, one hash per entry (its writer's fencing token and its
-//! encoding) with the keep time as its TTL; read, written under a lease and invalidated
+//! The shared tier: Redis, one hash per entry (its writer's fencing token, its encoding,
+//! and the newer metadata a `304` renewed it with) with the keep time as its TTL; read, written under a lease and invalidated
 //! by the scripts beside it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::scripts::{self, Lasting, ReadReply, WriteReply};
+use super::scripts::{self, Lasting, ReadReply, Renewal, WriteReply};
 use super::stored::Stored;
 use crate::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
@@ -32,7 +32,7 @@ pub(crate) async fn l2_read(
         ReadReply::Miss => L2Read::Miss,
         ReadReply::NotOurs => L2Read::Garbage("not an entry"),
         ReadReply::Entry { pttl, .. } if pttl < 0 => L2Read::Garbage("no ttl"),
-        ReadReply::Entry { pttl, data } => match entry::decode(&data) {
+        ReadReply::Entry { pttl, data, meta } => match decode(&data, meta.as_deref()) {
             Ok(response) => {
                 let left = Duration::from_millis(pttl as u64);
                 let age = response.keep.saturating_sub(left);
@@ -41,6 +41,19 @@ pub(crate) async fn l2_read(
             Err(error) => L2Read::Garbage(decode_reason(error)),
         },
     })
+}
+
+/// An entry from its encoding, and the metadata a `304` renewed it with if any: that
+/// metadata (status, headers, times, token) with the body of the entry.
+fn decode(data: &[u8], meta: Option<&[u8]>) -> Result<CachedResponse, entry::DecodeError> {
+    let whole = entry::decode(data)?;
+    match meta {
+        None => Ok(whole),
+        Some(meta) => Ok(CachedResponse {
+            body: whole.body,
+            ..entry::decode(meta)?
+        }),
+    }
 }
 
 fn decode_reason(error: entry::DecodeError) -> &'static str {
@@ -66,6 +79,32 @@ pub(crate) async fn l2_write(
         keys,
         lease,
         response.encode_for_l2(),
+        response.keep,
+        channel,
+    )
+    .await
+}
+
+/// Renews the entry that `revalidated` was written under with `response`'s metadata,
+/// under `lease`, without writing its body again (see `scripts/revalidate.lua`).
+pub(crate) async fn l2_revalidate(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    lease: &Lease,
+    revalidated: FencingToken,
+    response: &CachedResponse,
+    channel: &str,
+) -> Result<Renewal, StoreError> {
+    let meta = CachedResponse {
+        body: bytes::Bytes::new(),
+        ..response.clone()
+    };
+    scripts::revalidate(
+        store,
+        keys,
+        lease,
+        revalidated,
+        meta.encode_for_l2(),
         response.keep,
         channel,
     )

@@ -19,6 +19,8 @@ static READ: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/read.lua"))));
 static WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/write.lua"))));
+static REVALIDATE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/revalidate.lua"))));
 static INVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/invalidate.lua"))));
 
@@ -29,8 +31,13 @@ pub(crate) enum ReadReply {
     Miss,
     /// Something that is not an entry of ours (another type, a hash without data).
     NotOurs,
-    /// An entry's encoding, and its remaining TTL in milliseconds.
-    Entry { pttl: i64, data: Vec<u8> },
+    /// An entry's encoding, its remaining TTL in milliseconds, and the metadata that a
+    /// `304` renewed it with, if one did.
+    Entry {
+        pttl: i64,
+        data: Vec<u8>,
+        meta: Option<Vec<u8>>,
+    },
 }
 
 /// Reads an entry; the deadline grows with `max_size`, what the entry may weigh.
@@ -49,8 +56,21 @@ pub(crate) async fn read(
         Value::Nil | Value::Boolean(false) => ReadReply::Miss,
         Value::Array(items) => match <[Value; 0]>::try_from(items) {
             Ok([]) => ReadReply::Miss,
-            Err(items) => match <[Value; 2]>::try_from(items) {
-                Ok([Value::Int(pttl), Value::BulkString(data)]) => ReadReply::Entry { pttl, data },
+            Err(items) => match items.as_slice() {
+                [Value::Int(_), Value::BulkString(_)]
+                | [Value::Int(_), Value::BulkString(_), Value::BulkString(_)] => {
+                    let mut items = items.into_iter();
+                    let (Some(Value::Int(pttl)), Some(Value::BulkString(data))) =
+                        (items.next(), items.next())
+                    else {
+                        unreachable!("matched above")
+                    };
+                    let meta = match items.next() {
+                        Some(Value::BulkString(meta)) => Some(meta),
+                        _ => None,
+                    };
+                    ReadReply::Entry { pttl, data, meta }
+                }
                 _ => ReadReply::NotOurs,
             },
         },
@@ -101,6 +121,54 @@ pub(crate) async fn write(
     Ok(WriteReply {
         written: written == 1,
         released: released == 1,
+    })
+}
+
+/// What `revalidate.lua` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// The entry's metadata was replaced; `released` if the lease still was the renewer's.
+    Renewed { released: bool },
+    /// A higher token was stored or issued: nothing written.
+    Refused { released: bool },
+    /// The entry that was revalidated is not there any more: nothing done, the lease
+    /// kept for a whole write.
+    Gone,
+}
+
+/// Renews the entry written under `revalidated` with `meta` (an encoded entry without a
+/// body), kept `keep` from now, under `lease` (see `revalidate.lua`).
+pub(crate) async fn revalidate(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    lease: &Lease,
+    revalidated: FencingToken,
+    meta: Vec<u8>,
+    keep: Duration,
+    channel: &str,
+) -> Result<Renewal, StoreError> {
+    let mut invocation = REVALIDATE.prepare_invoke();
+    invocation
+        .key(keys.entry())
+        .key(keys.lease().key())
+        .key(keys.invalidated_key())
+        .key(keys.lease().fence_key())
+        .arg(lease.fencing_token().get())
+        .arg(lease.owner().as_str())
+        .arg(revalidated.get())
+        .arg(meta)
+        .arg(millis(keep))
+        .arg(channel)
+        .arg(Notice::Filled(keys.entry(), Some(keys.local)).to_string())
+        .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
+    let (renewed, released, _measured_against): (i64, i64, i64) = store
+        .run(Operation::Write, Request::Script(&invocation))
+        .await?;
+    let released = released == 1;
+    Ok(match renewed {
+        1 => Renewal::Renewed { released },
+        -1 => Renewal::Gone,
+        _ => Renewal::Refused { released },
     })
 }
 

@@ -40,18 +40,20 @@ pub(crate) enum Freshness {
 impl Stored {
     /// An entry that is `age` old now.
     ///
-    /// Its headers get the two the layer sets on every answer (`age` and `x-cache`), with
-    /// placeholder values, as the first two entries of the map: an answer clones the
-    /// headers and overwrites those two values in place (see [`Stored::answer_headers`]),
-    /// instead of growing the map and hashing two names every time. They are never
-    /// encoded for L2 (`CachedResponse::encode_for_l2` leaves them out).
+    /// Its headers get the three the layer sets on every answer (`age`, `x-cache` and
+    /// `cache-status`), with placeholder values, as the first three entries of the map:
+    /// an answer clones the headers and overwrites those values in place (see
+    /// [`Stored::answer_headers`]), instead of growing the map and hashing three names
+    /// every time. They are never encoded for L2 (`CachedResponse::encode_for_l2` leaves
+    /// them out).
     pub(crate) fn aged(mut response: CachedResponse, age: Duration) -> Self {
         let stored = std::mem::take(&mut response.headers);
         let headers = &mut response.headers;
-        // At most `entry::MAX_HEADERS` and two: well within what the map holds.
-        headers.reserve(stored.len() + 2);
+        // At most `entry::MAX_HEADERS` and three: well within what the map holds.
+        headers.reserve(stored.len() + 3);
         headers.insert(http::header::AGE, http::HeaderValue::from_static("0"));
         headers.insert(X_CACHE_NAME, http::HeaderValue::from_static("hit"));
+        headers.insert(CACHE_STATUS_NAME, http::HeaderValue::from_static("hit"));
         let mut name = None;
         for (first, value) in stored {
             // `into_iter` names the first value of each header and leaves the name out
@@ -60,7 +62,7 @@ impl Stored {
                 name = first;
             }
             match &name {
-                Some(name) if *name != http::header::AGE && *name != X_CACHE_NAME => {
+                Some(name) if !is_set_by_the_layer(name) => {
                     headers.append(name.clone(), value);
                 }
                 _ => {}
@@ -78,26 +80,35 @@ impl Stored {
     }
 
     /// The headers of an answer from this entry: a clone of the stored ones, with the
-    /// `age` and `x-cache` placeholders (the first two entries, see [`Stored::aged`])
-    /// set to `age` and `x_cache`.
+    /// placeholders (the first three entries, see [`Stored::aged`]) set to `age`,
+    /// `x_cache` and `cache_status`.
     pub(crate) fn answer_headers(
         &self,
         age: http::HeaderValue,
         x_cache: http::HeaderValue,
+        cache_status: http::HeaderValue,
     ) -> http::HeaderMap {
         let mut headers = self.response.headers.clone();
         let mut placeholders = headers.iter_mut();
-        match (placeholders.next(), placeholders.next()) {
-            (Some((first, age_slot)), Some((second, x_cache_slot)))
-                if *first == http::header::AGE && *second == X_CACHE_NAME =>
+        match (
+            placeholders.next(),
+            placeholders.next(),
+            placeholders.next(),
+        ) {
+            (Some((first, age_slot)), Some((second, x_cache_slot)), Some((third, status_slot)))
+                if *first == http::header::AGE
+                    && *second == X_CACHE_NAME
+                    && *third == CACHE_STATUS_NAME =>
             {
                 *age_slot = age;
                 *x_cache_slot = x_cache;
+                *status_slot = cache_status;
             }
             // Not made by `aged` (never the case today): set them the long way.
             _ => {
                 headers.insert(http::header::AGE, age);
                 headers.insert(X_CACHE_NAME, x_cache);
+                headers.insert(CACHE_STATUS_NAME, cache_status);
             }
         }
         headers
@@ -153,6 +164,17 @@ impl Stored {
 /// The name of the `x-cache` header, made once.
 pub(crate) const X_CACHE_NAME: http::HeaderName = http::HeaderName::from_static(crate::X_CACHE);
 
+/// The name of the `cache-status` header (RFC 9211), made once.
+pub(crate) const CACHE_STATUS_NAME: http::HeaderName =
+    http::HeaderName::from_static(crate::CACHE_STATUS);
+
+/// The headers the layer sets on each answer from an entry: never stored, and never
+/// taken from what the origin sent (an upstream cache's `cache-status` described the
+/// fill, not the answers from the entry).
+pub(crate) fn is_set_by_the_layer(name: &http::HeaderName) -> bool {
+    *name == http::header::AGE || *name == X_CACHE_NAME || *name == CACHE_STATUS_NAME
+}
+
 #[cfg(test)]
 mod answer_header_tests {
     use super::*;
@@ -176,7 +198,7 @@ mod answer_header_tests {
     }
 
     /// An answer's headers are the stored ones, every value of each in order, with one
-    /// `age` and one `x-cache`, set to the answer's.
+    /// `age`, one `x-cache` and one `cache-status`, set to the answer's.
     #[test]
     fn answers_keep_every_stored_header_and_set_age_and_x_cache() {
         let mut headers = http::HeaderMap::new();
@@ -188,11 +210,13 @@ mod answer_header_tests {
         headers.append(AGE, HeaderValue::from_static("7"));
         headers.append(AGE, HeaderValue::from_static("8"));
         headers.insert(X_CACHE_NAME, HeaderValue::from_static("from-origin"));
+        headers.insert(CACHE_STATUS_NAME, HeaderValue::from_static("upstream; hit"));
         let stored = stored(headers);
 
         let answer = stored.answer_headers(
             HeaderValue::from_static("42"),
             HeaderValue::from_static("stale"),
+            HeaderValue::from_static("stampede-guard; hit; ttl=-2"),
         );
         let all = |name| {
             answer
@@ -203,31 +227,36 @@ mod answer_header_tests {
         };
         assert_eq!(all(AGE), ["42"]);
         assert_eq!(all(X_CACHE_NAME), ["stale"]);
+        assert_eq!(all(CACHE_STATUS_NAME), ["stampede-guard; hit; ttl=-2"]);
         assert_eq!(all(CONTENT_TYPE), ["text/plain"]);
         assert_eq!(all(LINK), ["</a>; rel=preload", "</b>; rel=preload"]);
         assert_eq!(all(VARY), ["accept-encoding"]);
-        assert_eq!(answer.len(), 6);
-        assert_eq!(answer.keys_len(), 5);
+        assert_eq!(answer.len(), 7);
+        assert_eq!(answer.keys_len(), 6);
 
         // The stored map is left as it was: the next answer sets its own values.
         let next = stored.answer_headers(
             HeaderValue::from_static("43"),
             HeaderValue::from_static("hit"),
+            HeaderValue::from_static("stampede-guard; hit; ttl=1"),
         );
         assert_eq!(next[AGE], "43");
         assert_eq!(next[X_CACHE_NAME], "hit");
-        assert_eq!(next.len(), 6);
+        assert_eq!(next[CACHE_STATUS_NAME], "stampede-guard; hit; ttl=1");
+        assert_eq!(next.len(), 7);
     }
 
-    /// With no stored header at all, an answer carries just the two.
+    /// With no stored header at all, an answer carries just the three.
     #[test]
     fn an_entry_without_headers_answers_with_age_and_x_cache() {
         let stored = stored(http::HeaderMap::new());
         let answer = stored.answer_headers(
             HeaderValue::from_static("0"),
             HeaderValue::from_static("hit"),
+            HeaderValue::from_static("stampede-guard; hit; ttl=60"),
         );
-        assert_eq!(answer.len(), 2);
+        assert_eq!(answer.len(), 3);
+        assert_eq!(answer[CACHE_STATUS_NAME], "stampede-guard; hit; ttl=60");
         assert_eq!(answer[AGE], "0");
         assert_eq!(answer[X_CACHE_NAME], "hit");
     }

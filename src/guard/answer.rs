@@ -1,6 +1,6 @@
 //! Answering a caller: from an entry (a hit, or a stale entry while its refresh
 //! starts), from the origin straight (a pass-through), or by the route's cold-miss
-//! behaviour; and the `x-cache` and `age` each answer carries.
+//! behaviour; and the `x-cache`, `cache-status` and `age` each answer carries.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -11,15 +11,23 @@ use http_body::Body;
 use tower::ServiceExt;
 
 use super::body::ResponseBody;
+use super::conditional::{NOT_MODIFIED_HEADERS, not_modified};
 use super::origin::{Buffered, FillBody, Inner, OriginBody};
 use super::refresh::spawn_refresh;
 use super::route::Route;
-use crate::cache::{Freshness, Stored, X_CACHE_NAME};
+use crate::CACHE_NAME;
+use crate::cache::{CACHE_STATUS_NAME, Freshness, Stored, X_CACHE_NAME};
 use crate::keys::{CacheKeys, LocalKey};
 use crate::metrics::Event;
 use crate::policy::ColdMiss;
-use crate::rules::Kind;
+use crate::rules::{Asked, Kind};
 
+/// `stampede-guard; ` and a `cache-status` parameter list, as a `&'static str`.
+macro_rules! concat_status {
+    ($params:literal) => {
+        concat!("stampede-guard; ", $params)
+    };
+}
 /// An entry found for a request, and what answering from it needs.
 pub(crate) struct Found<'a> {
     pub(crate) stored: &'a Arc<Stored>,
@@ -32,11 +40,12 @@ pub(crate) struct Found<'a> {
 }
 
 /// Answers from an entry that is fresh (a hit) or stale (served, and refreshed in the
-/// background with a clone of the service); `None` for an expired one.
+/// background with a clone of the service); `None` for an expired one. A conditional
+/// request that the entry meets gets `304` (see [`conditional`](super::conditional)).
 pub(crate) fn answer<S, ReqBody, ResBody>(
     route: &Arc<Route>,
     found: Found<'_>,
-    kind: Kind,
+    asked: Asked,
     request: &Request<ReqBody>,
     inner: &S,
 ) -> Option<Response<ResponseBody<ResBody>>>
@@ -51,18 +60,23 @@ where
         local,
         keys,
     } = found;
-    match freshness(route, stored, age) {
+    let x_cache = match freshness(route, stored, age) {
         Freshness::Fresh => {
             route.stats.record(Event::Hit);
-            Some(serve_aged(stored, age, kind, "hit"))
+            "hit"
         }
         Freshness::Stale => {
             route.stats.record(Event::Stale);
             spawn_refresh(route, local, keys, stored.clone(), request, inner);
-            Some(serve_aged(stored, age, kind, "stale"))
+            "stale"
         }
-        Freshness::Expired => None,
+        Freshness::Expired => return None,
+    };
+    if asked.conditional && not_modified(&stored.response, request.headers()) {
+        route.stats.record(Event::NotModified);
+        return Some(serve_not_modified(stored, age, x_cache));
     }
+    Some(serve_aged(stored, age, asked.kind, x_cache))
 }
 
 /// A hit: the answer from an entry `age` old if it is fresh (counted by the caller, as
@@ -95,7 +109,7 @@ fn freshness(route: &Route, stored: &Stored, age: Duration) -> Freshness {
     }
 }
 
-/// A response from a stored entry, with its `age` and `x-cache`.
+/// A response from a stored entry, with its `age`, `x-cache` and `cache-status`.
 pub(crate) fn serve<B: Body>(
     stored: &Stored,
     kind: Kind,
@@ -118,19 +132,77 @@ pub(crate) fn serve_aged<B: Body>(
     };
     let mut response = Response::new(body);
     *response.status_mut() = cached.status;
-    *response.headers_mut() =
-        stored.answer_headers(age_value(age.as_secs()), HeaderValue::from_static(x_cache));
+    *response.headers_mut() = stored.answer_headers(
+        age_value(age.as_secs()),
+        HeaderValue::from_static(x_cache),
+        cache_status(x_cache, ttl(stored, age)),
+    );
     response
+}
+
+/// `304 Not Modified` from an entry `age` old: no body, the stored headers RFC 9110
+/// §15.4.5 asks for, and the layer's own.
+fn serve_not_modified<B: Body>(
+    stored: &Stored,
+    age: Duration,
+    x_cache: &'static str,
+) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::empty());
+    *response.status_mut() = StatusCode::NOT_MODIFIED;
+    let headers = response.headers_mut();
+    for name in NOT_MODIFIED_HEADERS {
+        for value in stored.response.headers.get_all(&name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers.insert(http::header::AGE, age_value(age.as_secs()));
+    headers.insert(X_CACHE_NAME, HeaderValue::from_static(x_cache));
+    headers.insert(CACHE_STATUS_NAME, cache_status(x_cache, ttl(stored, age)));
+    response
+}
+
+/// The freshness an entry `age` old has left, in whole seconds (RFC 9211's `ttl`):
+/// negative once stale.
+fn ttl(stored: &Stored, age: Duration) -> i64 {
+    let fresh_for = stored.response.fresh_for;
+    if age < fresh_for {
+        (fresh_for - age).as_secs() as i64
+    } else {
+        -((age - fresh_for).as_secs() as i64) - 1
+    }
+}
+
+/// The `cache-status` of an answer from an entry: `hit` with the `ttl` left for a hit
+/// or a stale answer, `fwd=uri-miss; stored` for a fill. Hits and stale answers of the
+/// first hour take a value from a table made once, so that they do not format a number.
+fn cache_status(x_cache: &'static str, ttl: i64) -> HeaderValue {
+    static HITS: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
+        (-3600..3600i64)
+            .map(|n| leaked(format!("{CACHE_NAME}; hit; ttl={n}")))
+            .collect()
+    });
+    match x_cache {
+        "hit" | "stale" => match HITS.get((ttl + 3600) as usize) {
+            Some(value) if ttl >= -3600 => value.clone(),
+            _ => value(format!("{CACHE_NAME}; hit; ttl={ttl}")),
+        },
+        _ => value(format!("{CACHE_NAME}; fwd=uri-miss; stored; ttl={ttl}")),
+    }
+}
+
+fn leaked(text: String) -> HeaderValue {
+    HeaderValue::from_static(Box::leak(text.into_boxed_str()))
+}
+
+fn value(text: String) -> HeaderValue {
+    HeaderValue::try_from(text).expect("an ASCII header value")
 }
 
 /// An `age` header value: from a table made once for the first hour, so that a hit does
 /// not format a number (and allocate for it).
 fn age_value(seconds: u64) -> HeaderValue {
-    static AGES: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
-        (0..3600u64)
-            .map(|n| HeaderValue::from_static(Box::leak(n.to_string().into_boxed_str())))
-            .collect()
-    });
+    static AGES: LazyLock<Vec<HeaderValue>> =
+        LazyLock::new(|| (0..3600u64).map(|n| leaked(n.to_string())).collect());
     match AGES.get(seconds as usize) {
         Some(value) => value.clone(),
         None => HeaderValue::from(seconds),
@@ -146,8 +218,16 @@ pub(crate) fn serve_buffered<B: Body>(buffered: &Buffered) -> Response<ResponseB
     response
 }
 
+/// Marks an answer that is not from an entry: `x-cache`, and this cache's member of
+/// `cache-status`, after those of the caches the origin's answer came through.
 pub(crate) fn set_x_cache(headers: &mut http::HeaderMap, value: &'static str) {
     headers.insert(X_CACHE_NAME, HeaderValue::from_static(value));
+    let status = match value {
+        "bypass" => concat_status!("fwd=bypass"),
+        "miss" => concat_status!("fwd=uri-miss; stored"),
+        _ => concat_status!("fwd=uri-miss"),
+    };
+    headers.append(CACHE_STATUS_NAME, HeaderValue::from_static(status));
 }
 
 pub(crate) async fn passthrough<S, ReqBody, ResBody>(
@@ -207,7 +287,12 @@ where
             response
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(seconds));
-            set_x_cache(response.headers_mut(), "miss");
+            let headers = response.headers_mut();
+            headers.insert(X_CACHE_NAME, HeaderValue::from_static("miss"));
+            headers.insert(
+                CACHE_STATUS_NAME,
+                HeaderValue::from_static(concat_status!("detail=cold-wait")),
+            );
             Ok(response)
         }
         _ => {

@@ -12,17 +12,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use tracing::Instrument;
 
 use super::answer::{serve, serve_buffered, set_x_cache, usable_on_error};
 use super::body::ResponseBody;
+use super::conditional;
 use super::flight;
 use super::marks::Mark;
 use super::origin::{
-    Buffered, Called, Claim, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease, end,
-    keep, lease_unavailable, local_floor, not_stored,
+    Buffered, Called, Claim, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease,
+    counted_revalidation, end, keep, lease_unavailable, local_floor, not_stored, renew,
 };
 use super::route::Route;
 use crate::cache::{Freshness, L2Read, Stored, invalidated, l2_read};
@@ -78,6 +79,7 @@ where
             stand_in: fallback
                 .as_ref()
                 .is_some_and(|f| f.serves_on_error(route.policy.stale_if_error)),
+            revalidate: fallback.clone(),
             redis,
         };
         // In a task of its own: a caller that goes away does not cancel the fill that
@@ -263,6 +265,9 @@ pub(crate) struct ColdFill<S, ReqBody> {
     pub(crate) found: FencingToken,
     /// Whether what it found may stand in for a failed origin.
     pub(crate) stand_in: bool,
+    /// What it found, expired (or kept only to be revalidated): the origin is asked
+    /// whether it changed, if it has a validator.
+    pub(crate) revalidate: Option<Arc<Stored>>,
     pub(crate) redis: Redis,
 }
 
@@ -281,6 +286,7 @@ where
         mut wait,
         found: local_token,
         stand_in,
+        revalidate,
         redis,
     } = fill;
     let policy = &route.policy;
@@ -428,19 +434,60 @@ where
         }
     };
     route.stats.record(Event::ColdFill);
-    let (request, asked) = asked(request);
+    let (mut request, asked) = asked(request);
+    // Asked after `asked` is split off: the answer is keyed by what the caller asked.
+    let revalidate =
+        revalidate.filter(|current| conditional::ask_if_changed(&mut request, &current.response));
     let origin = call_under_lease(&route, &keys, inner, request, &mut claim).await;
     drop(slot);
     let Some(origin) = origin else {
         return FillOutcome::TimedOut;
     };
+    // The answer to a conditional request: a 304 about the entry asked about renews it;
+    // one about another is no answer for the callers, who did not ask it.
+    let renews = match (&origin, &revalidate) {
+        (Called::Read(Read::Whole { head, .. }), Some(current))
+            if head.status() == StatusCode::NOT_MODIFIED =>
+        {
+            Some(conditional::is_about(&current.response, head.headers()))
+        }
+        _ => None,
+    };
+    if revalidate.is_some() {
+        counted_revalidation(&route, &origin);
+    }
+    match (origin, revalidate) {
+        (Called::Read(Read::Whole { head, .. }), Some(current)) if renews == Some(true) => {
+            let (stored, _) = renew(&route, &keys, &current, head, claim).await;
+            FillOutcome::Stored {
+                stored,
+                variant_of: None,
+            }
+        }
+        (Called::Read(Read::Whole { .. }), _) if renews == Some(false) => {
+            end(&route, &keys, claim, Ending::Error).await;
+            FillOutcome::BackedOff
+        }
+        (origin, _) => answered(&route, &keys, claim, origin, asked, policy).await,
+    }
+}
+
+/// What a fill's origin call (not a `304` to its conditional request) comes to.
+async fn answered<B: OriginBody, E>(
+    route: &Route,
+    keys: &CacheKeys,
+    claim: Claim,
+    origin: Called<B, E>,
+    asked: Arc<Request<()>>,
+    policy: &crate::Policy,
+) -> FillOutcome<B, E> {
     match origin {
         Called::TimedOut => {
-            end(&route, &keys, claim, Ending::Error).await;
+            end(route, keys, claim, Ending::Error).await;
             FillOutcome::TimedOut
         }
         Called::Error(error) => {
-            end(&route, &keys, claim, Ending::Error).await;
+            end(route, keys, claim, Ending::Error).await;
             FillOutcome::Handoff {
                 slot: Mutex::new(Some(Err(error))),
                 failure: true,
@@ -448,7 +495,7 @@ where
         }
         Called::Read(Read::Whole { head, body }) => {
             let why = match rules::storable(policy, &head) {
-                Ok(()) => match keep(&route, &keys, &asked, head, body, claim).await {
+                Ok(()) => match keep(route, keys, &asked, head, body, claim).await {
                     Kept::Stored {
                         stored, rekeyed, ..
                     } => {
@@ -458,16 +505,16 @@ where
                         };
                     }
                     Kept::NotStored { head, body, why } => {
-                        return not_kept(&route, head, body, why, false, asked);
+                        return not_kept(route, head, body, why, false, asked);
                     }
                 },
                 Err(why) => why,
             };
-            not_stored(&route, why);
+            not_stored(route, why);
             let failure = rules::is_failure(head.status());
             let ending = if failure { Ending::Error } else { Ending::Pass };
-            end(&route, &keys, claim, ending).await;
-            not_kept(&route, head, body, why, failure, asked)
+            end(route, keys, claim, ending).await;
+            not_kept(route, head, body, why, failure, asked)
         }
         Called::Read(Read::Partial {
             head,
@@ -476,10 +523,10 @@ where
             rest,
             why,
         }) => {
-            not_stored(&route, why);
+            not_stored(route, why);
             let failure = error.is_some();
             let ending = if failure { Ending::Error } else { Ending::Pass };
-            end(&route, &keys, claim, ending).await;
+            end(route, keys, claim, ending).await;
             let (parts, ()) = head.into_parts();
             let response = Response::from_parts(parts, ResponseBody::resume(prefix, error, rest));
             FillOutcome::Handoff {

@@ -106,6 +106,7 @@ mod answer;
 mod body;
 mod budget;
 mod cold;
+mod conditional;
 mod flight;
 mod future;
 mod handle;
@@ -122,3 +123,5 @@ pub use self::future::ResponseFuture;
 pub use self::handle::{DEFAULT_L1_CAPACITY, DEFAULT_REFRESH_BUDGET, GuardBuilder, StampedeGuard};
 pub use self::layer::GuardLayer;
 pub use self::service::Guard;
+
+pub(crate) use self::conditional::is_conditional;

@@ -17,10 +17,11 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_service::Service;
 
+use super::conditional;
 use super::marks::Mark;
 use super::route::Route;
 use super::vary::TooMany;
-use crate::cache::{L2Read, Stored, l2_read, l2_write};
+use crate::cache::{L2Read, Renewal, Stored, l2_read, l2_revalidate, l2_write};
 use crate::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
 use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease, LeaseLost};
@@ -397,7 +398,6 @@ pub(crate) async fn store(
     body: Bytes,
     claim: Claim,
 ) -> (Arc<Stored>, bool) {
-    let policy = &route.policy;
     let (parts, ()) = head.into_parts();
     let mut headers = entry::compact(&parts.headers);
     rules::strip_unstorable(&mut headers);
@@ -405,6 +405,51 @@ pub(crate) async fn store(
     if !headers.contains_key(http::header::CONTENT_LENGTH) {
         headers.insert(http::header::CONTENT_LENGTH, body.len().into());
     }
+    // Already a copy of its own: `read` gathers the body's frames into one buffer of its
+    // exact size.
+    let stored = entry_of(route, parts.status, headers, body, &claim);
+    put(route, keys, stored, claim, Write::Whole).await
+}
+
+/// Counts the answer to a conditional request: a new response (the `304`s are counted
+/// where they renew an entry).
+pub(crate) fn counted_revalidation<B: Body, E>(route: &Route, origin: &Called<B, E>) {
+    if let Called::Read(Read::Whole { head, .. } | Read::Partial { head, .. }) = origin
+        && head.status() != StatusCode::NOT_MODIFIED
+    {
+        route.stats.record(Event::RevalidatedModified);
+    }
+}
+
+/// Renews `current`, which the origin said is unchanged (a `304` to a conditional
+/// request): its headers updated from the `304`'s, its body kept, fresh again. Under a
+/// lease, only its metadata is written to L2 (fenced as a whole write is), unless the
+/// entry there is not `current` any more: then the whole entry is written.
+pub(crate) async fn renew(
+    route: &Route,
+    keys: &CacheKeys,
+    current: &Stored,
+    not_modified: Response<()>,
+    claim: Claim,
+) -> (Arc<Stored>, bool) {
+    route.stats.record(Event::Revalidated);
+    let cached = &current.response;
+    let mut headers = conditional::renewed_headers(&cached.headers, not_modified.headers());
+    // A copy of its own: the 304's values are slices of the client's read buffer.
+    headers = entry::compact(&headers);
+    let stored = entry_of(route, cached.status, headers, cached.body.clone(), &claim);
+    put(route, keys, stored, claim, Write::Renew(cached.token)).await
+}
+
+/// The entry of a response to store under `claim`, fresh from now.
+fn entry_of(
+    route: &Route,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    claim: &Claim,
+) -> Arc<Stored> {
+    let policy = &route.policy;
     let fresh_for = match policy.fresh_jitter {
         jitter if jitter.is_zero() => policy.fresh_ttl,
         // Whole milliseconds, as entries keep their times.
@@ -414,34 +459,72 @@ pub(crate) async fn store(
         }
     };
     let response = CachedResponse {
-        status: parts.status,
+        status,
         headers,
-        // Already a copy of its own: `read` gathers the body's frames into one buffer
-        // of its exact size.
         body,
         fresh_for,
         grace: policy.grace,
-        keep: policy.keep(),
-        token: match &claim {
+        keep: policy.kept_for(),
+        token: match claim {
             Claim::Leased(lease) => lease.fencing_token(),
             Claim::Local(token) => *token,
         },
     };
-    let stored = Arc::new(Stored::aged(response, Duration::ZERO));
+    Arc::new(Stored::aged(response, Duration::ZERO))
+}
+
+/// How an entry goes to L2.
+#[derive(Clone, Copy)]
+enum Write {
+    /// All of it.
+    Whole,
+    /// Only its metadata, over the entry written under this token, whose body it has.
+    Renew(FencingToken),
+}
+
+/// Puts an entry in the caches: under a lease, the fenced write to L2 (which releases
+/// the lease), then L1; a write refused because a newer entry is stored gives way to
+/// that entry. Without one, only L1 is filled.
+async fn put(
+    route: &Route,
+    keys: &CacheKeys,
+    stored: Arc<Stored>,
+    claim: Claim,
+    write: Write,
+) -> (Arc<Stored>, bool) {
     if let Claim::Leased(lease) = claim {
         let shared = &route.shared;
-        match l2_write(
-            &shared.store,
-            keys,
-            &lease,
-            &stored.response,
-            shared.notices.channel(),
-        )
-        .await
-        {
-            Ok(outcome) if outcome.written => {
-                written_release(&lease, outcome.released);
-                if !outcome.released {
+        let channel = shared.notices.channel();
+        let mut written = match write {
+            Write::Whole => None,
+            Write::Renew(revalidated) => match l2_revalidate(
+                &shared.store,
+                keys,
+                &lease,
+                revalidated,
+                &stored.response,
+                channel,
+            )
+            .await
+            {
+                Ok(Renewal::Renewed { released }) => Some(Ok((true, released))),
+                Ok(Renewal::Refused { released }) => Some(Ok((false, released))),
+                // Not the entry that was revalidated any more: write all of it.
+                Ok(Renewal::Gone) => None,
+                Err(error) => Some(Err(error)),
+            },
+        };
+        if written.is_none() {
+            written = Some(
+                l2_write(&shared.store, keys, &lease, &stored.response, channel)
+                    .await
+                    .map(|outcome| (outcome.written, outcome.released)),
+            );
+        }
+        match written.expect("written above") {
+            Ok((true, released)) => {
+                written_release(&lease, released);
+                if !released {
                     // Written under a lease that had expired: fencing made it safe.
                     tracing::debug!(entry = keys.entry(), "entry written after its lease ended");
                 }
@@ -449,8 +532,8 @@ pub(crate) async fn store(
                 route.put_l1(keys, stored.clone()).await;
                 return (stored, true);
             }
-            Ok(outcome) => {
-                written_release(&lease, outcome.released);
+            Ok((false, released)) => {
+                written_release(&lease, released);
                 route.stats.record(Event::FencedWriteRefused);
                 tracing::debug!(
                     entry = keys.entry(),

@@ -11,13 +11,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::Request;
+use http::{Request, StatusCode};
 use tracing::Instrument;
 
+use super::conditional;
 use super::handle::Shared;
 use super::origin::{
-    Called, Claim, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease, end, keep,
-    lease_unavailable, local_floor, not_stored,
+    Called, Claim, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease,
+    counted_revalidation, end, keep, lease_unavailable, local_floor, not_stored, renew,
 };
 use super::route::Route;
 use crate::cache::{Freshness, L2Read, Stored, l2_read};
@@ -236,13 +237,30 @@ where
         }
     };
     let failed = Some(policy.error_backoff);
-    let (request, asked) = asked(request);
+    let (mut request, asked) = asked(request);
+    // Asked after `asked` is split off: the answer is keyed by what the caller asked.
+    let conditional = conditional::ask_if_changed(&mut request, &current.response);
     let Some(origin) = call_under_lease(&route, &keys, inner, request, &mut claim).await else {
         return failed;
     };
+    if conditional {
+        counted_revalidation(&route, &origin);
+    }
     let (event, why) = match origin {
         Called::TimedOut => (Event::RefreshTimeout, None),
         Called::Error(_) => (Event::RefreshOriginError, None),
+        // Unchanged: the entry is renewed with the body it has.
+        Called::Read(Read::Whole { head, .. })
+            if conditional && head.status() == StatusCode::NOT_MODIFIED =>
+        {
+            if conditional::is_about(&current.response, head.headers()) {
+                renew(&route, &keys, &current, head, claim).await;
+                route.stats.record(Event::RefreshRevalidated);
+                return None;
+            }
+            // A 304 about another entry than the one asked about: nothing to renew.
+            (Event::RefreshOriginError, None)
+        }
         Called::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
             Ok(()) => match keep(&route, &keys, &asked, head, body, claim).await {
                 Kept::Stored { written, .. } => {

@@ -167,7 +167,7 @@ impl Route {
             &keys,
             shared.notices.channel(),
             self.max_fill(),
-            self.policy.keep(),
+            self.policy.kept_for(),
         )
         .await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from

@@ -19,7 +19,7 @@ use super::route::Route;
 use crate::cache::{Instant, L2Read, Stored, l2_read};
 use crate::keys::CacheKeys;
 use crate::metrics::Event;
-use crate::rules::{self, Kind};
+use crate::rules::{self, Asked, Kind};
 
 /// The middleware of one route; see the [module docs](super) for the request path.
 ///
@@ -99,8 +99,8 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let route = &self.route;
         route.shared.ensure_listening();
-        let kind = match rules::classify(&route.policy, &request) {
-            Ok(kind) => kind,
+        let asked = match rules::classify(&route.policy, &request) {
+            Ok(asked) => asked,
             Err(reason) => {
                 route.stats.record(Event::Bypass);
                 tracing::trace!(reason = reason.as_str(), "not cacheable: bypass");
@@ -118,11 +118,14 @@ where
         let fallback = match route.l1().get(&local, now) {
             Some(stored) => {
                 let age = stored.age_at(now);
-                if let Some(response) = answer_fresh(route, &stored, age, kind) {
+                // (A conditional request takes the longer way: it may be answered 304.)
+                if !asked.conditional
+                    && let Some(response) = answer_fresh(route, &stored, age, asked.kind)
+                {
                     route.stats.record_fresh_l1_hit();
                     return ResponseFuture::ready(response);
                 }
-                // Not fresh: stale (served, and refreshed), or expired.
+                // Not fresh: stale (served, and refreshed), or expired; or conditional.
                 route.stats.record(Event::L1Hit);
                 let found = Found {
                     stored: &stored,
@@ -130,7 +133,7 @@ where
                     local,
                     keys: None,
                 };
-                if let Some(response) = answer(route, found, kind, &request, &self.inner) {
+                if let Some(response) = answer(route, found, asked, &request, &self.inner) {
                     return ResponseFuture::ready(response);
                 }
                 Some(stored)
@@ -154,7 +157,7 @@ where
             route.clone(),
             self.inner.clone(),
             request,
-            kind,
+            asked,
             keys,
             fallback,
         ))
@@ -170,7 +173,7 @@ async fn handle<S, ReqBody, ResBody>(
     route: Arc<Route>,
     inner: S,
     request: Request<ReqBody>,
-    kind: Kind,
+    asked: Asked,
     mut keys: CacheKeys,
     mut fallback: Option<Arc<Stored>>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
@@ -218,7 +221,7 @@ where
                     local: keys.local,
                     keys: Some(&keys),
                 };
-                if let Some(response) = answer(&route, found, kind, &request, &inner) {
+                if let Some(response) = answer(&route, found, asked, &request, &inner) {
                     return Ok(response);
                 }
                 if fallback
@@ -242,7 +245,7 @@ where
             }
         }
 
-        if kind == Kind::Head {
+        if asked.kind == Kind::Head {
             // A HEAD cannot fill the GET entry it would be answered from.
             route.stats.record(Event::Pass);
             return passthrough(&route, inner, request, "pass").await;

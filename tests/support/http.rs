@@ -44,3 +44,25 @@ pub(crate) async fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]
     };
     super::within(super::HANG, exchange, format!("GET {path} on {addr}")).await
 }
+
+/// `method path` on a connection of its own, without a body, within
+/// [`HANG`](super::HANG).
+pub(crate) async fn fetch_method(addr: SocketAddr, method: &str, path: &str) -> Got {
+    let exchange = async {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "shop.example")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        Got::new(parts, body.collect().await.unwrap().to_bytes())
+    };
+    super::within(super::HANG, exchange, format!("{method} {path} on {addr}")).await
+}

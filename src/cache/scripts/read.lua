@@ -1,6 +1,7 @@
 -- Reads a cache entry with its remaining TTL, in one round trip.
 --
--- KEYS[1]  the entry key (a hash: t = fencing token of its writer, d = the entry)
+-- KEYS[1]  the entry key (a hash: t = fencing token of its writer, d = the entry, and
+--          m = newer metadata when a 304 renewed it, see revalidate.lua)
 -- KEYS[2]  where the token of the response's last invalidation is kept (the same key
 --          for every variant of a response, in the same hash slot)
 --
@@ -9,7 +10,8 @@
 --
 -- Returns an empty array when there is no entry (or only an invalidation's tombstone),
 -- {-3} when the key holds something that is not an entry of ours (another type, or a
--- hash without data), {pttl, data} otherwise.
+-- hash without data), {pttl, data} otherwise, or {pttl, data, metadata} for a renewed
+-- entry.
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then
   return {}
@@ -27,5 +29,9 @@ end
 -- (token_at and sane_token: tokens.lua, prepended when the script is loaded.)
 if sane_token(tonumber(redis.call('HGET', KEYS[1], 't'))) < token_at(KEYS[2]) then
   return {}
+end
+local meta = redis.call('HGET', KEYS[1], 'm')
+if meta then
+  return {redis.call('PTTL', KEYS[1]), data, meta}
 end
 return {redis.call('PTTL', KEYS[1]), data}

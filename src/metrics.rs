@@ -97,6 +97,8 @@ names! {
     VARY_LEARNED: Counter = "stampede_guard_vary_learned_total", "Header names routes learned from their responses' Vary.";
     /// The gauge of the breakers' state: how many are open in this process (one per store).
     CIRCUIT_OPEN: Gauge = "stampede_guard_redis_circuit_open", "1 while the Redis circuit breaker is open.";
+    /// Hits that started the refresh of a fresh entry early (eager refresh, XFetch).
+    EARLY_REFRESHES: Counter = "stampede_guard_early_refreshes_total", "Hits that started an early refresh of a fresh entry.";
     /// Conditional requests answered `304 Not Modified` from an entry.
     NOT_MODIFIED: Counter = "stampede_guard_not_modified_total", "Conditional requests answered 304 from an entry.";
     /// Conditional requests to the origin (refreshes and fills of an entry with a
@@ -151,6 +153,7 @@ events! {
     RefreshRedisError => (REFRESHES, "result" => "redis_error"), "A refresh could not use Redis.";
     RefreshNotStored => (REFRESHES, "result" => "not_stored"), "A refresh got a response that may not be stored; the fleet backs off as after an error.";
     RefreshRevalidated => (REFRESHES, "result" => "revalidated"), "A refresh asked the origin whether the entry changed, and it had not (304): renewed with the body it had.";
+    EarlyRefresh => (EARLY_REFRESHES), "A hit found its entry due for an early refresh (eager refresh or XFetch) and started it.";
     RefreshSkipped => (REFRESHES, "result" => "skipped"), "A refresh was not started: the refresh budget was spent. The stale entry is served.";
     FencedWriteRefused => (FENCED_WRITES_REFUSED), "A write was refused: a newer entry is stored.";
     NotStored => (NOT_STORED), "An origin response was not stored.";

@@ -80,6 +80,8 @@ pub struct Policy {
     /// How long past its grace and stale-if-error windows an entry is kept, only to be
     /// revalidated (Varnish's `keep`).
     pub(crate) keep: Duration,
+    /// When fresh entries are refreshed before they go stale.
+    pub(crate) early: crate::guard::Early,
     /// False for a route that is never cached: every request goes to the origin.
     pub(crate) cache: bool,
 }
@@ -111,6 +113,8 @@ impl fmt::Debug for Policy {
             .field("hit_for_pass", &self.hit_for_pass)
             .field("fresh_jitter", &self.fresh_jitter)
             .field("keep", &self.keep)
+            .field("eager_refresh", &self.early.fraction)
+            .field("xfetch", &self.early.beta)
             .field("cache", &self.cache)
             .finish()
     }
@@ -177,6 +181,7 @@ impl Policy {
                 hit_for_pass: defaults::HIT_FOR_PASS,
                 fresh_jitter: Duration::ZERO,
                 keep: Duration::ZERO,
+                early: crate::guard::Early::default(),
                 cache: true,
             },
             header_error: None,
@@ -498,6 +503,27 @@ impl PolicyBuilder {
         self
     }
 
+    /// Refresh a fresh entry from `fraction` of its fresh time on (between 0 and 1
+    /// exclusive; FusionCache's eager refresh): the hit that finds it due is answered
+    /// from it, and starts its refresh in the background, as a stale hit does (one per
+    /// key in the fleet, under the lease and within the refresh budget). A key asked
+    /// for more often than its fresh time is then never served stale. Default: off.
+    pub fn eager_refresh(mut self, fraction: f64) -> Self {
+        self.policy.early.fraction = Some(fraction);
+        self
+    }
+
+    /// Refresh fresh entries early with XFetch's probability (Vattani et al., VLDB
+    /// 2015): a hit starts the refresh when `age + δ·β·(−ln U) ≥ fresh time`, `U`
+    /// uniform in (0, 1], `δ` what the route's origin calls take (measured), `β` this
+    /// (above 0, at most 100; 1 is the paper's optimum, more refreshes earlier). The
+    /// busier the key and the slower its origin, the earlier it is refreshed. Default:
+    /// off; may be combined with [`eager_refresh`](Self::eager_refresh).
+    pub fn xfetch(mut self, beta: f64) -> Self {
+        self.policy.early.beta = Some(beta);
+        self
+    }
+
     /// Never cache this route: every request goes to the origin, marked
     /// `x-cache: bypass`. For routes that must not be cached but sit behind a layer
     /// that is applied to many.
@@ -645,6 +671,22 @@ impl PolicyBuilder {
                 ),
             ));
         }
+        if let Some(fraction) = p.early.fraction
+            && !(fraction > 0.0 && fraction < 1.0)
+        {
+            return Err(ConfigError::invalid(
+                "eager_refresh",
+                format!("{fraction} must be between 0 and 1 (exclusive)"),
+            ));
+        }
+        if let Some(beta) = p.early.beta
+            && !(beta > 0.0 && beta <= 100.0)
+        {
+            return Err(ConfigError::invalid(
+                "xfetch",
+                format!("{beta} must be above 0 and at most 100"),
+            ));
+        }
         if p.hit_for_pass > Duration::from_secs(3600) {
             return Err(ConfigError::invalid("hit_for_pass", "at most 1 hour"));
         }
@@ -746,6 +788,11 @@ mod tests {
             (b().fresh_jitter(defaults::FRESH_TTL), "fresh_jitter"),
             (b().hit_for_pass(Duration::from_secs(7200)), "hit_for_pass"),
             (b().keep(Duration::from_secs(2 * 86400)), "keep"),
+            (b().eager_refresh(1.0), "eager_refresh"),
+            (b().eager_refresh(0.0), "eager_refresh"),
+            (b().eager_refresh(f64::NAN), "eager_refresh"),
+            (b().xfetch(0.0), "xfetch"),
+            (b().xfetch(f64::INFINITY), "xfetch"),
         ];
         for (builder, field) in cases {
             let error = builder.build().unwrap_err();

@@ -328,3 +328,138 @@ async fn cache_status_says_how_each_answer_was_made() {
     assert!(cache_status(&fetch(addr, "/doc", &[]).await).contains("fwd=uri-miss; stored"));
     assert!(cache_status(&fetch(addr, "/doc", &[]).await).starts_with("stampede-guard; hit"));
 }
+
+/// An origin that answers `v{n}` after `delay`, counting its calls.
+fn versions(calls: Arc<AtomicU64>, delay: Duration, layer: GuardLayer) -> Router {
+    let handler = move || {
+        let calls = calls.clone();
+        async move {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(delay).await;
+            format!("v{n}")
+        }
+    };
+    Router::new().route("/hot", get(handler).layer(layer))
+}
+
+/// Steady load on `/hot` of every instance, from four clients, for `lasting`: how many
+/// answers had each `x-cache`.
+async fn steady_load(
+    instances: &[SocketAddr],
+    lasting: Duration,
+) -> std::collections::BTreeMap<String, u64> {
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let until = tokio::time::Instant::now() + lasting;
+    let mut clients = Vec::new();
+    for client in 0..4 {
+        let addr = instances[client % instances.len()];
+        let seen = seen.clone();
+        clients.push(tokio::spawn(async move {
+            while tokio::time::Instant::now() < until {
+                let got = fetch(addr, "/hot", &[]).await;
+                assert_eq!(got.status, StatusCode::OK);
+                *seen
+                    .lock()
+                    .unwrap()
+                    .entry(got.x_cache().to_owned())
+                    .or_insert(0) += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }));
+    }
+    for client in clients {
+        client.await.unwrap();
+    }
+    Arc::try_unwrap(seen).unwrap().into_inner().unwrap()
+}
+
+/// Eager refresh under steady load, on two instances of one fleet: the hot key is
+/// refreshed from half its fresh time on, so no caller is ever served it stale, and the
+/// origin is called about once per half-window for the whole fleet (not once per
+/// instance).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eager_refresh_keeps_a_hot_key_fresh_with_one_call_per_window() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicU64::new(0));
+    let fresh = Duration::from_secs(3);
+    let policy = || {
+        Policy::builder("hot")
+            .fresh_ttl(fresh)
+            .grace(Duration::from_secs(60))
+            .eager_refresh(0.5)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (ready_guard(&server).await, ready_guard(&server).await);
+    let (layer_a, layer_b) = (a.layer(policy()).unwrap(), b.layer(policy()).unwrap());
+    let addr_a = serve(versions(
+        calls.clone(),
+        Duration::from_millis(50),
+        layer_a.clone(),
+    ))
+    .await;
+    let addr_b = serve(versions(
+        calls.clone(),
+        Duration::from_millis(50),
+        layer_b.clone(),
+    ))
+    .await;
+    assert_eq!(fetch(addr_a, "/hot", &[]).await.x_cache(), "miss");
+
+    let run = Duration::from_secs(9);
+    let seen = steady_load(&[addr_a, addr_b], run).await;
+    let calls = calls.load(Ordering::SeqCst);
+    let early = layer_a.stats().get(Event::EarlyRefresh) + layer_b.stats().get(Event::EarlyRefresh);
+    eprintln!("answers {seen:?}; origin calls {calls}; early refreshes started {early}");
+    assert_eq!(seen.get("stale"), None, "stale answers");
+    assert_eq!(seen.get("miss"), None, "misses under load");
+    // One fill, then one refresh per half-window (1.5 s) of the 9 s at most; and at
+    // least a few: it did refresh early.
+    let windows = (run.as_secs_f64() / (fresh.as_secs_f64() * 0.5)).ceil() as u64;
+    assert!(
+        calls <= 1 + windows,
+        "{calls} origin calls for {windows} windows"
+    );
+    assert!(calls >= 4, "{calls} origin calls: no early refreshes?");
+    let stale = layer_a.stats().get(Event::Stale) + layer_b.stats().get(Event::Stale);
+    assert_eq!(stale, 0);
+}
+
+/// XFetch refreshes a busy key before it expires: early refreshes happen, and the fleet
+/// still calls the origin at most about once per fresh window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xfetch_refreshes_a_busy_key_before_it_expires() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicU64::new(0));
+    let fresh = Duration::from_secs(2);
+    let policy = || {
+        Policy::builder("hot")
+            .fresh_ttl(fresh)
+            .grace(Duration::from_secs(60))
+            .xfetch(1.0)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (ready_guard(&server).await, ready_guard(&server).await);
+    let (layer_a, layer_b) = (a.layer(policy()).unwrap(), b.layer(policy()).unwrap());
+    // A slow origin: XFetch refreshes the earlier, the longer a refresh takes.
+    let delay = Duration::from_millis(100);
+    let addr_a = serve(versions(calls.clone(), delay, layer_a.clone())).await;
+    let addr_b = serve(versions(calls.clone(), delay, layer_b.clone())).await;
+    assert_eq!(fetch(addr_a, "/hot", &[]).await.x_cache(), "miss");
+
+    let run = Duration::from_secs(7);
+    let seen = steady_load(&[addr_a, addr_b], run).await;
+    let calls = calls.load(Ordering::SeqCst);
+    let early = layer_a.stats().get(Event::EarlyRefresh) + layer_b.stats().get(Event::EarlyRefresh);
+    eprintln!("answers {seen:?}; origin calls {calls}; early refreshes started {early}");
+    assert!(early >= 1, "no early refresh");
+    let windows = (run.as_secs_f64() / fresh.as_secs_f64()).ceil() as u64;
+    // Each refresh is early, so a window may hold slightly more than one; never one
+    // per instance per hit.
+    assert!(
+        calls <= 1 + 2 * windows,
+        "{calls} origin calls for {windows} windows"
+    );
+    assert_eq!(seen.get("miss"), None, "misses under load");
+}

@@ -37,6 +37,9 @@ pub(crate) struct Found<'a> {
     pub(crate) local: LocalKey,
     /// Its Redis keys, when the caller has them (past L1).
     pub(crate) keys: Option<&'a CacheKeys>,
+    /// Fresh, and due for its early refresh (see [`early`](super::early)): decided once
+    /// per request, as XFetch draws a number for it.
+    pub(crate) early: bool,
 }
 
 /// Answers from an entry that is fresh (a hit) or stale (served, and refreshed in the
@@ -59,10 +62,14 @@ where
         age,
         local,
         keys,
+        early,
     } = found;
     let x_cache = match freshness(route, stored, age) {
         Freshness::Fresh => {
             route.stats.record(Event::Hit);
+            if early && spawn_refresh(route, local, keys, stored.clone(), request, inner) {
+                route.stats.record(Event::EarlyRefresh);
+            }
             "hit"
         }
         Freshness::Stale => {
@@ -79,8 +86,8 @@ where
     Some(serve_aged(stored, age, asked.kind, x_cache))
 }
 
-/// A hit: the answer from an entry `age` old if it is fresh (counted by the caller, as
-/// an L1 hit and a hit at once).
+/// A hit: the answer from an entry `age` old if it is fresh and not due for an early
+/// refresh (counted by the caller, as an L1 hit and a hit at once).
 pub(crate) fn answer_fresh<B: Body>(
     route: &Route,
     stored: &Stored,

@@ -438,7 +438,9 @@ where
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
     let revalidate =
         revalidate.filter(|current| conditional::ask_if_changed(&mut request, &current.response));
+    let calling = std::time::Instant::now();
     let origin = call_under_lease(&route, &keys, inner, request, &mut claim).await;
+    route.recompute.record(calling.elapsed());
     drop(slot);
     let Some(origin) = origin else {
         return FillOutcome::TimedOut;

@@ -45,6 +45,7 @@ impl GuardLayer {
                 stats,
                 flights: Arc::default(),
                 learned,
+                recompute: Default::default(),
             }),
         }
     }

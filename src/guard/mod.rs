@@ -107,6 +107,7 @@ mod body;
 mod budget;
 mod cold;
 mod conditional;
+mod early;
 mod flight;
 mod future;
 mod handle;
@@ -125,3 +126,4 @@ pub use self::layer::GuardLayer;
 pub use self::service::Guard;
 
 pub(crate) use self::conditional::is_conditional;
+pub(crate) use self::early::Early;

@@ -49,7 +49,8 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
     current: Arc<Stored>,
     request: &Request<ReqBody>,
     inner: &S,
-) where
+) -> bool
+where
     S: Inner<ReqBody, ResBody>,
     ReqBody: FillBody,
     ResBody: OriginBody,
@@ -59,9 +60,9 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
         let mut refreshing = route.shared.refreshing.lock().expect("refreshing lock");
         match refreshing.get(&key) {
             // One refresh per key per process.
-            Some(Refresh::Running | Refresh::RunningFilled) => return,
+            Some(Refresh::Running | Refresh::RunningFilled) => return false,
             // Someone else has the lease; their notice, or its TTL, lifts the hold.
-            Some(Refresh::HeldOff(until)) if Instant::now() < *until => return,
+            Some(Refresh::HeldOff(until)) if Instant::now() < *until => return false,
             _ => {}
         }
         // Hold-offs of keys nobody asks for any more would pile up: sweep them now and
@@ -75,7 +76,7 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
         // later caller starts the refresh once a slot is free.
         let Some(slot) = route.shared.budget.try_take() else {
             route.stats.record(Event::RefreshSkipped);
-            return;
+            return false;
         };
         refreshing.insert(key, Refresh::Running);
         slot
@@ -87,12 +88,12 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
         hold_off: None,
     };
     let Some(keys) = keys.cloned().or_else(|| route.keys_for(request)) else {
-        return;
+        return false;
     };
     if keys.local != local {
         // The route learned a `Vary` header since `local` was made: the entry is not
         // the variant the request asks for now; the next caller refreshes its own.
-        return;
+        return false;
     }
     let request = route.fill_request(request);
     let (route, inner) = (route.clone(), inner.clone());
@@ -110,6 +111,7 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
         }
         .instrument(span),
     );
+    true
 }
 
 /// Marks a key as no longer refreshing, however the refresh ends (a panic included).
@@ -166,6 +168,15 @@ where
     };
     // The newest entry this refresh knows of: one written after it is another's refresh.
     let mut seen = current.response.token;
+    // Started before the entry went stale (see `early`): L2 holding that same entry,
+    // fresh, is no reason to stop. (An entry of an earlier subscription epoch, served
+    // as stale while fresh, is not early: L2's copy of it is what the refresh wants.)
+    let early = current.freshness() == Freshness::Fresh
+        && current.epoch()
+            >= route
+                .shared
+                .epoch
+                .load(std::sync::atomic::Ordering::Relaxed);
     let redis_up = match read {
         // An expired entry is never taken (it would stand in for nothing), but is known:
         // what is written after it is another instance's refresh.
@@ -175,7 +186,7 @@ where
         }
         Ok(L2Read::Found(stored))
             if stored.response.token > current.response.token
-                || stored.freshness() == Freshness::Fresh =>
+                || (stored.freshness() == Freshness::Fresh && !early) =>
         {
             let fresh = stored.freshness() == Freshness::Fresh;
             seen = seen.max(stored.response.token);
@@ -240,9 +251,11 @@ where
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
     let conditional = conditional::ask_if_changed(&mut request, &current.response);
+    let calling = Instant::now();
     let Some(origin) = call_under_lease(&route, &keys, inner, request, &mut claim).await else {
         return failed;
     };
+    route.recompute.record(calling.elapsed());
     if conditional {
         counted_revalidation(&route, &origin);
     }

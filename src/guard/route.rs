@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::Request;
 
+use super::early::Recompute;
 use super::flight::Flights;
 use super::handle::Shared;
 use super::vary::Learned;
@@ -35,6 +36,8 @@ pub(crate) struct Route {
     pub(crate) learned: Arc<Learned>,
     /// The hashers of its keys in L1, keyed and fed the route's name once.
     pub(crate) hashers: LocalHashers,
+    /// How long its origin takes to answer a refresh or a fill (for XFetch).
+    pub(crate) recompute: Recompute,
 }
 
 impl Route {

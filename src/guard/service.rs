@@ -12,6 +12,7 @@ use tower_service::Service;
 use super::answer::{Found, answer, answer_fresh, cold_miss, passthrough, usable_on_error};
 use super::body::ResponseBody;
 use super::cold::{Next, Redis, cold, join_fill};
+use super::early;
 use super::future::ResponseFuture;
 use super::marks::Mark;
 use super::origin::{FillBody, Inner, OriginBody};
@@ -118,8 +119,11 @@ where
         let fallback = match route.l1().get(&local, now) {
             Some(stored) => {
                 let age = stored.age_at(now);
-                // (A conditional request takes the longer way: it may be answered 304.)
+                let early = early::due(route, &stored, age);
+                // (A conditional request takes the longer way: it may be answered 304;
+                // so does a hit that starts an early refresh.)
                 if !asked.conditional
+                    && !early
                     && let Some(response) = answer_fresh(route, &stored, age, asked.kind)
                 {
                     route.stats.record_fresh_l1_hit();
@@ -132,6 +136,7 @@ where
                     age,
                     local,
                     keys: None,
+                    early,
                 };
                 if let Some(response) = answer(route, found, asked, &request, &self.inner) {
                     return ResponseFuture::ready(response);
@@ -220,6 +225,7 @@ where
                     age: stored.age(),
                     local: keys.local,
                     keys: Some(&keys),
+                    early: early::due(&route, &stored, stored.age()),
                 };
                 if let Some(response) = answer(&route, found, asked, &request, &inner) {
                     return Ok(response);

@@ -82,6 +82,11 @@ pub struct Policy {
     pub(crate) keep: Duration,
     /// When fresh entries are refreshed before they go stale.
     pub(crate) early: crate::guard::Early,
+    /// Whether the origin's `Cache-Control`, `Expires` and `Age` set each entry's
+    /// lifetimes, within `min_fresh` and `max_fresh`.
+    pub(crate) follow_origin: bool,
+    pub(crate) min_fresh: Duration,
+    pub(crate) max_fresh: Duration,
     /// False for a route that is never cached: every request goes to the origin.
     pub(crate) cache: bool,
 }
@@ -115,6 +120,9 @@ impl fmt::Debug for Policy {
             .field("keep", &self.keep)
             .field("eager_refresh", &self.early.fraction)
             .field("xfetch", &self.early.beta)
+            .field("follow_origin", &self.follow_origin)
+            .field("min_fresh", &self.min_fresh)
+            .field("max_fresh", &self.max_fresh)
             .field("cache", &self.cache)
             .finish()
     }
@@ -182,6 +190,9 @@ impl Policy {
                 fresh_jitter: Duration::ZERO,
                 keep: Duration::ZERO,
                 early: crate::guard::Early::default(),
+                follow_origin: false,
+                min_fresh: Duration::ZERO,
+                max_fresh: Duration::from_secs(24 * 3600),
                 cache: true,
             },
             header_error: None,
@@ -524,6 +535,40 @@ impl PolicyBuilder {
         self
     }
 
+    /// Let the origin say how long its answers are fresh and may be served stale
+    /// (default false: the route's own settings, whatever the origin says). Then
+    /// `s-maxage`, `max-age`, `Expires` and `Age`, or without them a tenth of the time
+    /// since `Last-Modified` (RFC 9111's heuristic), set each entry's fresh time, within
+    /// [`min_fresh`](Self::min_fresh) and [`max_fresh`](Self::max_fresh);
+    /// `stale-while-revalidate` and `stale-if-error` (RFC 5861) its windows (the
+    /// route's [`grace`](Self::grace) and [`stale_if_error`](Self::stale_if_error)
+    /// when it says nothing); `must-revalidate`, `proxy-revalidate`, `no-cache` and
+    /// `s-maxage` without `stale-while-revalidate` forbid serving it stale, and
+    /// `no-cache` makes every use a revalidation. An answer with neither a lifetime
+    /// nor a validator is not stored; statuses beyond the route's
+    /// [`cacheable_statuses`](Self::cacheable_statuses) are stored when the origin
+    /// gives them a lifetime (or RFC 9110 lets a cache guess one), but never a 5xx.
+    pub fn follow_origin(mut self, follow: bool) -> Self {
+        self.policy.follow_origin = follow;
+        self
+    }
+
+    /// On a route that follows the origin: the shortest fresh time an entry gets,
+    /// whatever the origin says (default zero). A floor above zero makes a
+    /// micro-cache of an origin that says `no-cache` or `max-age=0`.
+    pub fn min_fresh(mut self, floor: Duration) -> Self {
+        self.policy.min_fresh = floor;
+        self
+    }
+
+    /// On a route that follows the origin: the longest fresh time an entry gets,
+    /// whatever the origin says (default and most 24 hours), so that an origin cannot
+    /// pin an entry for a year.
+    pub fn max_fresh(mut self, ceiling: Duration) -> Self {
+        self.policy.max_fresh = ceiling;
+        self
+    }
+
     /// Never cache this route: every request goes to the origin, marked
     /// `x-cache: bypass`. For routes that must not be cached but sit behind a layer
     /// that is applied to many.
@@ -603,6 +648,8 @@ impl PolicyBuilder {
             ("stale_if_error", p.stale_if_error),
             ("lease_ttl", p.lease_ttl),
             ("keep", p.keep),
+            ("min_fresh", p.min_fresh),
+            ("max_fresh", p.max_fresh),
         ] {
             if value > day {
                 return Err(ConfigError::invalid(field, "at most 24 hours"));
@@ -621,6 +668,8 @@ impl PolicyBuilder {
             ("lease_ttl", p.lease_ttl),
             ("error_backoff", p.error_backoff),
             ("keep", p.keep),
+            ("min_fresh", p.min_fresh),
+            ("max_fresh", p.max_fresh),
         ] {
             if !value.subsec_nanos().is_multiple_of(1_000_000) {
                 return Err(ConfigError::invalid(
@@ -686,6 +735,18 @@ impl PolicyBuilder {
                 "xfetch",
                 format!("{beta} must be above 0 and at most 100"),
             ));
+        }
+        if p.min_fresh > p.max_fresh {
+            return Err(ConfigError::invalid(
+                "min_fresh",
+                format!(
+                    "{:?} is longer than max_fresh ({:?})",
+                    p.min_fresh, p.max_fresh
+                ),
+            ));
+        }
+        if p.max_fresh.is_zero() {
+            return Err(ConfigError::Zero { field: "max_fresh" });
         }
         if p.hit_for_pass > Duration::from_secs(3600) {
             return Err(ConfigError::invalid("hit_for_pass", "at most 1 hour"));
@@ -793,6 +854,13 @@ mod tests {
             (b().eager_refresh(f64::NAN), "eager_refresh"),
             (b().xfetch(0.0), "xfetch"),
             (b().xfetch(f64::INFINITY), "xfetch"),
+            (
+                b().min_fresh(Duration::from_secs(10))
+                    .max_fresh(Duration::from_secs(5)),
+                "min_fresh",
+            ),
+            (b().max_fresh(Duration::ZERO), "max_fresh"),
+            (b().max_fresh(Duration::from_secs(2 * 86400)), "max_fresh"),
         ];
         for (builder, field) in cases {
             let error = builder.build().unwrap_err();

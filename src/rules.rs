@@ -424,6 +424,8 @@ pub(crate) enum NotStored {
     VaryUnkeyed,
     TooLarge,
     Trailers,
+    /// On a route that follows the origin: neither a lifetime nor a validator.
+    NoFreshness,
 }
 
 impl NotStored {
@@ -438,6 +440,7 @@ impl NotStored {
             Self::VaryUnkeyed => "vary_unkeyed",
             Self::TooLarge => "too_large",
             Self::Trailers => "trailers",
+            Self::NoFreshness => "no_freshness",
         }
     }
 
@@ -475,7 +478,8 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
                 NotStored::Private
             } else if name.eq_ignore_ascii_case("no-store") {
                 NotStored::NoStore
-            } else if name.eq_ignore_ascii_case("no-cache") {
+            } else if name.eq_ignore_ascii_case("no-cache") && !policy.follow_origin {
+                // (Followed, it is stored, and revalidated on every use.)
                 NotStored::NoCache
             } else {
                 continue;
@@ -487,6 +491,15 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
         return Err(why);
     }
     vary_names(headers)?;
+    if policy.follow_origin {
+        use crate::guard::NotReused;
+        return crate::guard::reusable(policy, response.status(), headers).map_err(
+            |why| match why {
+                NotReused::Status => NotStored::Status,
+                NotReused::NoFreshness => NotStored::NoFreshness,
+            },
+        );
+    }
     if !policy.is_cacheable_status(response.status()) {
         return Err(NotStored::Status);
     }

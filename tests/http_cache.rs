@@ -463,3 +463,141 @@ async fn xfetch_refreshes_a_busy_key_before_it_expires() {
     );
     assert_eq!(seen.get("miss"), None, "misses under load");
 }
+
+/// An origin that sends the `Cache-Control` (and `Age`, `Expires`, `ETag`) its query
+/// asks for, counting its calls.
+fn directed(calls: Arc<AtomicU64>, layer: GuardLayer) -> Router {
+    let handler = move |axum::extract::Query(q): axum::extract::Query<
+        std::collections::HashMap<String, String>,
+    >| {
+        let calls = calls.clone();
+        async move {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut headers = HeaderMap::new();
+            for (param, name) in [
+                ("cc", header::CACHE_CONTROL),
+                ("age", header::AGE),
+                ("etag", header::ETAG),
+            ] {
+                if let Some(value) = q.get(param) {
+                    headers.insert(name, value.parse().unwrap());
+                }
+            }
+            (headers, format!("call {n}"))
+        }
+    };
+    Router::new().route("/d", get(handler).layer(layer))
+}
+
+/// The `ttl` of a `Cache-Status`.
+fn ttl_of(got: &Got) -> i64 {
+    let status = cache_status(got);
+    let at = status
+        .find("ttl=")
+        .unwrap_or_else(|| panic!("no ttl in {status}"));
+    status[at + 4..]
+        .split(';')
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn query(cc: &str, more: &str) -> String {
+    let cc: String = cc
+        .bytes()
+        .map(|b| match b {
+            b'=' => "%3D".to_owned(),
+            b',' => "%2C".to_owned(),
+            b' ' => "%20".to_owned(),
+            b'"' => "%22".to_owned(),
+            b => (b as char).to_string(),
+        })
+        .collect();
+    format!("/d?cc={cc}{more}")
+}
+
+/// Each origin directive sets an entry's lifetimes as RFC 9111 and RFC 5861 say,
+/// clamped by the route's floor and ceiling, on a route that follows the origin; a
+/// route that does not ignores them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_directives_set_freshness_within_the_route_bounds() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let calls = Arc::new(AtomicU64::new(0));
+    let following = guard
+        .layer(
+            Policy::builder("following")
+                .follow_origin(true)
+                .fresh_ttl(Duration::from_secs(5))
+                .grace(Duration::from_secs(30))
+                .min_fresh(Duration::from_secs(2))
+                .max_fresh(Duration::from_secs(100))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let own = guard
+        .layer(
+            Policy::builder("own")
+                .fresh_ttl(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let follows = serve(directed(calls.clone(), following.clone())).await;
+    let ignores = serve(directed(calls.clone(), own)).await;
+
+    for (cc, more, ttl) in [
+        ("max-age=60", "", 60),
+        ("max-age=60, s-maxage=20", "", 20),
+        ("max-age=60", "&age=15", 45),
+        // The ceiling and the floor.
+        ("max-age=31536000", "", 100),
+        ("max-age=1", "", 2),
+        ("no-cache", "&etag=%22e%22", 2),
+        // Heuristic-free, with only a validator: stale at once, but for the floor.
+        ("public", "&etag=%22e%22", 2),
+    ] {
+        let path = query(cc, more);
+        let got = fetch(follows, &path, &[]).await;
+        assert_eq!(got.x_cache(), "miss", "{cc}");
+        assert_eq!(ttl_of(&got), ttl, "{cc} {more}");
+        // A route that does not follow: its own five seconds (and `no-cache`, as
+        // every route takes it by default, is not stored).
+        let got = fetch(ignores, &path, &[]).await;
+        if cc == "no-cache" {
+            assert_eq!(got.x_cache(), "pass", "{cc}");
+            continue;
+        }
+        assert_eq!(got.x_cache(), "miss", "{cc}");
+        assert_eq!(ttl_of(&got), 5, "{cc} {more}");
+    }
+
+    // Neither a lifetime nor a validator: not reused (the route that does not follow
+    // the origin stores it).
+    let bare = query("public", "");
+    let before = calls.load(Ordering::SeqCst);
+    for _ in 0..2 {
+        assert_eq!(fetch(follows, &bare, &[]).await.x_cache(), "pass");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), before + 2);
+    assert_eq!(fetch(ignores, &bare, &[]).await.x_cache(), "miss");
+    assert_eq!(fetch(ignores, &bare, &[]).await.x_cache(), "hit");
+
+    // Past freshness: `stale-while-revalidate` serves it stale, `must-revalidate` does
+    // not (a fill), and nothing said leaves the route's grace.
+    let swr = query("max-age=2, stale-while-revalidate=30, must-revalidate", "");
+    let swr_only = query("max-age=2, stale-while-revalidate=30", "");
+    let must = query("max-age=2, must-revalidate", "");
+    let silent = query("max-age=2", "");
+    for path in [&swr, &swr_only, &must, &silent] {
+        assert_eq!(fetch(follows, path, &[]).await.x_cache(), "miss");
+    }
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    assert_eq!(fetch(follows, &swr_only, &[]).await.x_cache(), "stale");
+    assert_eq!(fetch(follows, &silent, &[]).await.x_cache(), "stale");
+    assert_eq!(fetch(follows, &must, &[]).await.x_cache(), "miss");
+    assert_eq!(fetch(follows, &swr, &[]).await.x_cache(), "miss");
+}

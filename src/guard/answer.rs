@@ -169,11 +169,11 @@ fn serve_not_modified<B: Body>(
 }
 
 /// The freshness an entry `age` old has left, in whole seconds (RFC 9211's `ttl`):
-/// negative once stale.
+/// rounded up while fresh, negative once stale.
 fn ttl(stored: &Stored, age: Duration) -> i64 {
     let fresh_for = stored.response.fresh_for;
     if age < fresh_for {
-        (fresh_for - age).as_secs() as i64
+        (fresh_for - age).as_secs_f64().ceil() as i64
     } else {
         -((age - fresh_for).as_secs() as i64) - 1
     }
@@ -262,7 +262,7 @@ pub(crate) fn usable_on_error<B: Body>(
     fallback: &Option<Arc<Stored>>,
 ) -> Option<Response<ResponseBody<B>>> {
     let stored = fallback.as_ref()?;
-    if !stored.serves_on_error(route.policy.stale_if_error) {
+    if !route.serves_on_error(stored) {
         return None;
     }
     route.stats.record(Event::StaleIfError);

@@ -76,9 +76,7 @@ where
             found: fallback
                 .as_ref()
                 .map_or(FencingToken::new(1), |f| f.response.token),
-            stand_in: fallback
-                .as_ref()
-                .is_some_and(|f| f.serves_on_error(route.policy.stale_if_error)),
+            stand_in: fallback.as_ref().is_some_and(|f| route.serves_on_error(f)),
             revalidate: fallback.clone(),
             redis,
         };
@@ -114,7 +112,7 @@ where
         + Duration::from_millis(100);
     let waited = match (policy.soft_timeout, fallback) {
         // Something may be served instead: wait only the soft timeout; the fill goes on.
-        (Some(soft), Some(stale)) if stale.serves_on_error(policy.stale_if_error) => {
+        (Some(soft), Some(stale)) if route.serves_on_error(stale) => {
             match tokio::time::timeout(soft, flight::wait(slot)).await {
                 Ok(outcome) => outcome,
                 Err(_) => {

@@ -107,6 +107,7 @@ mod body;
 mod budget;
 mod cold;
 mod conditional;
+mod directives;
 mod early;
 mod flight;
 mod future;
@@ -126,4 +127,5 @@ pub use self::layer::GuardLayer;
 pub use self::service::Guard;
 
 pub(crate) use self::conditional::is_conditional;
+pub(crate) use self::directives::{NotReused, reusable};
 pub(crate) use self::early::Early;

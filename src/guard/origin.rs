@@ -18,6 +18,7 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::conditional;
+use super::directives::{Lifetimes, lifetimes};
 use super::marks::Mark;
 use super::route::Route;
 use super::vary::TooMany;
@@ -399,6 +400,8 @@ pub(crate) async fn store(
     claim: Claim,
 ) -> (Arc<Stored>, bool) {
     let (parts, ()) = head.into_parts();
+    // Read before `Age` is stripped.
+    let life = lifetimes(&route.policy, &parts.headers, fresh_time(&route.policy));
     let mut headers = entry::compact(&parts.headers);
     rules::strip_unstorable(&mut headers);
     // So that a HEAD answered from the entry says how long the GET would be.
@@ -407,7 +410,7 @@ pub(crate) async fn store(
     }
     // Already a copy of its own: `read` gathers the body's frames into one buffer of its
     // exact size.
-    let stored = entry_of(route, parts.status, headers, body, &claim);
+    let stored = entry_of(parts.status, headers, body, life, &claim);
     put(route, keys, stored, claim, Write::Whole).await
 }
 
@@ -437,34 +440,38 @@ pub(crate) async fn renew(
     let mut headers = conditional::renewed_headers(&cached.headers, not_modified.headers());
     // A copy of its own: the 304's values are slices of the client's read buffer.
     headers = entry::compact(&headers);
-    let stored = entry_of(route, cached.status, headers, cached.body.clone(), &claim);
+    let life = lifetimes(&route.policy, &headers, fresh_time(&route.policy));
+    let stored = entry_of(cached.status, headers, cached.body.clone(), life, &claim);
     put(route, keys, stored, claim, Write::Renew(cached.token)).await
 }
 
-/// The entry of a response to store under `claim`, fresh from now.
-fn entry_of(
-    route: &Route,
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-    claim: &Claim,
-) -> Arc<Stored> {
-    let policy = &route.policy;
-    let fresh_for = match policy.fresh_jitter {
+/// The route's fresh time for one more entry: its fresh TTL less its jitter.
+fn fresh_time(policy: &crate::Policy) -> Duration {
+    match policy.fresh_jitter {
         jitter if jitter.is_zero() => policy.fresh_ttl,
         // Whole milliseconds, as entries keep their times.
         jitter => {
             let off = fastrand::u64(0..=jitter.as_millis() as u64);
             policy.fresh_ttl - Duration::from_millis(off)
         }
-    };
+    }
+}
+
+/// The entry of a response to store under `claim`, fresh from now for `life`.
+fn entry_of(
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    life: Lifetimes,
+    claim: &Claim,
+) -> Arc<Stored> {
     let response = CachedResponse {
         status,
         headers,
         body,
-        fresh_for,
-        grace: policy.grace,
-        keep: policy.kept_for(),
+        fresh_for: life.fresh_for,
+        grace: life.grace,
+        keep: life.keep,
         token: match claim {
             Claim::Leased(lease) => lease.fencing_token(),
             Claim::Local(token) => *token,

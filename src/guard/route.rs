@@ -99,6 +99,13 @@ impl Route {
             .ok()
     }
 
+    /// Whether `stored` may stand in for a failed origin now: within the route's
+    /// stale-if-error window, or on a route that follows the origin, the entry's.
+    pub(crate) fn serves_on_error(&self, stored: &Stored) -> bool {
+        let window = super::directives::stale_if_error(&self.policy, &stored.response.headers);
+        stored.serves_on_error(window)
+    }
+
     /// The request that fills or refreshes the entry of `request`.
     pub(crate) fn fill_request<B, F: Default>(&self, request: &Request<B>) -> Request<F> {
         self.learned

@@ -7,13 +7,18 @@
 //! origin calls, how requests were served, and latency.
 //!
 //! ```text
-//! cargo run --release --example demo        # REDIS_URL, default redis://127.0.0.1:6379
+//! cargo run --release --example demo                         # REDIS_URL, default redis://127.0.0.1:6379
+//! cargo run --release --example demo -- --chart stampede.svg # and a chart of origin calls per second
 //! ```
 //!
-//! Without a Redis, the Redis part is skipped (and the demo says how to start one).
+//! When no Redis answers at `REDIS_URL` and `redis-server` is on `PATH`, the demo starts
+//! a throwaway one on a free port for the run (no persistence; stopped at the end, on
+//! an error, a panic or Ctrl-C). Without either, the Redis part is skipped (and the demo
+//! says how to start one).
 
 use std::convert::Infallible;
-use std::process::ExitCode;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -67,6 +72,8 @@ struct Report {
     miss: u64,
     errors: u64,
     latencies_us: Vec<u64>,
+    /// Origin calls in each second of the run.
+    per_second: Vec<u64>,
 }
 
 impl Report {
@@ -92,6 +99,23 @@ async fn stampede(label: &str, instances: Vec<Svc>, calls: Arc<AtomicU64>) -> Re
     let requests = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let end = start + RUN;
+    // Origin calls per second, counted at each whole second of the run.
+    let sampler = tokio::spawn({
+        let calls = calls.clone();
+        async move {
+            let second = Duration::from_secs(1);
+            let mut tick =
+                tokio::time::interval_at(tokio::time::Instant::from_std(start) + second, second);
+            let (mut last, mut per_second) = (0, Vec::new());
+            for _ in 0..RUN.as_secs() {
+                tick.tick().await;
+                let now = calls.load(Ordering::Relaxed);
+                per_second.push(now - last);
+                last = now;
+            }
+            per_second
+        }
+    });
     let mut clients = Vec::new();
     for client in 0..CLIENTS {
         let service = instances[client % instances.len()].clone();
@@ -155,7 +179,147 @@ async fn stampede(label: &str, instances: Vec<Svc>, calls: Arc<AtomicU64>) -> Re
         .expect("report lock");
     report.latencies_us.sort_unstable();
     report.origin_calls = calls.load(Ordering::Relaxed);
+    report.per_second = sampler.await.expect("the sampler task");
     report
+}
+
+/// A `redis-server` of the demo's own, on a free port, for one run: no persistence;
+/// killed when dropped (at the end, on an error or a panic) and on Ctrl-C.
+struct ThrowawayRedis {
+    child: Child,
+    url: String,
+}
+
+impl ThrowawayRedis {
+    /// `None` when there is no `redis-server` on `PATH`.
+    async fn start() -> Option<Result<Self, String>> {
+        let port = match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
+            Ok(addr) => addr.port(),
+            Err(e) => return Some(Err(format!("no free port: {e}"))),
+        };
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => return Some(Err(format!("redis-server did not start: {e}"))),
+        };
+        let redis = Self {
+            child,
+            url: format!("redis://127.0.0.1:{port}"),
+        };
+        // Ctrl-C ends the process without unwinding: stop the server first.
+        let pid = redis.child.id().to_string();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                let _ = Command::new("kill").arg(&pid).status();
+                eprintln!("\ninterrupted");
+                #[allow(clippy::exit)] // nothing left to unwind: the server is stopped
+                std::process::exit(130);
+            }
+        });
+        let store = RedisStore::builder(redis.url.as_str())
+            .build()
+            .expect("a valid URL");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.ping().await.is_err() {
+            if Instant::now() > deadline {
+                return Some(Err("redis-server did not answer within 10 s".to_owned()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Some(Ok(redis))
+    }
+}
+
+impl Drop for ThrowawayRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes the chart of origin calls per second, one line per run.
+fn chart(path: &Path, lines: &[(&str, &[u64])]) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+
+    let seconds = RUN.as_secs();
+    let top = lines
+        .iter()
+        .flat_map(|(_, per_second)| per_second.iter().copied())
+        .max()
+        .unwrap_or(1)
+        .max(10) as f64
+        * 2.0;
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "Origin calls per second ({CLIENTS} clients, {KEYS} hot keys, fresh {FRESH:?})"
+            ),
+            ("sans-serif", 22),
+        )
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0u64..seconds, (0.5f64..top).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("second of the run")
+        .y_desc("origin calls (log scale; 0 drawn at the bottom)")
+        .draw()?;
+    let colors = [RED, BLUE, GREEN, MAGENTA];
+    for (i, (name, per_second)) in lines.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        let points = per_second
+            .iter()
+            .enumerate()
+            .map(|(second, &calls)| (second as u64 + 1, (calls as f64).max(0.5)));
+        chart
+            .draw_series(LineSeries::new(
+                std::iter::once((0, 0.5)).chain(points),
+                color.stroke_width(2),
+            ))?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// `--chart FILE.svg`, the only argument.
+fn chart_arg() -> Result<Option<PathBuf>, String> {
+    let mut args = std::env::args().skip(1);
+    let mut chart = None;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--chart" => {
+                chart = Some(PathBuf::from(
+                    args.next().ok_or("--chart needs a file name (an .svg)")?,
+                ));
+            }
+            "--help" | "-h" => {
+                return Err("usage: demo [--chart FILE.svg]".to_owned());
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument {other}\nusage: demo [--chart FILE.svg]"
+                ));
+            }
+        }
+    }
+    Ok(chart)
 }
 
 fn policy() -> Policy {
@@ -194,7 +358,15 @@ fn row(name: &str, cells: Vec<String>) {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let chart_to = match chart_arg() {
+        Ok(path) => path,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut url =
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     // A fresh key space per run, so that each run starts cold.
     let run = format!(
         "{:08x}",
@@ -235,7 +407,24 @@ async fn main() -> ExitCode {
     let store = RedisStore::builder(url.as_str())
         .build()
         .expect("REDIS_URL");
-    let redis_up = store.ping().await.is_ok();
+    let mut redis_up = store.ping().await.is_ok();
+    // Kept until the end of `main`: dropping it stops the server.
+    let mut _throwaway = None;
+    if !redis_up {
+        match ThrowawayRedis::start().await {
+            Some(Ok(redis)) => {
+                println!(
+                    "\nNo Redis answers at {url}: started a throwaway redis-server at {} for this run.\n",
+                    redis.url
+                );
+                url = redis.url.clone();
+                redis_up = true;
+                _throwaway = Some(redis);
+            }
+            Some(Err(error)) => println!("\nNo Redis answers at {url}, and {error}."),
+            None => {}
+        }
+    }
     if redis_up {
         let calls = Arc::new(AtomicU64::new(0));
         let mut fleet = Vec::new();
@@ -246,6 +435,29 @@ async fn main() -> ExitCode {
             fleet.push(guarded(store, &keys, &calls).await);
         }
         reports.push(("Redis fleet", stampede("L1 + Redis", fleet, calls).await));
+    }
+
+    if let Some(path) = &chart_to {
+        let lines: Vec<(&str, &[u64])> = reports
+            .iter()
+            .map(|(name, r)| {
+                let label = match *name {
+                    "Redis fleet" => "L1 + Redis",
+                    other => other,
+                };
+                (label, r.per_second.as_slice())
+            })
+            .collect();
+        match chart(path, &lines) {
+            Ok(()) => println!("\nchart of origin calls per second: {}", path.display()),
+            Err(error) => {
+                eprintln!(
+                    "the chart could not be written to {}: {error}",
+                    path.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        }
     }
 
     println!();
@@ -297,8 +509,8 @@ async fn main() -> ExitCode {
     } else {
         println!(
             "The Redis part was skipped: no Redis answers at {url}. Start one \
-             (`redis-server --port 6379`, or `apt-get install redis-server`) or set REDIS_URL, \
-             and run the demo again to see {INSTANCES} instances share one refresh."
+             (`redis-server --port 6379`, or `apt-get install redis-server`: the demo starts \
+             one of its own when `redis-server` is on PATH) or set REDIS_URL, and run the demo again to see {INSTANCES} instances share one refresh."
         );
     }
     ExitCode::SUCCESS

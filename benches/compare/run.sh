@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The same stampede against nginx (proxy_cache_lock on, proxy_cache_use_stale updating,
 # proxy_cache_background_update on; one cache per instance) and against the sidecar
-# (examples/proxy.rs, one Redis for the fleet), with 1 and 3 instances, on loopback.
+# (the stampede-sidecar binary, one Redis for the fleet), with 1 and 3 instances, on loopback.
 # Prints origin calls per key per freshness window, requests/s and p99 side by side.
 #
 #   bash benches/compare/run.sh            # DURATION=10 CONNECTIONS=50 to change
@@ -20,7 +20,7 @@ need() {
 need nginx nginx-light
 need wrk wrk
 need redis-server redis-server
-cargo build --release --features prometheus --example proxy 2>&1 | tail -1
+cargo build --release --features sidecar --bin stampede-sidecar 2>&1 | tail -1
 
 work=$(mktemp -d)
 pids=()
@@ -74,7 +74,7 @@ CONF
 }
 
 start_sidecar() { # index port
-  ./target/release/examples/proxy --listen "127.0.0.1:$2" --upstream "http://127.0.0.1:$ORIGIN" \
+  ./target/release/stampede-sidecar --listen "127.0.0.1:$2" --upstream "http://127.0.0.1:$ORIGIN" \
     --redis "redis://127.0.0.1:$REDIS" --fresh "${FRESH}s" --grace 30s --lease 2s \
     > "$work/sidecar-$1.log" 2>&1 & pids+=($!)
 }

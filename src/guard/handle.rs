@@ -157,6 +157,22 @@ impl StampedeGuard {
         self.shared.l1.weighted_size()
     }
 
+    /// Waits at most `within` until no refresh and no cold fill of this guard is at work
+    /// (every slot of the refresh budget is back: each refresh or fill that took one has
+    /// ended, its entry written to Redis and L1 or given up), and returns whether that
+    /// happened in time. For a
+    /// graceful shutdown: stop taking requests, let those in flight finish, then call
+    /// this before the runtime goes, so that background refreshes are not cut off
+    /// halfway (their leases would be left to expire, the fleet's entries not renewed).
+    ///
+    /// It takes no slot: refreshes that start while it waits get theirs, and it waits
+    /// for them too. A cold fill that went ahead without a slot (the budget was spent
+    /// for its whole cold wait) is not counted; its callers are waiting for it, so it is
+    /// in flight as long as they are.
+    pub async fn drained(&self, within: Duration) -> bool {
+        self.shared.budget.idle_within(within).await
+    }
+
     /// The store.
     pub fn store(&self) -> &RedisStore {
         &self.shared.store

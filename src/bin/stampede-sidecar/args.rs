@@ -1,0 +1,160 @@
+//! The command line. Every flag but `--config` overrides the config file's top-level
+//! setting of the same name (`--cold-wait` is `cold_wait`).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use http::Uri;
+
+/// A caching sidecar: stampede-guard in front of any HTTP origin. Stale entries are
+/// served at once while one instance of the fleet refreshes them; cold misses are filled
+/// once per key.
+#[derive(Parser)]
+#[command(name = "stampede-sidecar", version, about, long_about = None)]
+pub(crate) struct Args {
+    /// A TOML file with the settings below and per-route policies (see the README).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+
+    /// Where to take requests [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) listen: Option<SocketAddr>,
+
+    /// The origin, an absolute http:// URL [default: http://127.0.0.1:9000].
+    #[arg(long, value_name = "URL", value_parser = upstream)]
+    pub(crate) upstream: Option<Uri>,
+
+    /// Redis shared by the fleet (redis://, rediss://). Without it: the local cache only.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "STAMPEDE_SIDECAR_REDIS",
+        hide_env_values = true
+    )]
+    pub(crate) redis: Option<String>,
+
+    /// How long an entry is fresh, for requests matching no route and routes that do
+    /// not set it [default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) fresh: Option<Duration>,
+
+    /// How long past freshness an entry is served stale while it is refreshed
+    /// [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) grace: Option<Duration>,
+
+    /// The refresh lease, and how long a fill may wait on the origin [default: 5s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) lease: Option<Duration>,
+
+    /// How long a caller with nothing to serve waits for another instance's fill
+    /// [default: 2s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) cold_wait: Option<Duration>,
+
+    /// Serve Prometheus metrics on this address (`/metrics`).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics: Option<SocketAddr>,
+
+    /// Serve `/healthz` and `/readyz` on this address (off unless set). Never on the
+    /// origin's listener: no origin path is shadowed.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) admin: Option<SocketAddr>,
+
+    /// The bearer token that admin endpoints which change state will ask for.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "STAMPEDE_SIDECAR_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    pub(crate) admin_token: Option<String>,
+
+    /// After SIGTERM or SIGINT, how long in-flight requests, refreshes and fills may
+    /// take to finish [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) drain_timeout: Option<Duration>,
+
+    /// Check the settings (flags, config file, every route's policy) and exit: 0 if
+    /// they would run, 2 naming what is refused. Connects nothing, binds nothing.
+    #[arg(long)]
+    pub(crate) check: bool,
+}
+
+impl fmt::Debug for Args {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // No Redis URL (it may carry a password), no token.
+        f.debug_struct("Args")
+            .field("config", &self.config)
+            .field("listen", &self.listen)
+            .field("upstream", &self.upstream)
+            .field("redis", &self.redis.as_deref().map(crate::config::redacted))
+            .field("fresh", &self.fresh)
+            .field("grace", &self.grace)
+            .field("lease", &self.lease)
+            .field("cold_wait", &self.cold_wait)
+            .field("metrics", &self.metrics)
+            .field("admin", &self.admin)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
+            .field("drain_timeout", &self.drain_timeout)
+            .field("check", &self.check)
+            .finish()
+    }
+}
+
+/// A duration such as `250ms`, `1s`, `1m 30s` (a bare number is seconds, as the proxy
+/// example took them).
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse()
+            .map(Duration::from_secs)
+            .map_err(|e| format!("`{text}`: {e}"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration ({e}; write e.g. 250ms, 1s, 2m)"))
+}
+
+/// An absolute `http://` URL.
+pub(crate) fn upstream(text: &str) -> Result<Uri, String> {
+    let uri: Uri = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(_)) => Ok(uri),
+        (Some(other), Some(_)) => Err(format!(
+            "`{text}`: only http:// origins are supported, not {other}://"
+        )),
+        _ => Err(format!("`{text}` must be an absolute http:// URL")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_is_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(duration("1x").unwrap_err().contains("`1x`"));
+        assert!(duration("").is_err());
+    }
+
+    #[test]
+    fn upstreams() {
+        assert!(upstream("http://127.0.0.1:9000").is_ok());
+        assert!(upstream("https://example.com").is_err());
+        assert!(upstream("/relative").is_err());
+    }
+}

@@ -1,0 +1,633 @@
+//! The config file (TOML) and the settings the sidecar runs with: the file's values,
+//! overridden by the flags, checked, with every policy built.
+//!
+//! A refusal names the file, the route (by name, else by its place in the list) and the
+//! field, as the file spells it.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::Uri;
+use serde::Deserialize;
+use stampede_guard::{ColdMiss, ConfigError, Policy};
+
+use crate::args::{self, Args};
+
+/// Settings with no flag and no file value.
+mod defaults {
+    use std::time::Duration;
+
+    pub(super) const LISTEN: &str = "127.0.0.1:8080";
+    pub(super) const UPSTREAM: &str = "http://127.0.0.1:9000";
+    pub(super) const FRESH: Duration = Duration::from_secs(1);
+    pub(super) const GRACE: Duration = Duration::from_secs(10);
+    pub(super) const LEASE: Duration = Duration::from_secs(5);
+    pub(super) const COLD_WAIT: Duration = Duration::from_secs(2);
+    pub(super) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+    pub(super) const ENV: &str = "sidecar";
+    pub(super) const SERVICE: &str = "proxy";
+    /// The route name of requests that match no route.
+    pub(super) const ROUTE: &str = "default";
+}
+
+/// Declares a struct of the file with its own fields and the policy fields that both the
+/// top level and each route take (serde's `flatten` would lose `deny_unknown_fields`).
+macro_rules! with_policy_fields {
+    ($(#[$meta:meta])* struct $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty,)* }) => {
+        $(#[$meta])*
+        struct $name {
+            $($(#[$fmeta])* $field: $ty,)*
+            fresh: Option<String>,
+            grace: Option<String>,
+            lease: Option<String>,
+            cold_wait: Option<String>,
+            cold_miss: Option<ColdMissFile>,
+            key_query: Option<KeyQueryFile>,
+            key_headers: Option<Vec<String>>,
+            stale_if_error: Option<String>,
+            max_body: Option<usize>,
+        }
+
+        impl $name {
+            fn policy_fields(&self) -> PolicyFields {
+                PolicyFields {
+                    fresh: self.fresh.clone(),
+                    grace: self.grace.clone(),
+                    lease: self.lease.clone(),
+                    cold_wait: self.cold_wait.clone(),
+                    cold_miss: self.cold_miss.clone(),
+                    key_query: self.key_query.clone(),
+                    key_headers: self.key_headers.clone(),
+                    stale_if_error: self.stale_if_error.clone(),
+                    max_body: self.max_body,
+                }
+            }
+        }
+    };
+}
+
+with_policy_fields! {
+    /// The file's top level: the sidecar's settings and the policy of requests that
+    /// match no route (which routes start from).
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct File {
+        listen: Option<SocketAddr>,
+        upstream: Option<String>,
+        redis: Option<String>,
+        metrics: Option<SocketAddr>,
+        admin: Option<SocketAddr>,
+        admin_token: Option<String>,
+        drain_timeout: Option<String>,
+        env: Option<String>,
+        service: Option<String>,
+        l1_capacity: Option<u64>,
+        refresh_budget: Option<usize>,
+        default: Option<Unrouted>,
+        #[serde(default)]
+        routes: Vec<RouteFile>,
+    }
+}
+
+with_policy_fields! {
+    /// One `[[routes]]` table.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct RouteFile {
+        name: String,
+        prefix: String,
+    }
+}
+
+/// The policy fields, each unset where the file leaves it out.
+#[derive(Clone, Default)]
+struct PolicyFields {
+    fresh: Option<String>,
+    grace: Option<String>,
+    lease: Option<String>,
+    cold_wait: Option<String>,
+    cold_miss: Option<ColdMissFile>,
+    key_query: Option<KeyQueryFile>,
+    key_headers: Option<Vec<String>>,
+    stale_if_error: Option<String>,
+    max_body: Option<usize>,
+}
+
+/// `cold_miss = "passthrough"` or `cold_miss = { reject = { retry_after = "2s" } }`.
+#[derive(Deserialize, Clone)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum ColdMissFile {
+    Passthrough,
+    Reject { retry_after: String },
+}
+
+/// `key_query = ["page", "sort"]`, `"all"` or `"ignore"`.
+#[derive(Deserialize, Clone)]
+#[serde(untagged)]
+enum KeyQueryFile {
+    Only(Vec<String>),
+    Mode(String),
+}
+
+/// What requests that match no route get: `default = "cache"` (the top-level policy) or
+/// `default = "pass"` (forwarded uncached).
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Unrouted {
+    Cache,
+    Pass,
+}
+
+/// A refused setting: where it is, and why.
+#[derive(Debug)]
+pub(crate) struct SettingError {
+    /// The config file, if the setting came from one.
+    file: Option<PathBuf>,
+    /// The route, by name or else by its place (`routes[2]`); none for the top level.
+    route: Option<String>,
+    /// The field, as the file spells it.
+    field: Option<String>,
+    message: String,
+}
+
+impl fmt::Display for SettingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.file {
+            Some(file) => write!(f, "config file {}", file.display())?,
+            None => write!(f, "settings")?,
+        }
+        if let Some(route) = &self.route {
+            write!(f, ", route {route}")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, ", field `{field}`")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for SettingError {}
+
+/// Where the policy being checked sits, for its errors.
+#[derive(Clone)]
+struct Place<'a> {
+    file: Option<&'a Path>,
+    route: Option<String>,
+}
+
+impl Place<'_> {
+    fn error(&self, field: &str, message: impl Into<String>) -> SettingError {
+        SettingError {
+            file: self.file.map(Path::to_path_buf),
+            route: self.route.clone(),
+            field: Some(field.to_owned()),
+            message: message.into(),
+        }
+    }
+
+    fn duration(
+        &self,
+        field: &str,
+        text: &Option<String>,
+    ) -> Result<Option<Duration>, SettingError> {
+        text.as_deref()
+            .map(args::duration)
+            .transpose()
+            .map_err(|e| self.error(field, e))
+    }
+}
+
+/// One route: requests whose path starts with `prefix` get `policy`.
+#[derive(Debug)]
+pub(crate) struct Route {
+    pub(crate) prefix: String,
+    pub(crate) policy: Policy,
+}
+
+/// What the sidecar runs with.
+pub(crate) struct Settings {
+    pub(crate) file: Option<PathBuf>,
+    pub(crate) listen: SocketAddr,
+    pub(crate) upstream: Uri,
+    pub(crate) redis: Option<String>,
+    pub(crate) metrics: Option<SocketAddr>,
+    pub(crate) admin: Option<SocketAddr>,
+    pub(crate) admin_token: Option<String>,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) env: String,
+    pub(crate) service: String,
+    pub(crate) l1_capacity: Option<u64>,
+    pub(crate) refresh_budget: Option<usize>,
+    /// The policy of requests that match no route, or `None` to pass them through.
+    pub(crate) default: Option<Policy>,
+    /// By prefix, longest first.
+    pub(crate) routes: Vec<Route>,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("file", &self.file)
+            .field("listen", &self.listen)
+            .field("upstream", &self.upstream)
+            .field("redis", &self.redis.as_deref().map(redacted))
+            .field("metrics", &self.metrics)
+            .field("admin", &self.admin)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
+            .field("drain_timeout", &self.drain_timeout)
+            .field("default", &self.default)
+            .field("routes", &self.routes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    /// Reads the config file named by `--config` (if any) and lays the flags over it.
+    pub(crate) fn load(args: &Args) -> Result<Self, SettingError> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| SettingError {
+                    file: Some(path.clone()),
+                    route: None,
+                    field: None,
+                    message: format!("cannot be read: {e}"),
+                })?;
+                parse(&text, path)?
+            }
+            None => File::default(),
+        };
+        Self::resolve(args, file)
+    }
+
+    fn resolve(args: &Args, file: File) -> Result<Self, SettingError> {
+        let path = args.config.as_deref();
+        let top = Place {
+            file: path,
+            route: None,
+        };
+        let upstream = match (&args.upstream, &file.upstream) {
+            (Some(uri), _) => uri.clone(),
+            (None, Some(text)) => args::upstream(text).map_err(|e| top.error("upstream", e))?,
+            (None, None) => Uri::from_static(defaults::UPSTREAM),
+        };
+        let drain_timeout = match args.drain_timeout {
+            Some(d) => d,
+            None => top
+                .duration("drain_timeout", &file.drain_timeout)?
+                .unwrap_or(defaults::DRAIN_TIMEOUT),
+        };
+        if let Some(mode) = &file.default
+            && *mode == Unrouted::Pass
+            && file.routes.is_empty()
+        {
+            return Err(top.error("default", "\"pass\" with no routes would cache nothing"));
+        }
+        // The top level's policy fields, with the flags laid over them: the policy of
+        // unrouted requests, and what each route starts from.
+        let mut base = file.policy_fields();
+        let flag = |d: Option<Duration>| d.map(|d| format!("{}ms", d.as_millis()));
+        if args.fresh.is_some() {
+            base.fresh = flag(args.fresh);
+        }
+        if args.grace.is_some() {
+            base.grace = flag(args.grace);
+        }
+        if args.lease.is_some() {
+            base.lease = flag(args.lease);
+        }
+        if args.cold_wait.is_some() {
+            base.cold_wait = flag(args.cold_wait);
+        }
+        let default = match file.default.unwrap_or(Unrouted::Cache) {
+            Unrouted::Cache => Some(policy(&top, defaults::ROUTE, &base)?),
+            Unrouted::Pass => None,
+        };
+        let mut routes: Vec<Route> = Vec::with_capacity(file.routes.len());
+        for (i, route) in file.routes.iter().enumerate() {
+            let place = Place {
+                file: path,
+                route: Some(format!("\"{}\" (routes[{i}])", route.name)),
+            };
+            if !route.prefix.starts_with('/') {
+                return Err(place.error("prefix", format!("`{}` must start with /", route.prefix)));
+            }
+            if let Some(other) = routes.iter().find(|r| r.prefix == route.prefix) {
+                return Err(place.error(
+                    "prefix",
+                    format!(
+                        "`{}` is route \"{}\"'s prefix too",
+                        route.prefix,
+                        other.policy.route()
+                    ),
+                ));
+            }
+            if route.name == defaults::ROUTE && default.is_some() {
+                return Err(place.error(
+                    "name",
+                    "\"default\" is the name of requests that match no route",
+                ));
+            }
+            let fields = route.policy_fields();
+            let merged = PolicyFields {
+                fresh: fields.fresh.or_else(|| base.fresh.clone()),
+                grace: fields.grace.or_else(|| base.grace.clone()),
+                lease: fields.lease.or_else(|| base.lease.clone()),
+                cold_wait: fields.cold_wait.or_else(|| base.cold_wait.clone()),
+                cold_miss: fields.cold_miss.or_else(|| base.cold_miss.clone()),
+                key_query: fields.key_query.or_else(|| base.key_query.clone()),
+                key_headers: fields.key_headers.or_else(|| base.key_headers.clone()),
+                stale_if_error: fields
+                    .stale_if_error
+                    .or_else(|| base.stale_if_error.clone()),
+                max_body: fields.max_body.or(base.max_body),
+            };
+            routes.push(Route {
+                prefix: route.prefix.clone(),
+                policy: policy(&place, &route.name, &merged)?,
+            });
+        }
+        // Longest prefix first: the first that matches is the longest.
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        Ok(Self {
+            file: path.map(Path::to_path_buf),
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| defaults::LISTEN.parse().expect("an address")),
+            upstream,
+            redis: args.redis.clone().or(file.redis),
+            metrics: args.metrics.or(file.metrics),
+            admin: args.admin.or(file.admin),
+            admin_token: args.admin_token.clone().or(file.admin_token),
+            drain_timeout,
+            env: file.env.unwrap_or_else(|| defaults::ENV.to_owned()),
+            service: file.service.unwrap_or_else(|| defaults::SERVICE.to_owned()),
+            l1_capacity: file.l1_capacity,
+            refresh_budget: file.refresh_budget,
+            default,
+            routes,
+        })
+    }
+
+    /// A refusal of a top-level setting (the key space, Redis, the guard).
+    pub(crate) fn setting_error(&self, field: &str, message: String) -> SettingError {
+        let place = Place {
+            file: self.file.as_deref(),
+            route: None,
+        };
+        place.error(field, message)
+    }
+
+    /// Turns a refusal of the guard (when it makes a route's layer) into one that names
+    /// the route and field as the file does.
+    pub(crate) fn layer_error(&self, route: &str, error: &ConfigError) -> SettingError {
+        let place = Place {
+            file: self.file.as_deref(),
+            route: (route != defaults::ROUTE || self.default.is_none())
+                .then(|| format!("\"{route}\"")),
+        };
+        place.error(file_field(error.field()), error.to_string())
+    }
+}
+
+/// Parses the file, naming the route an error is in when it is in one.
+fn parse(text: &str, path: &Path) -> Result<File, SettingError> {
+    toml::from_str(text).map_err(|error| {
+        let route = error.span().and_then(|span| route_at(text, span.start));
+        SettingError {
+            file: Some(path.to_path_buf()),
+            route,
+            field: None,
+            message: error.to_string().trim_end().to_owned(),
+        }
+    })
+}
+
+/// The `[[routes]]` table that byte `at` of `text` falls in (by name where the table
+/// has a plain `name = "…"` line), for errors that serde reports without one.
+fn route_at(text: &str, at: usize) -> Option<String> {
+    let before = &text[..at.min(text.len())];
+    let mut seen = 0;
+    // The route the line is in: its place in the list and where its table starts.
+    let mut current = None;
+    let mut offset = 0;
+    for line in before.split_inclusive('\n') {
+        let header = line.trim();
+        if header == "[[routes]]" {
+            current = Some((seen, offset));
+            seen += 1;
+        } else if header.starts_with('[') && !header.starts_with("[routes.") {
+            current = None;
+        }
+        offset += line.len();
+    }
+    let (i, start) = current?;
+    let name = text[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().starts_with("[["))
+        .find_map(|l| {
+            let (key, value) = l.split_once('=')?;
+            (key.trim() == "name").then(|| value.trim().trim_matches('"').to_owned())
+        });
+    Some(match name {
+        Some(name) => format!("\"{name}\" (routes[{i}])"),
+        None => format!("routes[{i}]"),
+    })
+}
+
+/// The file's name for a field the crate names as its builder method does.
+fn file_field(field: &str) -> &str {
+    match field {
+        "fresh_ttl" => "fresh",
+        // The lease bounds the refresh and the back-off after an error.
+        "lease_ttl" | "refresh_timeout" | "error_backoff" | "watchdog" => "lease",
+        "route" => "name",
+        other => other,
+    }
+}
+
+/// Builds the policy of route `name` from its fields.
+fn policy(place: &Place<'_>, name: &str, fields: &PolicyFields) -> Result<Policy, SettingError> {
+    let fresh = place
+        .duration("fresh", &fields.fresh)?
+        .unwrap_or(defaults::FRESH);
+    let grace = place
+        .duration("grace", &fields.grace)?
+        .unwrap_or(defaults::GRACE);
+    let lease = place
+        .duration("lease", &fields.lease)?
+        .unwrap_or(defaults::LEASE);
+    let cold_wait = place
+        .duration("cold_wait", &fields.cold_wait)?
+        .unwrap_or(defaults::COLD_WAIT);
+    let mut builder = Policy::builder(name)
+        .fresh_ttl(fresh)
+        .grace(grace)
+        .lease_ttl(lease)
+        .refresh_timeout(lease)
+        .cold_wait(cold_wait)
+        .error_backoff(lease.min(Duration::from_secs(1)))
+        // Every sidecar of the fleet fronts the same origin, under whatever host name
+        // it is reached.
+        .key_host(false);
+    match &fields.cold_miss {
+        None | Some(ColdMissFile::Passthrough) => {}
+        Some(ColdMissFile::Reject { retry_after }) => {
+            let retry_after = args::duration(retry_after)
+                .map_err(|e| place.error("cold_miss.reject.retry_after", e))?;
+            builder = builder.cold_miss(ColdMiss::Reject { retry_after });
+        }
+    }
+    match &fields.key_query {
+        None => {}
+        Some(KeyQueryFile::Only(names)) => builder = builder.key_query(names),
+        Some(KeyQueryFile::Mode(mode)) => match mode.as_str() {
+            "all" => {}
+            "ignore" => builder = builder.ignore_query(),
+            other => {
+                return Err(place.error(
+                    "key_query",
+                    format!("`{other}`: write a list of names, \"all\" or \"ignore\""),
+                ));
+            }
+        },
+    }
+    if let Some(headers) = &fields.key_headers {
+        builder = builder.key_headers(headers);
+    }
+    if let Some(window) = place.duration("stale_if_error", &fields.stale_if_error)? {
+        builder = builder.stale_if_error(window);
+    }
+    if let Some(bytes) = fields.max_body {
+        builder = builder.max_body(bytes);
+    }
+    builder
+        .build()
+        .map_err(|e| place.error(file_field(e.field()), e.to_string()))
+}
+
+/// `url` with its password (and a user-only credential) replaced by `***`: for logs.
+pub(crate) fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => "***".to_owned(),
+            };
+            format!("{scheme}://{user}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn load(flags: &[&str], text: &str) -> Result<Settings, SettingError> {
+        let mut argv = vec!["stampede-sidecar", "--config", "sidecar.toml"];
+        argv.extend_from_slice(flags);
+        let args = Args::try_parse_from(argv).unwrap();
+        Settings::resolve(&args, parse(text, Path::new("sidecar.toml"))?)
+    }
+
+    #[test]
+    fn the_fixture_loads() {
+        let text = include_str!("../../../tests/fixtures/sidecar.toml");
+        let settings = load(&[], text).unwrap();
+        let prefixes: Vec<&str> = settings.routes.iter().map(|r| r.prefix.as_str()).collect();
+        assert_eq!(prefixes, ["/items/featured", "/reports/", "/items/"]);
+        assert_eq!(
+            settings.routes[2].policy.fresh_ttl(),
+            Duration::from_secs(5)
+        );
+        // Inherited from the top level.
+        assert_eq!(settings.routes[2].policy.grace(), Duration::from_secs(60));
+        assert!(settings.default.is_none());
+    }
+
+    #[test]
+    fn flags_override_the_top_level() {
+        let text = "fresh = \"3s\"\nlisten = \"127.0.0.1:1\"\n[[routes]]\nname = \"a\"\nprefix = \"/a\"\n\
+                    [[routes]]\nname = \"b\"\nprefix = \"/b\"\nfresh = \"7s\"\n";
+        let s = load(&["--fresh", "250ms", "--listen", "127.0.0.1:2"], text).unwrap();
+        assert_eq!(s.listen, "127.0.0.1:2".parse().unwrap());
+        assert_eq!(s.default.unwrap().fresh_ttl(), Duration::from_millis(250));
+        let fresh = |name: &str| {
+            s.routes
+                .iter()
+                .find(|r| r.policy.route() == name)
+                .unwrap()
+                .policy
+                .fresh_ttl()
+        };
+        assert_eq!(fresh("a"), Duration::from_millis(250), "inherits the flag");
+        assert_eq!(fresh("b"), Duration::from_secs(7), "its own value stands");
+    }
+
+    #[test]
+    fn errors_name_the_file_the_route_and_the_field() {
+        let route = |body: &str| {
+            format!(
+                "fresh = \"1s\"\n\n[[routes]]\nname = \"items\"\nprefix = \"/items/\"\n{body}\n"
+            )
+        };
+        for (body, field) in [
+            ("fresh = \"1x\"", "`fresh`"),
+            ("fresh = \"0s\"", "`fresh`"),
+            ("grace = \"2 fortnights\"", "`grace`"),
+            ("key_query = \"some\"", "`key_query`"),
+            ("key_headers = [\"bad header\"]", "`key_headers`"),
+            (
+                "cold_miss = { reject = { retry_after = \"soon\" } }",
+                "retry_after",
+            ),
+            ("prefix2 = \"/x\"", "prefix2"),
+        ] {
+            let error = load(&[], &route(body)).map(|_| ()).unwrap_err().to_string();
+            assert!(error.contains("sidecar.toml"), "{body}: {error}");
+            assert!(error.contains("\"items\""), "{body}: {error}");
+            assert!(error.contains(field), "{body}: {error}");
+        }
+        let error = load(&[], "fressh = \"1s\"")
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("fressh"), "{error}");
+        let error = load(&[], "drain_timeout = \"x\"")
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("`drain_timeout`"), "{error}");
+        let twice = "[[routes]]\nname = \"a\"\nprefix = \"/a\"\n[[routes]]\nname = \"b\"\nprefix = \"/a\"\n";
+        let error = load(&[], twice).map(|_| ()).unwrap_err().to_string();
+        assert!(
+            error.contains("`prefix`") && error.contains("\"b\""),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn passwords_stay_out() {
+        assert_eq!(
+            redacted("redis://user:secret@h:6379/0"),
+            "redis://user:***@h:6379/0"
+        );
+        assert_eq!(redacted("redis://:secret@h"), "redis://:***@h");
+        assert_eq!(redacted("rediss://secret@h"), "rediss://***@h");
+        assert_eq!(redacted("redis://h:6379"), "redis://h:6379");
+        let args = Args::try_parse_from(["s", "--redis", "redis://u:hunter2@h"]).unwrap();
+        assert!(!format!("{args:?}").contains("hunter2"));
+        let settings = Settings::resolve(&args, File::default()).unwrap();
+        assert!(!format!("{settings:?}").contains("hunter2"));
+    }
+}

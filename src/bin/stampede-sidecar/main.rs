@@ -1,0 +1,234 @@
+//! `stampede-sidecar`: the stampede guard in front of any HTTP origin, so that it can be
+//! run without writing code and measured from outside.
+//!
+//! ```text
+//! cargo run --release --features sidecar --bin stampede-sidecar -- --help
+//! ```
+//!
+//! Settings come from `--config FILE` (TOML, with per-route policies by path prefix),
+//! overridden by flags. Exit codes: 0 after a clean shutdown (SIGTERM or SIGINT, every
+//! request, refresh and fill finished within the drain timeout), 2 for a bad flag or
+//! setting (the message names it), 1 for anything else (an address that cannot be
+//! bound, a drain cut short).
+
+mod admin;
+mod args;
+mod config;
+mod routes;
+mod shutdown;
+mod upstream;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use stampede_guard::{KeySpace, RedisStore, StampedeGuard};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+use crate::args::Args;
+use crate::config::{SettingError, Settings};
+use crate::routes::Routes;
+use crate::shutdown::{Shutdown, Signals};
+use crate::upstream::Upstream;
+
+/// Why the sidecar stopped other than cleanly.
+enum Failure {
+    /// A setting was refused (exit code 2).
+    Setting(SettingError),
+    /// Anything else (exit code 1).
+    Runtime(String),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Setting(error) => error.fmt(f),
+            Self::Runtime(error) => f.write_str(error),
+        }
+    }
+}
+
+impl From<SettingError> for Failure {
+    fn from(error: SettingError) -> Self {
+        Self::Setting(error)
+    }
+}
+
+fn main() -> ExitCode {
+    // Exits itself: 0 for --help and --version, 2 for a bad flag or value.
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .init();
+    let outcome = Settings::load(&args)
+        .map_err(Failure::from)
+        .and_then(|settings| {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Failure::Runtime(format!("cannot start the runtime: {e}")))?
+                .block_on(async {
+                    if args.check {
+                        check(&settings)
+                    } else {
+                        run(settings).await
+                    }
+                })
+        });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("stampede-sidecar: {failure}");
+            match failure {
+                Failure::Setting(_) => ExitCode::from(2),
+                Failure::Runtime(_) => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+/// `--check`: builds what `run` would build, short of connecting and binding.
+fn check(settings: &Settings) -> Result<(), Failure> {
+    let guard = guard(settings)?;
+    Routes::new(&guard, settings, &Upstream::new(settings.upstream.clone()))?;
+    println!("settings ok: {} route(s)", settings.routes.len());
+    Ok(())
+}
+
+async fn run(settings: Settings) -> Result<(), Failure> {
+    let runtime =
+        |what: &str, error: &dyn fmt::Display| Failure::Runtime(format!("{what}: {error}"));
+    // First: a signal sent while the sidecar starts is not lost.
+    let mut signals = Signals::listen().map_err(|e| runtime("cannot listen for signals", &e))?;
+    if let Some(addr) = settings.metrics {
+        // Before the guard: counters are registered when its layers are made.
+        stampede_guard::prometheus::install_with_listener(addr)
+            .map_err(|e| runtime(&format!("metrics on {addr}"), &e))?;
+        println!("metrics on http://{addr}/metrics");
+    }
+    let guard = guard(&settings)?;
+    let upstream = Upstream::new(settings.upstream.clone());
+    let routes = Routes::new(&guard, &settings, &upstream)?;
+    let listener = bind(settings.listen).await?;
+    let shutdown = Shutdown::new();
+    if let Some(addr) = settings.admin {
+        let admin = admin::router(admin::Admin {
+            guard: guard.clone(),
+            shutdown: shutdown.clone(),
+            token: settings.admin_token.as_deref().map(Arc::from),
+        });
+        let listener = bind(addr).await?;
+        println!("admin on http://{}", listener.local_addr().unwrap_or(addr));
+        // Answers until the process exits: through the drain too (`/readyz` says 503).
+        tokio::spawn(async move { axum::serve(listener, admin).await });
+    }
+    if let Err(error) = guard.ready().await {
+        println!("Redis does not answer ({error}): serving from the local cache until it does.");
+    }
+    println!(
+        "caching {} on http://{} ({}, {} route{}{})",
+        settings.upstream,
+        listener.local_addr().unwrap_or(settings.listen),
+        if settings.redis.is_some() {
+            "L1 + Redis"
+        } else {
+            "L1 only"
+        },
+        settings.routes.len(),
+        if settings.routes.len() == 1 { "" } else { "s" },
+        if settings.default.is_some() {
+            " and the default"
+        } else {
+            ", others passed through"
+        },
+    );
+
+    let app = axum::Router::new().fallback_service(routes);
+    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.started());
+    let mut server = tokio::spawn(async move { server.await });
+    let signal = tokio::select! {
+        signal = signals.next() => signal,
+        ended = &mut server => {
+            return Err(Failure::Runtime(format!("the listener stopped: {ended:?}")));
+        }
+    };
+    let deadline = Instant::now() + settings.drain_timeout;
+    println!(
+        "{signal}: draining (at most {:?}; a second signal stops at once)",
+        settings.drain_timeout
+    );
+    shutdown.start_draining();
+    let drain = async {
+        // Requests in flight first (a cold fill's callers wait for it), then the
+        // refreshes and fills they started.
+        let requests = tokio::time::timeout_at(deadline, &mut server).await.is_ok();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let work = guard.drained(left).await;
+        (requests, work)
+    };
+    tokio::select! {
+        (requests, work) = drain => {
+            if requests && work {
+                println!("drained: every request, refresh and fill finished");
+                Ok(())
+            } else {
+                Err(Failure::Runtime(format!(
+                    "drain cut short after {:?}: {}",
+                    settings.drain_timeout,
+                    match (requests, work) {
+                        (false, _) => "requests were still in flight",
+                        _ => "refreshes or fills were still at work",
+                    }
+                )))
+            }
+        }
+        signal = signals.next() => Err(Failure::Runtime(format!("{signal} during the drain: stopped at once"))),
+    }
+}
+
+/// The guard, on the settings' Redis (or none) and key space.
+fn guard(settings: &Settings) -> Result<StampedeGuard, Failure> {
+    let refused = |field: &str, error: &dyn fmt::Display| {
+        Failure::Setting(settings.setting_error(field, error.to_string()))
+    };
+    let secret = std::env::var("STAMPEDE_GUARD_SECRET").unwrap_or_else(|_| {
+        eprintln!(
+            "STAMPEDE_GUARD_SECRET is not set: keys are hashed with a secret everyone knows \
+             (set the same one on every sidecar of the fleet)"
+        );
+        "set STAMPEDE_GUARD_SECRET in production".to_owned()
+    });
+    let keys = KeySpace::builder()
+        .env(settings.env.as_str())
+        .service(settings.service.as_str())
+        .secret(secret.into_bytes())
+        .build()
+        .map_err(|e| match e.field() {
+            "secret" => refused("STAMPEDE_GUARD_SECRET", &e),
+            field => refused(field, &e),
+        })?;
+    let store = match &settings.redis {
+        Some(url) => RedisStore::builder(url.as_str())
+            .build()
+            .map_err(|e| refused("redis", &e))?,
+        None => RedisStore::local_only(),
+    };
+    let mut builder = StampedeGuard::builder(store, keys);
+    if let Some(bytes) = settings.l1_capacity {
+        builder = builder.l1_capacity(bytes);
+    }
+    if let Some(slots) = settings.refresh_budget {
+        builder = builder.refresh_budget(slots);
+    }
+    builder.build().map_err(|e| refused(e.field(), &e))
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, Failure> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {addr}: {e}")))
+}

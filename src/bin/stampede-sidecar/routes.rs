@@ -1,0 +1,101 @@
+//! Which layer a request goes through: the route with the longest matching path prefix,
+//! else the default policy, else (with `default = "pass"`) none.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, Request};
+use stampede_guard::StampedeGuard;
+use tower::util::BoxCloneSyncService;
+use tower::util::Oneshot;
+use tower::{Layer, ServiceExt};
+
+use crate::config::{SettingError, Settings};
+use crate::upstream::Upstream;
+
+type Route = BoxCloneSyncService<Request<Body>, Response, Infallible>;
+
+/// The sidecar's service: one guard layer per route, all on one [`StampedeGuard`].
+#[derive(Clone)]
+pub(crate) struct Routes {
+    /// Longest prefix first.
+    routes: Arc<[(String, Route)]>,
+    /// For requests that match no route.
+    unrouted: Route,
+}
+
+impl std::fmt::Debug for Routes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Routes")
+            .field(
+                "prefixes",
+                &self.routes.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Routes {
+    /// Makes each route's layer (the guard refuses a policy that does not fit its store,
+    /// or a name used twice).
+    pub(crate) fn new(
+        guard: &StampedeGuard,
+        settings: &Settings,
+        upstream: &Upstream,
+    ) -> Result<Self, SettingError> {
+        let guarded = |policy: &stampede_guard::Policy| -> Result<Route, SettingError> {
+            let layer = guard
+                .layer(policy.clone())
+                .map_err(|e| settings.layer_error(policy.route(), &e))?;
+            Ok(Route::new(
+                layer
+                    .layer(upstream.service())
+                    .map_response(IntoResponse::into_response),
+            ))
+        };
+        let mut routes = Vec::with_capacity(settings.routes.len());
+        for route in &settings.routes {
+            routes.push((route.prefix.clone(), guarded(&route.policy)?));
+        }
+        let unrouted = match &settings.default {
+            Some(policy) => guarded(policy)?,
+            None => Route::new(upstream.service().map_response(|mut response| {
+                // Not cacheable by configuration, as a never-cached route says it.
+                response
+                    .headers_mut()
+                    .insert("x-cache", HeaderValue::from_static("bypass"));
+                response.into_response()
+            })),
+        };
+        Ok(Self {
+            routes: routes.into(),
+            unrouted,
+        })
+    }
+
+    fn route(&self, path: &str) -> &Route {
+        self.routes
+            .iter()
+            .find(|(prefix, _)| path.starts_with(prefix.as_str()))
+            .map_or(&self.unrouted, |(_, route)| route)
+    }
+}
+
+impl tower::Service<Request<Body>> for Routes {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Oneshot<Route, Request<Body>>;
+
+    /// Always ready, as the guard is.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let route = self.route(request.uri().path()).clone();
+        route.oneshot(request)
+    }
+}

@@ -1,0 +1,468 @@
+//! The `stampede-sidecar` binary, black box: run as users run it, over real TCP, in front
+//! of a real origin, on a real `redis-server`.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use http::{StatusCode, Uri};
+use support::http::{fetch, serve};
+use support::{HANG, RedisServer, eventually};
+use tokio::sync::watch;
+
+const BIN: &str = env!("CARGO_BIN_EXE_stampede-sidecar");
+const SECRET: &str = "a sidecar test secret of more than sixteen bytes";
+
+/// Runs the binary to its end with `args` (for the ones that exit at once).
+fn run(args: &[&str]) -> Output {
+    let child = Command::new(BIN)
+        .args(args)
+        .env_clear()
+        .env("STAMPEDE_GUARD_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the sidecar starts");
+    wait_output(child)
+}
+
+fn wait_output(child: Child) -> Output {
+    let (done, out) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    out.recv_timeout(HANG)
+        .expect("the sidecar exited within HANG")
+        .expect("its output")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A running sidecar, killed when dropped. What it prints is kept, and shown when a test
+/// fails.
+struct Sidecar {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    listen: SocketAddr,
+    admin: Option<SocketAddr>,
+}
+
+impl Sidecar {
+    /// Starts the binary on free ports (`127.0.0.1:0`: the addresses it binds are read
+    /// from what it prints once it listens).
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_clear()
+            .env("STAMPEDE_GUARD_SECRET", SECRET)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the sidecar starts");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (seen, listening) = std::sync::mpsc::channel::<String>();
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let (lines, seen) = (lines.clone(), seen.clone());
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let _ = seen.send(line.clone());
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        let (mut listen, mut admin) = (None, None);
+        let deadline = Instant::now() + HANG;
+        while listen.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(line) = listening.recv_timeout(left) else {
+                panic!(
+                    "the sidecar did not start listening:\n{}",
+                    lines.lock().unwrap().join("\n")
+                );
+            };
+            let addr = |line: &str| -> SocketAddr {
+                let url = line
+                    .split_whitespace()
+                    .find(|w| w.starts_with("http://"))
+                    .unwrap();
+                url.parse::<Uri>()
+                    .unwrap()
+                    .authority()
+                    .unwrap()
+                    .as_str()
+                    .parse()
+                    .unwrap()
+            };
+            if line.starts_with("admin on ") {
+                admin = Some(addr(&line));
+            } else if line.starts_with("caching ") {
+                listen = Some(addr(line.split(" on ").nth(1).unwrap()));
+            }
+        }
+        Self {
+            child,
+            lines,
+            listen: listen.unwrap(),
+            admin,
+        }
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    fn log(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    /// Waits for the process to exit (at most `within`) and returns its exit code.
+    async fn exited(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sidecar did not exit within {within:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- the sidecar said:\n{}", self.log());
+        }
+    }
+}
+
+/// The origin: counts its calls, answers `<path> call <n>`; calls after `fast` wait for
+/// `gate` to open.
+#[derive(Clone)]
+struct Origin {
+    calls: Arc<AtomicU64>,
+    fast: u64,
+    gate: watch::Receiver<bool>,
+}
+
+async fn answer(State(origin): State<Origin>, uri: Uri) -> String {
+    let n = origin.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    if n > origin.fast {
+        let _ = origin.gate.clone().wait_for(|open| *open).await;
+    }
+    format!("{} call {n}", uri.path())
+}
+
+/// An origin on a free port whose first `fast` calls answer at once; the others wait for
+/// the returned sender to send `true`.
+async fn origin(fast: u64) -> (SocketAddr, Arc<AtomicU64>, watch::Sender<bool>) {
+    let calls = Arc::new(AtomicU64::new(0));
+    let (open, gate) = watch::channel(false);
+    let app = Router::new().fallback(get(answer)).with_state(Origin {
+        calls: calls.clone(),
+        fast,
+        gate,
+    });
+    (serve(app).await, calls, open)
+}
+
+fn write_config(dir: &Path, text: &str) -> String {
+    let path = dir.join("sidecar.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn help_and_version_exit_zero() {
+    let help = run(&["--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    let out = text(&help.stdout);
+    for flag in [
+        "--config",
+        "--listen",
+        "--upstream",
+        "--redis",
+        "--fresh",
+        "--grace",
+        "--lease",
+        "--cold-wait",
+        "--metrics",
+        "--admin",
+        "--drain-timeout",
+    ] {
+        assert!(out.contains(flag), "--help does not mention {flag}:\n{out}");
+    }
+    let version = run(&["--version"]);
+    assert_eq!(version.status.code(), Some(0));
+    assert!(text(&version.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn a_bad_flag_or_value_exits_2_naming_it() {
+    let out = run(&["--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--no-such-flag"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    for (flag, value) in [
+        ("--fresh", "1x"),
+        ("--listen", "nowhere"),
+        ("--upstream", "https://example.com"),
+    ] {
+        let out = run(&[flag, value]);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(flag) && err.contains(value),
+            "{flag} {value}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_config_exits_2_naming_the_file_the_route_and_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let route = |body: &str| {
+        format!("fresh = \"1s\"\n\n[[routes]]\nname = \"items\"\nprefix = \"/items/\"\n{body}\n")
+    };
+    for (config, field) in [
+        // Refused by the crate's policy check.
+        (route("fresh = \"0s\""), "`fresh`"),
+        (route("lease = \"10ms\""), "`lease`"),
+        (route("key_headers = [\"not a header\"]"), "`key_headers`"),
+        // A bad duration.
+        (route("grace = \"soon\""), "`grace`"),
+        // Unknown to the schema.
+        (route("fressh = \"1s\""), "fressh"),
+        // Not TOML.
+        (route("fresh = "), "fresh"),
+    ] {
+        let path = write_config(dir.path(), &config);
+        let out = run(&["--config", &path, "--check"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{config}\n{err}");
+        assert!(err.contains(&path), "the file is named:\n{err}");
+        assert!(err.contains(field), "{field} is named:\n{err}");
+        if !config.ends_with("fresh = \n") {
+            assert!(err.contains("\"items\""), "the route is named:\n{err}");
+        }
+    }
+    // Two routes of one name: the guard refuses the second.
+    let twice =
+        "[[routes]]\nname = \"a\"\nprefix = \"/a\"\n\n[[routes]]\nname = \"a\"\nprefix = \"/b\"\n";
+    let path = write_config(dir.path(), twice);
+    let out = run(&["--config", &path, "--check"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("\"a\"") && err.contains("`name`"), "{err}");
+
+    let missing = run(&["--config", "no-such-file.toml", "--check"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(text(&missing.stderr).contains("no-such-file.toml"));
+}
+
+#[test]
+fn the_documented_config_is_accepted() {
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sidecar.toml");
+    let out = run(&["--config", fixture, "--check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("settings ok: 3 route(s)"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fills_once_then_hits_over_tcp_and_reports_health() {
+    let mut redis = RedisServer::start();
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--redis",
+        &redis.url(),
+        "--fresh",
+        "60s",
+        "--admin",
+        "127.0.0.1:0",
+    ]);
+    let first = fetch(sidecar.listen, "/items/1", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.x_cache(), "miss");
+    assert_eq!(first.body, "/items/1 call 1");
+    let second = fetch(sidecar.listen, "/items/1", &[]).await;
+    assert_eq!(second.x_cache(), "hit");
+    assert_eq!(second.body, "/items/1 call 1");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the origin is called once");
+
+    let admin = sidecar.admin.expect("an admin listener");
+    let health = fetch(admin, "/healthz", &[]).await;
+    assert_eq!(health.status, StatusCode::OK);
+    let health: serde_json::Value = serde_json::from_str(&health.body).unwrap();
+    assert_eq!(health["redis"], "up", "{health}");
+    assert_eq!(health["notices"], "connected", "{health}");
+    assert_eq!(health["draining"], false, "{health}");
+    assert_eq!(fetch(admin, "/readyz", &[]).await.status, StatusCode::OK);
+    // The origin's paths are not shadowed: the admin paths go to the origin.
+    let through = fetch(sidecar.listen, "/healthz", &[]).await;
+    assert_eq!(through.body, "/healthz call 2");
+
+    // Redis gone: still healthy (it serves from L1), and says so.
+    redis.kill();
+    let health = fetch(admin, "/healthz", &[]).await;
+    assert_eq!(health.status, StatusCode::OK);
+    let health: serde_json::Value = serde_json::from_str(&health.body).unwrap();
+    assert_eq!(health["redis"], "down", "{health}");
+    let hit = fetch(sidecar.listen, "/items/1", &[]).await;
+    assert_eq!(
+        (hit.x_cache(), hit.body.as_str()),
+        ("hit", "/items/1 call 1")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_prefix_picks_the_policy() {
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "upstream = \"http://{origin}\"\ndefault = \"pass\"\nfresh = \"60s\"\n\n\
+             [[routes]]\nname = \"items\"\nprefix = \"/items/\"\n\n\
+             [[routes]]\nname = \"hot\"\nprefix = \"/items/hot\"\nkey_query = \"ignore\"\n"
+        ),
+    );
+    let sidecar = Sidecar::start(&["--config", &config]);
+    let get = |path: &'static str| fetch(sidecar.listen, path, &[]);
+
+    // No route: passed through, every time.
+    assert_eq!(get("/other").await.x_cache(), "bypass");
+    assert_eq!(get("/other").await.x_cache(), "bypass");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // "/items/": every query parameter keyed.
+    assert_eq!(get("/items/1?a=1").await.x_cache(), "miss");
+    assert_eq!(get("/items/1?a=2").await.x_cache(), "miss");
+    assert_eq!(get("/items/1?a=1").await.x_cache(), "hit");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    // "/items/hot" is longer: its policy ignores the query.
+    assert_eq!(get("/items/hot?a=1").await.x_cache(), "miss");
+    assert_eq!(get("/items/hot?a=2").await.x_cache(), "hit");
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_refresh_finish_and_write() {
+    let redis = RedisServer::start();
+    // The first call answers at once; the refresh's waits until the test opens the gate.
+    let (origin, calls, gate) = origin(1).await;
+    let fresh = Duration::from_secs(4);
+    let args = |admin: bool| {
+        let mut args = vec![
+            "--upstream".to_owned(),
+            format!("http://{origin}"),
+            "--redis".to_owned(),
+            redis.url(),
+            "--fresh".to_owned(),
+            format!("{}ms", fresh.as_millis()),
+            "--grace".to_owned(),
+            "60s".to_owned(),
+            "--lease".to_owned(),
+            "20s".to_owned(),
+            "--drain-timeout".to_owned(),
+            "30s".to_owned(),
+        ];
+        if admin {
+            args.extend(["--admin".to_owned(), "127.0.0.1:0".to_owned()]);
+        }
+        args
+    };
+    let owned = args(true);
+    let mut a = Sidecar::start(&owned.iter().map(String::as_str).collect::<Vec<_>>());
+    let owned = args(false);
+    // On the same Redis, with an L1 of its own that holds nothing yet.
+    let b = Sidecar::start(&owned.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let filled = fetch(a.listen, "/r", &[]).await;
+    assert_eq!(
+        (filled.x_cache(), filled.body.as_str()),
+        ("miss", "/r call 1")
+    );
+    // Past its freshness: the next request is served stale and starts a refresh.
+    tokio::time::sleep(fresh + Duration::from_millis(200)).await;
+    let stale = fetch(a.listen, "/r", &[]).await;
+    assert_eq!(
+        (stale.x_cache(), stale.body.as_str()),
+        ("stale", "/r call 1")
+    );
+    assert!(
+        eventually(HANG, || async { calls.load(Ordering::SeqCst) == 2 }).await,
+        "the refresh reached the origin"
+    );
+
+    a.signal("TERM");
+    let admin = a.admin.unwrap();
+    assert!(
+        eventually(HANG, || async {
+            fetch(admin, "/readyz", &[]).await.status == StatusCode::SERVICE_UNAVAILABLE
+        })
+        .await,
+        "/readyz says 503 while draining"
+    );
+    // It stopped accepting, and waits for the refresh.
+    assert!(
+        eventually(HANG, || async {
+            tokio::net::TcpStream::connect(a.listen).await.is_err()
+        })
+        .await,
+        "the listener is closed"
+    );
+    assert_eq!(
+        a.child.try_wait().unwrap(),
+        None,
+        "still at work on the refresh"
+    );
+
+    gate.send_replace(true);
+    assert_eq!(a.exited(HANG).await, Some(0), "{}", a.log());
+    assert!(a.log().contains("drained"), "{}", a.log());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    // The refresh wrote Redis: the other sidecar serves its body as a hit, no origin call.
+    let read = fetch(b.listen, "/r", &[]).await;
+    assert_eq!((read.x_cache(), read.body.as_str()), ("hit", "/r call 2"));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the origin was not called again"
+    );
+}

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use http::{StatusCode, Uri};
 use support::http::{fetch, serve};
@@ -174,12 +175,21 @@ struct Origin {
     gate: watch::Receiver<bool>,
 }
 
-async fn answer(State(origin): State<Origin>, uri: Uri) -> String {
+async fn answer(State(origin): State<Origin>, uri: Uri) -> impl IntoResponse {
     let n = origin.calls.fetch_add(1, Ordering::SeqCst) + 1;
     if n > origin.fast {
         let _ = origin.gate.clone().wait_for(|open| *open).await;
     }
-    format!("{} call {n}", uri.path())
+    // Under /max-age-60/, the origin says how long its answer is fresh.
+    let cache_control = if uri.path().starts_with("/max-age-60/") {
+        "max-age=60"
+    } else {
+        "public"
+    };
+    (
+        [(http::header::CACHE_CONTROL, cache_control)],
+        format!("{} call {n}", uri.path()),
+    )
 }
 
 /// An origin on a free port whose first `fast` calls answer at once; the others wait for
@@ -211,6 +221,7 @@ fn help_and_version_exit_zero() {
         "--listen",
         "--upstream",
         "--redis",
+        "--follow-origin",
         "--fresh",
         "--grace",
         "--lease",
@@ -310,6 +321,8 @@ async fn fills_once_then_hits_over_tcp_and_reports_health() {
         &format!("http://{origin}"),
         "--redis",
         &redis.url(),
+        "--follow-origin",
+        "false",
         "--fresh",
         "60s",
         "--admin",
@@ -350,6 +363,27 @@ async fn fills_once_then_hits_over_tcp_and_reports_health() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
+/// An HTTP cache by default: what the origin says its answers' lifetimes are sets them;
+/// an answer with neither a lifetime nor a validator is not reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_follows_the_origin_by_default() {
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let sidecar = Sidecar::start(&["--upstream", &format!("http://{origin}")]);
+    let first = fetch(sidecar.listen, "/max-age-60/a", &[]).await;
+    assert_eq!(first.x_cache(), "miss");
+    let status = first.headers["cache-status"].to_str().unwrap();
+    assert_eq!(status, "stampede-guard; fwd=uri-miss; stored; ttl=60");
+    let second = fetch(sidecar.listen, "/max-age-60/a", &[]).await;
+    assert_eq!(
+        (second.x_cache(), second.body.as_str()),
+        ("hit", "/max-age-60/a call 1")
+    );
+    for _ in 0..2 {
+        assert_eq!(fetch(sidecar.listen, "/plain", &[]).await.x_cache(), "pass");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_longest_prefix_picks_the_policy() {
     let (origin, calls, _gate) = origin(u64::MAX).await;
@@ -357,7 +391,8 @@ async fn the_longest_prefix_picks_the_policy() {
     let config = write_config(
         dir.path(),
         &format!(
-            "upstream = \"http://{origin}\"\ndefault = \"pass\"\nfresh = \"60s\"\n\n\
+            "upstream = \"http://{origin}\"\ndefault = \"pass\"\nfresh = \"60s\"\n\
+             follow_origin = false\n\n\
              [[routes]]\nname = \"items\"\nprefix = \"/items/\"\n\n\
              [[routes]]\nname = \"hot\"\nprefix = \"/items/hot\"\nkey_query = \"ignore\"\n"
         ),
@@ -392,6 +427,8 @@ async fn sigterm_lets_a_refresh_finish_and_write() {
             format!("http://{origin}"),
             "--redis".to_owned(),
             redis.url(),
+            "--follow-origin".to_owned(),
+            "false".to_owned(),
             "--fresh".to_owned(),
             format!("{}ms", fresh.as_millis()),
             "--grace".to_owned(),

@@ -36,8 +36,15 @@ pub(crate) struct Args {
     )]
     pub(crate) redis: Option<String>,
 
+    /// Whether the origin's Cache-Control, Expires and Age set how long entries are
+    /// fresh and may be served stale, for requests matching no route and routes that do
+    /// not set it [default: true: an HTTP cache; false: --fresh and --grace, whatever
+    /// the origin says].
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub(crate) follow_origin: Option<bool>,
+
     /// How long an entry is fresh, for requests matching no route and routes that do
-    /// not set it [default: 1s].
+    /// not set it, when the origin is not followed [default: 1s].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) fresh: Option<Duration>,
 
@@ -92,6 +99,7 @@ impl fmt::Debug for Args {
             .field("listen", &self.listen)
             .field("upstream", &self.upstream)
             .field("redis", &self.redis.as_deref().map(crate::config::redacted))
+            .field("follow_origin", &self.follow_origin)
             .field("fresh", &self.fresh)
             .field("grace", &self.grace)
             .field("lease", &self.lease)

@@ -48,6 +48,12 @@ macro_rules! with_policy_fields {
             key_headers: Option<Vec<String>>,
             stale_if_error: Option<String>,
             max_body: Option<usize>,
+            follow_origin: Option<bool>,
+            min_fresh: Option<String>,
+            max_fresh: Option<String>,
+            keep: Option<String>,
+            eager_refresh: Option<f64>,
+            xfetch: Option<f64>,
         }
 
         impl $name {
@@ -62,6 +68,12 @@ macro_rules! with_policy_fields {
                     key_headers: self.key_headers.clone(),
                     stale_if_error: self.stale_if_error.clone(),
                     max_body: self.max_body,
+                    follow_origin: self.follow_origin,
+                    min_fresh: self.min_fresh.clone(),
+                    max_fresh: self.max_fresh.clone(),
+                    keep: self.keep.clone(),
+                    eager_refresh: self.eager_refresh,
+                    xfetch: self.xfetch,
                 }
             }
         }
@@ -113,6 +125,12 @@ struct PolicyFields {
     key_headers: Option<Vec<String>>,
     stale_if_error: Option<String>,
     max_body: Option<usize>,
+    follow_origin: Option<bool>,
+    min_fresh: Option<String>,
+    max_fresh: Option<String>,
+    keep: Option<String>,
+    eager_refresh: Option<f64>,
+    xfetch: Option<f64>,
 }
 
 /// `cold_miss = "passthrough"` or `cold_miss = { reject = { retry_after = "2s" } }`.
@@ -294,6 +312,9 @@ impl Settings {
         if args.grace.is_some() {
             base.grace = flag(args.grace);
         }
+        if args.follow_origin.is_some() {
+            base.follow_origin = args.follow_origin;
+        }
         if args.lease.is_some() {
             base.lease = flag(args.lease);
         }
@@ -342,6 +363,12 @@ impl Settings {
                     .stale_if_error
                     .or_else(|| base.stale_if_error.clone()),
                 max_body: fields.max_body.or(base.max_body),
+                follow_origin: fields.follow_origin.or(base.follow_origin),
+                min_fresh: fields.min_fresh.or_else(|| base.min_fresh.clone()),
+                max_fresh: fields.max_fresh.or_else(|| base.max_fresh.clone()),
+                keep: fields.keep.or_else(|| base.keep.clone()),
+                eager_refresh: fields.eager_refresh.or(base.eager_refresh),
+                xfetch: fields.xfetch.or(base.xfetch),
             };
             routes.push(Route {
                 prefix: route.prefix.clone(),
@@ -503,6 +530,23 @@ fn policy(place: &Place<'_>, name: &str, fields: &PolicyFields) -> Result<Policy
     }
     if let Some(bytes) = fields.max_body {
         builder = builder.max_body(bytes);
+    }
+    // An HTTP cache: it follows what the origin says unless told not to.
+    builder = builder.follow_origin(fields.follow_origin.unwrap_or(true));
+    if let Some(floor) = place.duration("min_fresh", &fields.min_fresh)? {
+        builder = builder.min_fresh(floor);
+    }
+    if let Some(ceiling) = place.duration("max_fresh", &fields.max_fresh)? {
+        builder = builder.max_fresh(ceiling);
+    }
+    if let Some(window) = place.duration("keep", &fields.keep)? {
+        builder = builder.keep(window);
+    }
+    if let Some(fraction) = fields.eager_refresh {
+        builder = builder.eager_refresh(fraction);
+    }
+    if let Some(beta) = fields.xfetch {
+        builder = builder.xfetch(beta);
     }
     builder
         .build()

@@ -396,7 +396,7 @@ fn signal(pid: u32, name: &str) {
     assert!(status.success(), "kill -{name} {pid} failed");
 }
 
-fn find_on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn find_on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join(name))
         .find(|path| path.is_file())
@@ -415,6 +415,6 @@ fn redis_server_binary() -> PathBuf {
     })
 }
 
-fn setpriv() -> Option<PathBuf> {
+pub(crate) fn setpriv() -> Option<PathBuf> {
     find_on_path("setpriv")
 }

@@ -41,33 +41,17 @@ const DASHBOARD: &str = "dashboards/stampede-guard.json";
 
 /// The scrape job, and the sidecar's route (its policy's name).
 const JOB: &str = "stampede-guard";
-const ROUTE: &str = "proxy";
+const ROUTE: &str = "default";
 
 /// How long a process may take to answer after it starts, and how long Prometheus may
 /// take to show what happened: far past what a busy machine needs.
 const START: Duration = Duration::from_secs(20);
 const SEEN: Duration = Duration::from_secs(20);
 
-/// The sidecar under test. Today the `proxy` example, which `cargo test` builds with the
-/// tests, next to them: `target/<profile>/examples/proxy`, while this test runs as
-/// `target/<profile>/deps/prometheus-<hash>`. (A `[[bin]]` would be
-/// `env!("CARGO_BIN_EXE_<name>")`, built for every integration test.)
+/// The sidecar under test: the `stampede-sidecar` binary, which cargo builds for every
+/// integration test.
 fn sidecar_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    let profile = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test runs from target/<profile>/deps");
-    let binary = profile
-        .join("examples")
-        .join(format!("proxy{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.is_file(),
-        "{} is missing: `cargo test --all-features` builds the examples with the tests \
-         (with `--test prometheus` alone, `cargo build --all-features --example proxy` first)",
-        binary.display()
-    );
-    binary
+    PathBuf::from(env!("CARGO_BIN_EXE_stampede-sidecar"))
 }
 
 fn tool(name: &str, variable: &str) -> PathBuf {
@@ -381,6 +365,9 @@ async fn start_sidecar(origin: SocketAddr, redis: &str) -> (Spawned, SocketAddr,
             &format!("http://{origin}"),
             "--redis",
             redis,
+            // The test's origin says nothing of freshness: the sidecar's own policy.
+            "--follow-origin",
+            "false",
             "--fresh",
             "1s",
             "--grace",

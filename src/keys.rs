@@ -169,7 +169,7 @@ impl KeySpace {
         format!(
             "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
              +script|load +publish +subscribe +get +set +del +hget +hset +hexists +pexpire \
-             +pttl +type +time +cluster|slots +asking +role"
+             +pttl +type +time +hgetall +hlen +hdel +cluster|slots +asking +role"
         )
     }
 
@@ -278,6 +278,18 @@ impl KeySpace {
     /// fills and invalidations.
     pub fn channel(&self) -> String {
         format!("{}events", self.inner.head)
+    }
+
+    /// The hash of the service's tag purges: when each tag was last purged, under its
+    /// keyed hash ([`tag_id`](Self::tag_id)).
+    pub fn purges_key(&self) -> String {
+        format!("{}purges", self.inner.head)
+    }
+
+    /// The id of a cache tag (`Surrogate-Key`, `Cache-Tag`, or set in code): its keyed
+    /// hash, as purges name it in Redis and on the channel.
+    pub fn tag_id(&self, tag: &str) -> String {
+        self.hash_unchecked("tag", tag.as_bytes())
     }
 
     /// `{head}{{scope}}:{operation}`, checked for length with room for the longest kind.

@@ -34,7 +34,7 @@ mod rules;
 pub mod store;
 
 pub use self::error::ConfigError;
-pub use self::guard::{Guard, GuardLayer, ResponseBody, ResponseFuture, StampedeGuard};
+pub use self::guard::{Guard, GuardLayer, Purge, ResponseBody, ResponseFuture, StampedeGuard};
 pub use self::keys::KeySpace;
 pub use self::policy::{ColdMiss, KeyQuery, Policy};
 pub use self::store::RedisStore;

@@ -99,6 +99,10 @@ names! {
     CIRCUIT_OPEN: Gauge = "stampede_guard_redis_circuit_open", "1 while the Redis circuit breaker is open.";
     /// Hits that started the refresh of a fresh entry early (eager refresh, XFetch).
     EARLY_REFRESHES: Counter = "stampede_guard_early_refreshes_total", "Hits that started an early refresh of a fresh entry.";
+    /// Tags purged through this process, by how (`hard`, `soft`).
+    PURGES: Counter = "stampede_guard_purged_tags_total", "Tags purged through this process, by how.";
+    /// Entries found purged (a tag purged after their fill began), by how.
+    PURGED_READS: Counter = "stampede_guard_purged_entries_total", "Reads that found an entry purged by a tag, by how.";
     /// Conditional requests answered `304 Not Modified` from an entry.
     NOT_MODIFIED: Counter = "stampede_guard_not_modified_total", "Conditional requests answered 304 from an entry.";
     /// Conditional requests to the origin (refreshes and fills of an entry with a
@@ -154,6 +158,8 @@ events! {
     RefreshNotStored => (REFRESHES, "result" => "not_stored"), "A refresh got a response that may not be stored; the fleet backs off as after an error.";
     RefreshRevalidated => (REFRESHES, "result" => "revalidated"), "A refresh asked the origin whether the entry changed, and it had not (304): renewed with the body it had.";
     EarlyRefresh => (EARLY_REFRESHES), "A hit found its entry due for an early refresh (eager refresh or XFetch) and started it.";
+    PurgedHard => (PURGED_READS, "how" => "hard"), "A read found an entry hard-purged by a tag: not served.";
+    PurgedSoft => (PURGED_READS, "how" => "soft"), "A read found a fresh entry soft-purged by a tag: served stale, and refreshed.";
     RefreshSkipped => (REFRESHES, "result" => "skipped"), "A refresh was not started: the refresh budget was spent. The stale entry is served.";
     FencedWriteRefused => (FENCED_WRITES_REFUSED), "A write was refused: a newer entry is stored.";
     NotStored => (NOT_STORED), "An origin response was not stored.";
@@ -258,6 +264,15 @@ pub(crate) fn lease_released(operation: SharedString, result: &'static str, held
     }
     counter!(LEASE_RELEASES, "operation" => operation.clone(), "result" => result).increment(1);
     histogram!(LEASE_HOLD_SECONDS, "operation" => operation).record(held);
+}
+
+/// Tags purged through this process.
+pub(crate) fn purged(how: crate::Purge, tags: usize) {
+    let how = match how {
+        crate::Purge::Hard => "hard",
+        crate::Purge::Soft => "soft",
+    };
+    counter!(PURGES, "how" => how).increment(tags as u64);
 }
 
 /// What kind of metric a name is.

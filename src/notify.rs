@@ -26,6 +26,7 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::guard::Purge;
 use crate::keys::LocalKey;
 use crate::lease::FencingToken;
 use crate::store::{Operation, RedisStore, Request, StoreError};
@@ -43,6 +44,11 @@ pub(crate) trait Hears: Send + Sync + 'static {
     fn ended(&self, key: &str, ending: Ending, lasting: Duration);
     /// Route `route` learned that its responses vary on `names`.
     fn learned(&self, route: &str, names: &[&str]);
+    /// Tags (by id) were purged, at `at` µs of the Redis server's clock.
+    fn purged(&self, how: Purge, at: u64, ids: &[&str]);
+    /// The purges recorded in Redis, read back when the subscription came up (`{id}:h`
+    /// or `{id}:s`, and µs).
+    fn purges_recorded(&self, records: &[(String, String)]);
     /// The subscription came up (again): notices sent before may have been missed.
     fn subscribed(&self);
     /// Once a second while subscribed (for reporting gauges).
@@ -52,6 +58,8 @@ pub(crate) trait Hears: Send + Sync + 'static {
 /// One guard's notices: its channel, its subscription and its waiting callers.
 pub(crate) struct Notices {
     channel: String,
+    /// Where purges are recorded, read back when the subscription comes up.
+    purges_key: String,
     waiters: Arc<Waiters>,
     /// Shared with the subscription's task, which holds it weakly.
     state: Arc<State>,
@@ -74,9 +82,10 @@ impl Drop for Notices {
 }
 
 impl Notices {
-    pub(crate) fn new(channel: String) -> Self {
+    pub(crate) fn new(channel: String, purges_key: String) -> Self {
         Self {
             channel,
+            purges_key,
             waiters: Arc::default(),
             state: Arc::new(State {
                 listening: AtomicBool::new(false),
@@ -124,6 +133,7 @@ impl Notices {
         let task = listen(
             store.clone(),
             self.channel.clone(),
+            self.purges_key.clone(),
             Arc::downgrade(&self.state),
             self.waiters.clone(),
             hears(),
@@ -238,6 +248,7 @@ const PING_EVERY: Duration = Duration::from_secs(1);
 async fn listen(
     store: RedisStore,
     channel: String,
+    purges_key: String,
     state: Weak<State>,
     waiters: Arc<Waiters>,
     hears: Weak<dyn Hears>,
@@ -250,6 +261,16 @@ async fn listen(
         {
             let Some(guard) = hears.upgrade() else { return };
             guard.subscribed();
+            // Purges sent while the subscription was down are recorded: read them back
+            // (after subscribing, so that none falls between the two).
+            let mut hgetall = redis::cmd("HGETALL");
+            hgetall.arg(&purges_key);
+            if let Ok(records) = store
+                .run::<Vec<(String, String)>>(Operation::Read, Request::Command(&hgetall))
+                .await
+            {
+                guard.purges_recorded(&records);
+            }
             drop(guard);
             let Some(subscribed) = state.upgrade().map(|s| s.subscribed.clone()) else {
                 return;
@@ -303,6 +324,7 @@ fn deliver(guard: &dyn Hears, waiters: &Waiters, payload: &[u8]) {
             waiters.wake(key);
         }
         Some(Notice::Learned(route, names)) => guard.learned(route, &names),
+        Some(Notice::Purged(how, at, ids)) => guard.purged(how, at, &ids),
         None => {}
     }
 }
@@ -326,7 +348,9 @@ pub(crate) enum Ending {
 ///   tombstone's token (sent by the invalidation script);
 /// * `e {pass|error|gone} {ms} {entry key}`: a fill's lease ended without a write, and
 ///   what to make of the key for the next `ms`;
-/// * `v {route} {name,name,...}`: a route learned the headers its responses vary on.
+/// * `v {route} {name,name,...}`: a route learned the headers its responses vary on;
+/// * `p {h|s} {µs} {tag id} {tag id}...`: tags were purged, hard or soft, at that time
+///   of the server's clock (sent by the purge script).
 ///
 /// The local key comes last, after a space no entry key holds, so that a fleet in the
 /// middle of an upgrade keeps hearing itself: versions from before local keys sent
@@ -339,6 +363,7 @@ pub(crate) enum Notice<'a> {
     Invalidated(&'a str, FencingToken, Option<LocalKey>),
     Ended(&'a str, Ending, Duration),
     Learned(&'a str, Vec<&'a str>),
+    Purged(Purge, u64, Vec<&'a str>),
 }
 
 /// The entry key and the local key that end `f` and `i` notices; `None` for a local
@@ -378,6 +403,13 @@ impl std::fmt::Display for Notice<'_> {
                 write!(f, "e {how} {} {key}", lasting.as_millis())
             }
             Self::Learned(route, names) => write!(f, "v {route} {}", names.join(",")),
+            Self::Purged(how, at, ids) => {
+                let how = match how {
+                    Purge::Hard => "h",
+                    Purge::Soft => "s",
+                };
+                write!(f, "p {how} {at} {}", ids.join(" "))
+            }
         }
     }
 }
@@ -413,6 +445,20 @@ impl<'a> Notice<'a> {
                     Duration::from_millis(ms.parse().ok()?),
                 ))
             }
+            "p" => {
+                let (how, rest) = rest.split_once(' ')?;
+                let how = match how {
+                    "h" => Purge::Hard,
+                    "s" => Purge::Soft,
+                    _ => return None,
+                };
+                let (at, ids) = rest.split_once(' ')?;
+                Some(Self::Purged(
+                    how,
+                    at.parse().ok()?,
+                    ids.split(' ').filter(|id| !id.is_empty()).collect(),
+                ))
+            }
             "v" => {
                 let (route, names) = rest.split_once(' ')?;
                 Some(Self::Learned(
@@ -445,6 +491,8 @@ mod tests {
             Notice::Ended("sg:k:entry", Ending::Error, Duration::from_millis(400)),
             Notice::Ended("sg:k:entry", Ending::Gone, Duration::ZERO),
             Notice::Learned("items", vec!["accept-language", "x-tenant"]),
+            Notice::Purged(Purge::Hard, 1_700_000_000_000_000, vec!["tag_ab", "tag_cd"]),
+            Notice::Purged(Purge::Soft, 1, vec!["tag_ab"]),
         ];
         for notice in notices {
             let wire = notice.to_string();

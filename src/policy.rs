@@ -87,6 +87,8 @@ pub struct Policy {
     pub(crate) follow_origin: bool,
     pub(crate) min_fresh: Duration,
     pub(crate) max_fresh: Duration,
+    /// Tags every entry of the route carries, for purges.
+    pub(crate) tags: Vec<String>,
     /// False for a route that is never cached: every request goes to the origin.
     pub(crate) cache: bool,
 }
@@ -123,6 +125,7 @@ impl fmt::Debug for Policy {
             .field("follow_origin", &self.follow_origin)
             .field("min_fresh", &self.min_fresh)
             .field("max_fresh", &self.max_fresh)
+            .field("tags", &self.tags)
             .field("cache", &self.cache)
             .finish()
     }
@@ -193,6 +196,7 @@ impl Policy {
                 follow_origin: false,
                 min_fresh: Duration::ZERO,
                 max_fresh: Duration::from_secs(24 * 3600),
+                tags: Vec::new(),
                 cache: true,
             },
             header_error: None,
@@ -569,6 +573,20 @@ impl PolicyBuilder {
         self
     }
 
+    /// Tags every entry of the route carries, besides those its answers name in
+    /// `Surrogate-Key` and `Cache-Tag`: [`StampedeGuard::purge_tags`] with one of them
+    /// purges the whole route.
+    ///
+    /// [`StampedeGuard::purge_tags`]: crate::StampedeGuard::purge_tags
+    pub fn tags<I, T>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        self.policy.tags = tags.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Never cache this route: every request goes to the origin, marked
     /// `x-cache: bypass`. For routes that must not be cached but sit behind a layer
     /// that is applied to many.
@@ -736,6 +754,9 @@ impl PolicyBuilder {
                 format!("{beta} must be above 0 and at most 100"),
             ));
         }
+        if p.tags.iter().any(|t| t.trim().is_empty()) {
+            return Err(ConfigError::invalid("tags", "an empty tag"));
+        }
         if p.min_fresh > p.max_fresh {
             return Err(ConfigError::invalid(
                 "min_fresh",
@@ -860,6 +881,7 @@ mod tests {
                 "min_fresh",
             ),
             (b().max_fresh(Duration::ZERO), "max_fresh"),
+            (b().tags(["a", " "]), "tags"),
             (b().max_fresh(Duration::from_secs(2 * 86400)), "max_fresh"),
         ];
         for (builder, field) in cases {

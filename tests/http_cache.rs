@@ -601,3 +601,168 @@ async fn origin_directives_set_freshness_within_the_route_bounds() {
     assert_eq!(fetch(follows, &must, &[]).await.x_cache(), "miss");
     assert_eq!(fetch(follows, &swr, &[]).await.x_cache(), "miss");
 }
+
+/// An origin for `/p/{n}` whose answers are tagged `p{n}` and `group-{n % 2}` (half in
+/// `Surrogate-Key`, half in `Cache-Tag`), versioned by call, after `delay`; `/u` is
+/// untagged.
+fn tagged(calls: Arc<AtomicU64>, delay: Duration, layer: GuardLayer) -> Router {
+    let handler = move |uri: http::Uri| {
+        let calls = calls.clone();
+        async move {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(delay).await;
+            let path = uri.path().to_owned();
+            let mut headers = HeaderMap::new();
+            if let Some(id) = path.strip_prefix("/p/") {
+                let id: u64 = id.parse().unwrap();
+                let tags = format!("p{id} group-{}", id % 2);
+                if id.is_multiple_of(2) {
+                    headers.insert("surrogate-key", tags.parse().unwrap());
+                } else {
+                    headers.insert("cache-tag", tags.replace(' ', ", ").parse().unwrap());
+                }
+            }
+            (headers, format!("{path} v{n}"))
+        }
+    };
+    Router::new()
+        .route("/p/{id}", get(handler.clone()).layer(layer.clone()))
+        .route("/u", get(handler).layer(layer))
+}
+
+fn tagged_policy() -> Policy {
+    Policy::builder("tagged")
+        .fresh_ttl(Duration::from_secs(60))
+        .grace(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// A hard purge of a tag, from one instance, removes exactly the entries tagged with
+/// it, on both instances: they are filled again (once for the fleet), and the others
+/// are still hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_purge_removes_exactly_the_tagged_entries_on_every_instance() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicU64::new(0));
+    let (a, b) = (ready_guard(&server).await, ready_guard(&server).await);
+    let (layer_a, layer_b) = (
+        a.layer(tagged_policy()).unwrap(),
+        b.layer(tagged_policy()).unwrap(),
+    );
+    let addr_a = serve(tagged(calls.clone(), Duration::ZERO, layer_a)).await;
+    let addr_b = serve(tagged(calls.clone(), Duration::ZERO, layer_b)).await;
+    let paths = ["/p/1", "/p/2", "/p/3", "/p/4", "/u"];
+    for path in paths {
+        assert_eq!(fetch(addr_a, path, &[]).await.x_cache(), "miss");
+        assert_eq!(fetch(addr_b, path, &[]).await.x_cache(), "hit");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+
+    a.purge_tags(["group-0"], stampede_guard::Purge::Hard)
+        .await
+        .unwrap();
+    // The even ones, on b first (once it heard the purge): filled again, once.
+    for path in ["/p/2", "/p/4"] {
+        assert!(
+            eventually(HANG, || async {
+                let got = fetch(addr_b, path, &[]).await;
+                got.x_cache() == "miss" || !got.body.ends_with(" v2") && !got.body.ends_with(" v4")
+            })
+            .await,
+            "{path} on b after the purge"
+        );
+        let got = fetch(addr_a, path, &[]).await;
+        assert_eq!(got.x_cache(), "hit", "{path} on a: b's new entry");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 7);
+    for path in ["/p/1", "/p/3", "/u"] {
+        for addr in [addr_a, addr_b] {
+            assert_eq!(fetch(addr, path, &[]).await.x_cache(), "hit", "{path}");
+        }
+    }
+    // A purge of one key's tag (in Cache-Tag).
+    b.purge_tags(["p3"], stampede_guard::Purge::Hard)
+        .await
+        .unwrap();
+    assert_eq!(fetch(addr_b, "/p/3", &[]).await.x_cache(), "miss");
+    assert!(
+        eventually(HANG, || async {
+            fetch(addr_a, "/p/3", &[]).await.body == "/p/3 v8"
+        })
+        .await
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 8);
+}
+
+/// A soft purge under load: every caller is answered at once from the purged entries
+/// (stale), and the origin is called once per purged key for the whole fleet, not once
+/// per caller; an entry without the tag is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soft_purge_under_load_refreshes_each_key_once_for_the_fleet() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicU64::new(0));
+    let (a, b) = (ready_guard(&server).await, ready_guard(&server).await);
+    let (layer_a, layer_b) = (
+        a.layer(tagged_policy()).unwrap(),
+        b.layer(tagged_policy()).unwrap(),
+    );
+    let delay = Duration::from_millis(200);
+    let addr_a = serve(tagged(calls.clone(), delay, layer_a.clone())).await;
+    let addr_b = serve(tagged(calls.clone(), delay, layer_b.clone())).await;
+    let keys = ["/p/1", "/p/2", "/p/3", "/p/4"];
+    for path in keys.iter().chain(&["/u"]) {
+        assert_eq!(fetch(addr_a, path, &[]).await.x_cache(), "miss");
+        assert_eq!(fetch(addr_b, path, &[]).await.x_cache(), "hit");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+
+    // Both group tags: every /p/ key.
+    a.purge_tags(["group-0", "group-1"], stampede_guard::Purge::Soft)
+        .await
+        .unwrap();
+    let mut burst = Vec::new();
+    for round in 0..10 {
+        for (i, &path) in keys.iter().enumerate() {
+            let addr = if (round + i) % 2 == 0 { addr_a } else { addr_b };
+            burst.push(tokio::spawn(
+                async move { (path, fetch(addr, path, &[]).await) },
+            ));
+        }
+    }
+    for answer in burst {
+        let (path, got) = answer.await.unwrap();
+        assert_eq!(got.status, StatusCode::OK);
+        // At once, from the entry: stale (or a hit on b before it heard the purge, or
+        // the refreshed entry once it landed).
+        assert!(
+            ["stale", "hit"].contains(&got.x_cache()),
+            "{path}: {}",
+            got.x_cache()
+        );
+    }
+    for path in keys {
+        assert!(
+            eventually(HANG, || async {
+                let (a, b) = (
+                    fetch(addr_a, path, &[]).await,
+                    fetch(addr_b, path, &[]).await,
+                );
+                a.x_cache() == "hit"
+                    && b.x_cache() == "hit"
+                    && a.body == b.body
+                    && !a.body.ends_with(&format!(" v{}", &path[3..]))
+            })
+            .await,
+            "{path} refreshed on both"
+        );
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        5 + keys.len() as u64,
+        "one call per key"
+    );
+    assert_eq!(fetch(addr_a, "/u", &[]).await.body, "/u v5");
+    let soft = layer_a.stats().get(Event::PurgedSoft) + layer_b.stats().get(Event::PurgedSoft);
+    assert!(soft >= keys.len() as u64, "{soft} soft-purged reads");
+}

@@ -21,6 +21,7 @@ static WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/write.lua"))));
 static REVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/revalidate.lua"))));
+static PURGE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/purge.lua")));
 static INVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/invalidate.lua"))));
 
@@ -205,4 +206,29 @@ pub(crate) async fn invalidate(
         .run(Operation::Invalidate, Request::Script(&invocation))
         .await?;
     Ok((existed == 1, FencingToken::new(token.max(1) as u64)))
+}
+
+/// Purges `ids` (tag ids), hard or soft, for the fleet (see `purge.lua`); records kept
+/// for `retention`. Returns the purge's time on the server's clock, in µs.
+pub(crate) async fn purge(
+    store: &RedisStore,
+    purges_key: &str,
+    channel: &str,
+    soft: bool,
+    retention: Duration,
+    ids: &[String],
+) -> Result<u64, StoreError> {
+    let mut invocation = PURGE.prepare_invoke();
+    invocation
+        .key(purges_key)
+        .arg(if soft { "s" } else { "h" })
+        .arg(channel)
+        .arg(retention.as_micros() as u64);
+    for id in ids {
+        invocation.arg(id);
+    }
+    let at: i64 = store
+        .run(Operation::Invalidate, Request::Script(&invocation))
+        .await?;
+    Ok(at.max(0) as u64)
 }

@@ -24,6 +24,12 @@ pub(crate) struct Stored {
     /// [`L1::put`](super::L1::put)): an entry from an earlier epoch may have missed an
     /// invalidation.
     pub(super) epoch: AtomicU64,
+    /// When its fill began, in µs of the Redis server's clock: its fencing token (issued
+    /// from that clock when the fill took its lease), or for an entry filled without
+    /// Redis, this machine's time. Purges of its tags before then hide it.
+    created: u64,
+    /// The ids of its tags (see `guard::purge`), made when first needed.
+    pub(crate) tag_ids: std::sync::OnceLock<Box<[String]>>,
 }
 
 /// Where an entry is in its life.
@@ -70,13 +76,29 @@ impl Stored {
         }
         let got_at = Instant::now();
         let expires_at = got_at + response.keep.saturating_sub(age);
+        let created = response.token.get();
         Self {
             response,
             got_at,
             age_when_got: age,
             expires_at,
             epoch: AtomicU64::new(0),
+            created,
+            tag_ids: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The entry, filled at `created` (µs, see [`Stored::created`]) rather than at its
+    /// token.
+    pub(crate) fn created_at(mut self, created: u64) -> Self {
+        self.created = created;
+        self
+    }
+
+    /// When its fill began, in µs of the Redis server's clock (or, filled without
+    /// Redis, of this machine's).
+    pub(crate) fn created(&self) -> u64 {
+        self.created
     }
 
     /// The headers of an answer from this entry: a clone of the stored ones, with the

@@ -101,6 +101,8 @@ pub(crate) fn answer_fresh<B: Body>(
 /// Where an entry `age` old is in its life, for this process.
 fn freshness(route: &Route, stored: &Stored, age: Duration) -> Freshness {
     match stored.freshness_at(age) {
+        // Soft-purged by a tag: served stale, and refreshed.
+        Freshness::Fresh if route.purge_of(stored).is_some() => Freshness::Stale,
         // Put in L1 before the notice subscription last came up: it may have missed an
         // invalidation. Served, but not as fresh.
         Freshness::Fresh

@@ -580,7 +580,9 @@ pub(crate) async fn landed_meanwhile(
     seen: FencingToken,
     notified: bool,
 ) -> Option<Arc<Stored>> {
-    let usable = |s: &Stored| s.freshness() != Freshness::Expired && s.response.token >= seen;
+    let usable = |s: &Stored| {
+        s.freshness() != Freshness::Expired && s.response.token >= seen && !route.is_gone(s)
+    };
     if let Some(stored) = route.l1().get(&keys.local, crate::cache::Instant::now())
         && usable(&stored)
         && !invalidated(&route.shared.tombstones, keys.local.response, &stored)
@@ -641,7 +643,9 @@ pub(crate) async fn wait_for_remote(
             }
         }
         match l2_read(&route.shared.store, keys, route.policy.max_body).await {
-            Ok(L2Read::Found(stored)) if stored.freshness() != Freshness::Expired => {
+            Ok(L2Read::Found(stored))
+                if stored.freshness() != Freshness::Expired && !route.is_gone(&stored) =>
+            {
                 route.put_l1(keys, stored.clone()).await;
                 return Woke::Entry(stored);
             }

@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 use super::budget::Budget;
 use super::layer::GuardLayer;
 use super::marks::{Mark, Marks};
+use super::purge::{Purge, Purges, local_micros};
 use super::refresh::RefreshMap;
 use super::vary::Learned;
 use crate::cache::{L1, Tombstones, new_tombstones};
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     pub(crate) notices: Notices,
     /// Keys whose last fill wrote nothing: pass them through, or serve stale at once.
     pub(crate) marks: Marks,
+    /// The tag purges heard: what every read checks an entry's tags against.
+    pub(crate) purges: Purges,
     /// Bounds the refreshes and cold fills at work at once.
     pub(crate) budget: Budget,
     /// The routes made from this guard, by name (a name is refused twice: its metrics
@@ -177,6 +180,53 @@ impl StampedeGuard {
     pub fn store(&self) -> &RedisStore {
         &self.shared.store
     }
+
+    /// Purges every entry tagged with any of `tags`, on every route and every instance
+    /// of the fleet, in one call, without a list of keys (see [`Purge`] and the
+    /// [purge module docs](super::purge)): `Purge::Hard` makes them gone,
+    /// `Purge::Soft` stale (served while one caller in the fleet refreshes each). An
+    /// entry's tags are what its answer named in `Surrogate-Key` (space-separated) and
+    /// `Cache-Tag` (comma-separated), and its route's
+    /// [`tags`](crate::policy::PolicyBuilder::tags).
+    ///
+    /// Takes effect in this process at once, and on the others when they hear it (or,
+    /// if their subscription is down, when it comes back). On a Redis error, only
+    /// this process purges, and the error says so.
+    pub async fn purge_tags<I, T>(&self, tags: I, how: Purge) -> Result<(), StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: AsRef<str>,
+    {
+        let shared = &self.shared;
+        let ids: Vec<String> = tags
+            .into_iter()
+            .map(|tag| shared.keys.tag_id(tag.as_ref()))
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let result = if shared.store.is_local_only() {
+            Ok(local_micros())
+        } else {
+            // Records matter as long as an entry may be kept: three days at most.
+            let retention = Duration::from_secs(3 * 24 * 3600);
+            crate::cache::purge(
+                &shared.store,
+                &shared.keys.purges_key(),
+                shared.notices.channel(),
+                how == Purge::Soft,
+                retention,
+                &ids,
+            )
+            .await
+        };
+        let at = *result.as_ref().unwrap_or(&local_micros());
+        for id in &ids {
+            shared.purges.note(id, how, at);
+        }
+        crate::metrics::purged(how, ids.len());
+        result.map(|_| ())
+    }
 }
 
 impl Shared {
@@ -246,6 +296,16 @@ impl Hears for Shared {
             Ending::Error => self.marks.set(key, Mark::BackOff, lasting),
             Ending::Gone => {}
         }
+    }
+
+    fn purged(&self, how: Purge, at: u64, ids: &[&str]) {
+        for id in ids {
+            self.purges.note(id, how, at);
+        }
+    }
+
+    fn purges_recorded(&self, records: &[(String, String)]) {
+        self.purges.load(records);
     }
 
     fn learned(&self, route: &str, names: &[&str]) {
@@ -347,6 +407,7 @@ impl GuardBuilder {
         // here, rather than on the first request.
         let _ = crate::cache::Instant::now();
         let channel = self.keys.channel();
+        let purges_key = self.keys.purges_key();
         Ok(StampedeGuard {
             shared: Arc::new(Shared {
                 store: self.store,
@@ -354,7 +415,8 @@ impl GuardBuilder {
                 leases,
                 l1: L1::new(self.l1_capacity),
                 tombstones: new_tombstones(),
-                notices: Notices::new(channel),
+                notices: Notices::new(channel, purges_key),
+                purges: Purges::default(),
                 marks: Marks::default(),
                 budget: Budget::new(self.refresh_budget),
                 routes: Mutex::default(),

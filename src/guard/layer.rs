@@ -37,6 +37,7 @@ impl GuardLayer {
         metrics::gauge!(crate::metrics::LEASE_TTL_SECONDS, "route" => policy.route.clone())
             .set(policy.lease_ttl.as_secs_f64());
         let hashers = shared.keys.local_hashers(&policy.route);
+        let policy_tags = policy.tags.iter().map(|t| shared.keys.tag_id(t)).collect();
         Self {
             route: Arc::new(Route {
                 hashers,
@@ -46,6 +47,7 @@ impl GuardLayer {
                 flights: Arc::default(),
                 learned,
                 recompute: Default::default(),
+                tag_ids: policy_tags,
             }),
         }
     }

@@ -115,6 +115,7 @@ mod handle;
 mod layer;
 mod marks;
 mod origin;
+mod purge;
 mod refresh;
 mod route;
 mod service;
@@ -124,6 +125,7 @@ pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::handle::{DEFAULT_L1_CAPACITY, DEFAULT_REFRESH_BUDGET, GuardBuilder, StampedeGuard};
 pub use self::layer::GuardLayer;
+pub use self::purge::{MARGIN as PURGE_MARGIN, Purge};
 pub use self::service::Guard;
 
 pub(crate) use self::conditional::is_conditional;

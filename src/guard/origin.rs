@@ -477,7 +477,12 @@ fn entry_of(
             Claim::Local(token) => *token,
         },
     };
-    Arc::new(Stored::aged(response, Duration::ZERO))
+    let stored = Stored::aged(response, Duration::ZERO);
+    Arc::new(match claim {
+        // Its token is not the time its fill began: this machine's time is.
+        Claim::Local(_) => stored.created_at(super::purge::local_micros()),
+        Claim::Leased(_) => stored,
+    })
 }
 
 /// How an entry goes to L2.

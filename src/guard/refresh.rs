@@ -180,7 +180,10 @@ where
     let redis_up = match read {
         // An expired entry is never taken (it would stand in for nothing), but is known:
         // what is written after it is another instance's refresh.
-        Ok(L2Read::Found(stored)) if stored.freshness() == Freshness::Expired => {
+        // Nor is one purged by a tag: it is what this refresh replaces.
+        Ok(L2Read::Found(stored))
+            if stored.freshness() == Freshness::Expired || route.purge_of(&stored).is_some() =>
+        {
             seen = seen.max(stored.response.token);
             true
         }

@@ -10,8 +10,10 @@ use http::Request;
 use super::early::Recompute;
 use super::flight::Flights;
 use super::handle::Shared;
+use super::purge::Purge;
 use super::vary::Learned;
 use crate::cache::{L1, Stored, l2_invalidate};
+use crate::metrics::Event;
 use std::hash::Hasher;
 
 use siphasher::sip128::Hasher128;
@@ -38,6 +40,8 @@ pub(crate) struct Route {
     pub(crate) hashers: LocalHashers,
     /// How long its origin takes to answer a refresh or a fill (for XFetch).
     pub(crate) recompute: Recompute,
+    /// The ids of the tags its policy gives every entry.
+    pub(crate) tag_ids: Box<[String]>,
 }
 
 impl Route {
@@ -97,6 +101,46 @@ impl Route {
                 made
             })
             .ok()
+    }
+
+    /// Whether a purge of one of its tags reached `stored` (see [`purge`](super::purge)),
+    /// counted.
+    pub(crate) fn purge_of(&self, stored: &Stored) -> Option<Purge> {
+        let shared = &self.shared;
+        let verdict =
+            shared
+                .purges
+                .verdict(&shared.keys, &self.tag_ids, stored, self.purge_margin());
+        match verdict {
+            Some(Purge::Hard) => self.stats.record(Event::PurgedHard),
+            Some(Purge::Soft) => self.stats.record(Event::PurgedSoft),
+            None => {}
+        }
+        verdict
+    }
+
+    /// Whether `stored` was hard-purged: it may not be served, nor stand in for a
+    /// failing origin.
+    pub(crate) fn is_gone(&self, stored: &Stored) -> bool {
+        let shared = &self.shared;
+        let gone = shared
+            .purges
+            .verdict(&shared.keys, &self.tag_ids, stored, self.purge_margin())
+            == Some(Purge::Hard);
+        if gone {
+            self.stats.record(Event::PurgedHard);
+        }
+        gone
+    }
+
+    /// How far apart the clocks an entry's token and a purge's time come from may be:
+    /// a cluster's nodes (see [`purge`](super::purge)).
+    fn purge_margin(&self) -> Duration {
+        if self.shared.store.is_cluster() {
+            super::purge::MARGIN
+        } else {
+            Duration::ZERO
+        }
     }
 
     /// Whether `stored` may stand in for a failed origin now: within the route's

@@ -116,7 +116,8 @@ where
         // key string: the Redis keys are made only past L1).
         let local = route.local_key(&request);
         let now = Instant::now();
-        let fallback = match route.l1().get(&local, now) {
+        // (An entry hard-purged by a tag is not there: see `purge`.)
+        let fallback = match route.l1().get(&local, now).filter(|s| !route.is_gone(s)) {
             Some(stored) => {
                 let age = stored.age_at(now);
                 let early = early::due(route, &stored, age);
@@ -217,6 +218,9 @@ where
             Ok(L2Read::Miss)
         };
         match read {
+            Ok(L2Read::Found(stored)) if route.is_gone(&stored) => {
+                route.stats.record(Event::L2Miss);
+            }
             Ok(L2Read::Found(stored)) => {
                 route.stats.record(Event::L2Hit);
                 route.put_l1(&keys, stored.clone()).await;

@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use http::{StatusCode, Uri};
-use support::http::{fetch, serve};
+use support::http::{fetch, post_json, serve};
 use support::{HANG, RedisServer, eventually};
 use tokio::sync::watch;
 
@@ -180,14 +180,17 @@ async fn answer(State(origin): State<Origin>, uri: Uri) -> impl IntoResponse {
     if n > origin.fast {
         let _ = origin.gate.clone().wait_for(|open| *open).await;
     }
-    // Under /max-age-60/, the origin says how long its answer is fresh.
-    let cache_control = if uri.path().starts_with("/max-age-60/") {
-        "max-age=60"
+    // Under /max-age-60/, the origin says how long its answer is fresh, and tags it.
+    let (cache_control, tags) = if uri.path().starts_with("/max-age-60/") {
+        ("max-age=60", "all")
     } else {
-        "public"
+        ("public", "")
     };
     (
-        [(http::header::CACHE_CONTROL, cache_control)],
+        [
+            (http::header::CACHE_CONTROL, cache_control),
+            (http::HeaderName::from_static("surrogate-key"), tags),
+        ],
         format!("{} call {n}", uri.path()),
     )
 }
@@ -382,6 +385,76 @@ async fn the_sidecar_follows_the_origin_by_default() {
         assert_eq!(fetch(sidecar.listen, "/plain", &[]).await.x_cache(), "pass");
     }
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// Purges over HTTP, behind the admin token: by path (that entry only) and by tag (hard:
+/// gone; soft: stale, then refreshed once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purges_over_http_need_the_token() {
+    let redis = RedisServer::start();
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--redis",
+        &redis.url(),
+        "--admin",
+        "127.0.0.1:0",
+        "--admin-token",
+        "s3cret",
+    ]);
+    let admin = sidecar.admin.expect("an admin listener");
+    let get = |path: &'static str| fetch(sidecar.listen, path, &[]);
+    let auth = [("authorization", "Bearer s3cret")];
+    assert_eq!(get("/max-age-60/a").await.x_cache(), "miss");
+    assert_eq!(get("/max-age-60/b").await.x_cache(), "miss");
+
+    let tags = r#"{"tags": ["all"]}"#;
+    let refused = post_json(admin, "/purge/tags", &[], tags).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    let wrong = post_json(admin, "/purge/tags", &[("authorization", "Bearer x")], tags).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(get("/max-age-60/a").await.x_cache(), "hit");
+
+    // By path: that entry only.
+    let by_path = post_json(admin, "/purge/path", &auth, r#"{"path": "/max-age-60/a"}"#).await;
+    assert_eq!(by_path.status, StatusCode::OK, "{}", by_path.body);
+    assert_eq!(by_path.body, r#"{"existed":true}"#);
+    assert_eq!(get("/max-age-60/a").await.x_cache(), "miss");
+    assert_eq!(get("/max-age-60/b").await.x_cache(), "hit");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    // Soft, by tag: both stale, refreshed once each.
+    let soft = post_json(
+        admin,
+        "/purge/tags",
+        &auth,
+        r#"{"tags": ["all"], "soft": true}"#,
+    )
+    .await;
+    assert_eq!(soft.status, StatusCode::OK, "{}", soft.body);
+    for path in ["/max-age-60/a", "/max-age-60/b"] {
+        assert_eq!(fetch(sidecar.listen, path, &[]).await.x_cache(), "stale");
+    }
+    assert!(
+        eventually(HANG, || async {
+            get("/max-age-60/a").await.x_cache() == "hit"
+                && get("/max-age-60/b").await.x_cache() == "hit"
+        })
+        .await
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+
+    // Hard, by tag: gone.
+    let hard = post_json(admin, "/purge/tags", &auth, tags).await;
+    assert_eq!(hard.status, StatusCode::OK, "{}", hard.body);
+    assert_eq!(get("/max-age-60/b").await.x_cache(), "miss");
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    // Bad requests are refused, naming what is wrong.
+    let empty = post_json(admin, "/purge/tags", &auth, r#"{"tags": []}"#).await;
+    assert_eq!(empty.status, StatusCode::BAD_REQUEST);
+    let relative = post_json(admin, "/purge/path", &auth, r#"{"path": "items"}"#).await;
+    assert_eq!(relative.status, StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,3 +66,33 @@ pub(crate) async fn fetch_method(addr: SocketAddr, method: &str, path: &str) -> 
     };
     super::within(super::HANG, exchange, format!("{method} {path} on {addr}")).await
 }
+
+/// `POST path` with a JSON `body` and `headers`, on a connection of its own, within
+/// [`HANG`](super::HANG).
+pub(crate) async fn post_json(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Got {
+    let exchange = async {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let mut request = Request::post(path)
+            .header("host", "admin.example")
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(http_body_util::Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        Got::new(parts, body.collect().await.unwrap().to_bytes())
+    };
+    super::within(super::HANG, exchange, format!("POST {path} on {addr}")).await
+}

@@ -5,8 +5,14 @@
 //!   (`redis: "down"` is still 200: the sidecar serves from its local cache meanwhile).
 //! * `GET /readyz`: 200, or 503 once a SIGTERM or SIGINT started the drain.
 //!
-//! Endpoints that change what the sidecar holds go in [`protected`], behind the bearer
-//! token (`--admin-token`, `admin_token`).
+//! Endpoints that change what the sidecar holds are behind the bearer token
+//! (`--admin-token`, `admin_token`; without one they answer 403):
+//!
+//! * `POST /purge/tags` with `{"tags": ["a", "b"], "soft": false}`: purges every entry
+//!   tagged with one of them (`Surrogate-Key`, `Cache-Tag`), on every sidecar of the
+//!   fleet; soft makes them stale instead of gone (`StampedeGuard::purge_tags`).
+//! * `POST /purge/path` with `{"path": "/items/1?page=2"}`: removes the entry of that
+//!   path and query, and its variants, on every sidecar (`GuardLayer::invalidate`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,11 +20,13 @@ use std::time::Duration;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::{StatusCode, header};
-use stampede_guard::StampedeGuard;
+use serde::Deserialize;
+use stampede_guard::{Purge, StampedeGuard};
 
+use crate::routes::Routes;
 use crate::shutdown::Shutdown;
 
 /// How long `/healthz` waits for Redis to answer a PING (the store's own deadline may be
@@ -32,6 +40,8 @@ pub(crate) struct Admin {
     pub(crate) shutdown: Shutdown,
     /// Asked of protected endpoints; none of them answers without it.
     pub(crate) token: Option<Arc<str>>,
+    /// The routes' layers, for purges by path.
+    pub(crate) routes: Option<Routes>,
 }
 
 /// The admin router.
@@ -42,13 +52,89 @@ pub(crate) fn router(admin: Admin) -> Router {
     open.merge(protected(&admin)).with_state(admin)
 }
 
-/// Endpoints behind the bearer token: add them here.
+/// Endpoints behind the bearer token.
 fn protected(admin: &Admin) -> Router<Admin> {
-    let routes = Router::new();
-    if !routes.has_routes() {
-        return routes;
+    Router::new()
+        .route("/purge/tags", post(purge_tags))
+        .route("/purge/path", post(purge_path))
+        .route_layer(middleware::from_fn_with_state(admin.clone(), require_token))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PurgeTags {
+    tags: Vec<String>,
+    #[serde(default)]
+    soft: bool,
+}
+
+async fn purge_tags(
+    State(admin): State<Admin>,
+    Json(asked): Json<PurgeTags>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    if asked.tags.is_empty() || asked.tags.iter().any(|t| t.trim().is_empty()) {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": "`tags` must name at least one tag, none empty"})),
+        );
     }
-    routes.route_layer(middleware::from_fn_with_state(admin.clone(), require_token))
+    let how = if asked.soft { Purge::Soft } else { Purge::Hard };
+    match admin.guard.purge_tags(&asked.tags, how).await {
+        Ok(()) => (
+            StatusCode::OK,
+            Json(serde_json::json!({"purged": asked.tags.len(), "soft": asked.soft})),
+        ),
+        // Purged here; the rest of the fleet did not hear of it.
+        Err(error) => (
+            StatusCode::BAD_GATEWAY,
+            Json(serde_json::json!({
+                "purged": asked.tags.len(),
+                "soft": asked.soft,
+                "error": format!("only this sidecar purged: {error}"),
+            })),
+        ),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PurgePath {
+    path: String,
+}
+
+async fn purge_path(
+    State(admin): State<Admin>,
+    Json(asked): Json<PurgePath>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let request = match http::Request::get(asked.path.as_str()).body(()) {
+        Ok(request) if asked.path.starts_with('/') => request,
+        _ => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({"error": "`path` must be a path and query, from /"})),
+            );
+        }
+    };
+    let Some(layer) = admin
+        .routes
+        .as_ref()
+        .and_then(|routes| routes.layer(request.uri().path()))
+    else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"error": "no cached route serves this path"})),
+        );
+    };
+    match layer.invalidate(&request).await {
+        Ok(existed) => (
+            StatusCode::OK,
+            Json(serde_json::json!({"existed": existed})),
+        ),
+        Err(error) => (
+            StatusCode::BAD_GATEWAY,
+            Json(serde_json::json!({"error": format!("only this sidecar purged: {error}")})),
+        ),
+    }
 }
 
 async fn healthz(State(admin): State<Admin>) -> Json<serde_json::Value> {
@@ -128,6 +214,7 @@ mod tests {
                 .unwrap(),
             shutdown: Shutdown::new(),
             token: token.map(Arc::from),
+            routes: None,
         }
     }
 

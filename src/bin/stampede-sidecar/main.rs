@@ -120,6 +120,7 @@ async fn run(settings: Settings) -> Result<(), Failure> {
             guard: guard.clone(),
             shutdown: shutdown.clone(),
             token: settings.admin_token.as_deref().map(Arc::from),
+            routes: Some(routes.clone()),
         });
         let listener = bind(addr).await?;
         println!("admin on http://{}", listener.local_addr().unwrap_or(addr));

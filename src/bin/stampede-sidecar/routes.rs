@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request};
-use stampede_guard::StampedeGuard;
+use stampede_guard::{GuardLayer, StampedeGuard};
 use tower::util::BoxCloneSyncService;
 use tower::util::Oneshot;
 use tower::{Layer, ServiceExt};
@@ -25,6 +25,8 @@ pub(crate) struct Routes {
     routes: Arc<[(String, Route)]>,
     /// For requests that match no route.
     unrouted: Route,
+    /// Each route's layer, in the same order (for purges by path); the default's last.
+    layers: Arc<[(String, GuardLayer)]>,
 }
 
 impl std::fmt::Debug for Routes {
@@ -46,22 +48,26 @@ impl Routes {
         settings: &Settings,
         upstream: &Upstream,
     ) -> Result<Self, SettingError> {
-        let guarded = |policy: &stampede_guard::Policy| -> Result<Route, SettingError> {
-            let layer = guard
-                .layer(policy.clone())
-                .map_err(|e| settings.layer_error(policy.route(), &e))?;
-            Ok(Route::new(
-                layer
-                    .layer(upstream.service())
-                    .map_response(IntoResponse::into_response),
-            ))
-        };
+        let mut layers = Vec::with_capacity(settings.routes.len() + 1);
+        let mut guarded =
+            |prefix: &str, policy: &stampede_guard::Policy| -> Result<Route, SettingError> {
+                let layer = guard
+                    .layer(policy.clone())
+                    .map_err(|e| settings.layer_error(policy.route(), &e))?;
+                layers.push((prefix.to_owned(), layer.clone()));
+                Ok(Route::new(
+                    layer
+                        .layer(upstream.service())
+                        .map_response(IntoResponse::into_response),
+                ))
+            };
         let mut routes = Vec::with_capacity(settings.routes.len());
         for route in &settings.routes {
-            routes.push((route.prefix.clone(), guarded(&route.policy)?));
+            routes.push((route.prefix.clone(), guarded(&route.prefix, &route.policy)?));
         }
         let unrouted = match &settings.default {
-            Some(policy) => guarded(policy)?,
+            // The empty prefix: every path.
+            Some(policy) => guarded("", policy)?,
             None => Route::new(upstream.service().map_response(|mut response| {
                 // Not cacheable by configuration, as a never-cached route says it.
                 response
@@ -73,7 +79,16 @@ impl Routes {
         Ok(Self {
             routes: routes.into(),
             unrouted,
+            layers: layers.into(),
         })
+    }
+
+    /// The layer a request for `path` goes through, if it is cached at all.
+    pub(crate) fn layer(&self, path: &str) -> Option<&GuardLayer> {
+        self.layers
+            .iter()
+            .find(|(prefix, _)| path.starts_with(prefix.as_str()))
+            .map(|(_, layer)| layer)
     }
 
     fn route(&self, path: &str) -> &Route {

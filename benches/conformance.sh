@@ -102,7 +102,7 @@ run_mode() { # local|redis
   #    nothing about stale.
   local extra=()
   [[ -n ${GRACE:-} ]] && extra+=(--grace "$GRACE")
-  STAMPEDE_GUARD_SECRET=conformance "$SIDECAR" --listen "127.0.0.1:$port" \
+  STAMPEDE_GUARD_SECRET=conformance-suite-secret "$SIDECAR" --listen "127.0.0.1:$port" \
     --upstream "http://127.0.0.1:$ORIGIN" --cold-wait 250ms --lease 2s \
     "${redis_args[@]}" "${extra[@]}" > "$log" 2>&1 & pids+=($!)
   local sidecar=$!

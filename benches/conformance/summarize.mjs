@@ -51,7 +51,12 @@ for (const suite of tests) {
     }
     if (kind === 'required' && verdict !== 'pass') {
       const r = results[test.id]
-      failingRequired.push({ suite: suite.id, id: test.id, verdict, name: test.name, why: Array.isArray(r) ? r[1] : '' })
+      let why = Array.isArray(r) ? r[1] : ''
+      if (verdict === 'dependency') {
+        const unmet = test.depends_on.filter(d => !['pass', 'yes'].includes(verdicts[display.determineTestResult(tests, d, results)[2]]))
+        why = `depends on ${unmet.join(', ')}` + (why ? `; its own result: ${why}` : '')
+      }
+      failingRequired.push({ suite: suite.id, id: test.id, verdict, name: test.name, why })
     }
   }
 }

@@ -564,6 +564,9 @@ async fn origin_directives_set_freshness_within_the_route_bounds() {
         let got = fetch(follows, &path, &[]).await;
         assert_eq!(got.x_cache(), "miss", "{cc}");
         assert_eq!(ttl_of(&got), ttl, "{cc} {more}");
+        // The entry is as old as the origin said it was.
+        let age = if more == "&age=15" { "15" } else { "0" };
+        assert_eq!(got.headers[header::AGE], age, "{cc} {more}");
         // A route that does not follow: its own five seconds (and `no-cache`, as
         // every route takes it by default, is not stored).
         let got = fetch(ignores, &path, &[]).await;

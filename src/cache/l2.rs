@@ -71,15 +71,20 @@ pub(crate) async fn l2_write(
     store: &RedisStore,
     keys: &CacheKeys,
     lease: &Lease,
-    response: &CachedResponse,
+    stored: &Stored,
     channel: &str,
 ) -> Result<WriteReply, StoreError> {
+    let response = &stored.response;
+    // Kept for what is left of its keep time: an entry that came already aged (`Age`
+    // from the origin) is read back as old as it is (its age is its keep time less
+    // the key's TTL).
+    let keep_left = stored.keep_left().max(Duration::from_millis(1));
     scripts::write(
         store,
         keys,
         lease,
         response.encode_for_l2(),
-        response.keep,
+        keep_left,
         channel,
     )
     .await

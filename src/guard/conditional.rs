@@ -130,13 +130,18 @@ pub(crate) fn renewed_headers(stored: &HeaderMap, not_modified: &HeaderMap) -> H
     headers
 }
 
-/// What a `304` cannot change: the fields that describe the stored body.
+/// What a `304` cannot change: the fields that describe the stored body's bytes (its
+/// length, coding, range and digests: RFC 9111 §3.2 leaves `Content-Length` alone, and
+/// a digest in a 304 is of a body it did not send).
 fn keeps_stored(name: &HeaderName) -> bool {
-    use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
+    use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE};
     *name == CONTENT_LENGTH
         || *name == CONTENT_ENCODING
         || *name == CONTENT_RANGE
-        || *name == CONTENT_TYPE
+        || matches!(
+            name.as_str(),
+            "content-md5" | "digest" | "content-digest" | "repr-digest"
+        )
         || crate::cache::is_set_by_the_layer(name)
 }
 
@@ -272,7 +277,8 @@ mod tests {
         let renewed = renewed_headers(&entry.headers, &update);
         assert_eq!(renewed["cache-control"], "max-age=60");
         assert_eq!(renewed["content-length"], "4");
-        assert_eq!(renewed["content-type"], "text/plain");
+        // Metadata, updated (RFC 9111 §4.3.4).
+        assert_eq!(renewed["content-type"], "text/html");
         assert_eq!(renewed["x-a"], "1");
         assert_eq!(renewed["x-b"], "2");
         assert!(!renewed.contains_key("connection"));

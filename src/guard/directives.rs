@@ -92,13 +92,20 @@ impl Directives {
     }
 }
 
-/// How long an entry is fresh, served stale while refreshed, and kept.
+/// How old an answer is when it arrives, how long it is fresh, served stale while
+/// refreshed, and kept (the three counted from its origin's answer, as its age is).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lifetimes {
+    /// What the caches it came through said (`Age`): the entry starts that old.
+    pub(crate) age: Duration,
     pub(crate) fresh_for: Duration,
     pub(crate) grace: Duration,
     pub(crate) keep: Duration,
 }
+
+/// The oldest an answer is taken to be on arrival: its lifetimes must stay within what
+/// an entry may hold (a day of freshness).
+const MAX_AGE_ON_ARRIVAL: Duration = Duration::from_secs(12 * 3600);
 
 /// The lifetimes of an answer with `headers`: the route's, or on a route that follows
 /// the origin, the origin's (clamped to the route's bounds). `fresh` is the route's
@@ -106,6 +113,7 @@ pub(crate) struct Lifetimes {
 pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -> Lifetimes {
     if !policy.follow_origin {
         return Lifetimes {
+            age: Duration::ZERO,
             fresh_for: fresh,
             grace: policy.grace,
             keep: policy.kept_for(),
@@ -119,18 +127,16 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
             .or_else(|| heuristic_lifetime(headers))
             .unwrap_or(Duration::ZERO)
     };
-    let age = headers
-        .get(AGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(Duration::ZERO, Duration::from_secs);
-    let fresh_for = lifetime
+    let age = initial_age(headers);
+    // What is left of its freshness, within the route's bounds; the entry starts `age`
+    // old, and its `Age` goes on from there (RFC 9111 §4.2.3).
+    let left = lifetime
         .saturating_sub(age)
         .clamp(policy.min_fresh, policy.max_fresh)
         // Whole milliseconds, at least one: entries are kept in milliseconds, and an
         // entry fresh for none is one that is stale at once.
         .max(Duration::from_millis(1));
-    let fresh_for = Duration::from_millis(fresh_for.as_millis() as u64);
+    let fresh_for = age + Duration::from_millis(left.as_millis() as u64);
     let (grace, stale_if_error) = stale_windows(policy, &d);
     let mut keep = fresh_for + grace.max(stale_if_error) + policy.keep;
     if headers.contains_key(ETAG) || headers.contains_key(LAST_MODIFIED) {
@@ -139,10 +145,22 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
         keep = keep.max(policy.kept_for());
     }
     Lifetimes {
+        age,
         fresh_for,
         grace,
         keep,
     }
+}
+
+/// `Age` as the origin (or a cache before it) sent it: whole seconds; anything else is
+/// none (RFC 9111 §5.1). At most [`MAX_AGE_ON_ARRIVAL`].
+fn initial_age(headers: &HeaderMap) -> Duration {
+    headers
+        .get(AGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::ZERO, Duration::from_secs)
+        .min(MAX_AGE_ON_ARRIVAL)
 }
 
 /// How long past freshness an entry with `headers` may stand in for a failing origin.
@@ -296,15 +314,16 @@ mod tests {
             life(&[("cache-control", "max-age=31536000")]).fresh_for,
             S(3600)
         );
-        // Age from upstream counts.
+        // Age from upstream counts: the entry starts that old.
+        let aged = life(&[("cache-control", "max-age=120"), ("age", "100")]);
+        assert_eq!((aged.age, aged.fresh_for), (S(100), S(120)));
+        // Stale on arrival: fresh for a millisecond past its age.
+        let late = life(&[("cache-control", "max-age=10"), ("age", "100")]);
+        assert_eq!(late.fresh_for - late.age, Duration::from_millis(1));
+        // An `Age` that does not parse is none.
         assert_eq!(
-            life(&[("cache-control", "max-age=120"), ("age", "100")]).fresh_for,
-            S(20)
-        );
-        // Stale on arrival: fresh for a millisecond.
-        assert_eq!(
-            life(&[("cache-control", "max-age=10"), ("age", "100")]).fresh_for,
-            Duration::from_millis(1)
+            life(&[("age", "soon"), ("cache-control", "max-age=1")]).age,
+            S(0)
         );
         // An invalid max-age is none left.
         assert_eq!(

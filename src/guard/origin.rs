@@ -477,7 +477,7 @@ fn entry_of(
             Claim::Local(token) => *token,
         },
     };
-    let stored = Stored::aged(response, Duration::ZERO);
+    let stored = Stored::aged(response, life.age);
     Arc::new(match claim {
         // Its token is not the time its fill began: this machine's time is.
         Claim::Local(_) => stored.created_at(super::purge::local_micros()),
@@ -528,7 +528,7 @@ async fn put(
         };
         if written.is_none() {
             written = Some(
-                l2_write(&shared.store, keys, &lease, &stored.response, channel)
+                l2_write(&shared.store, keys, &lease, &stored, channel)
                     .await
                     .map(|outcome| (outcome.written, outcome.released)),
             );

@@ -89,6 +89,9 @@ pub struct Policy {
     pub(crate) max_fresh: Duration,
     /// Tags every entry of the route carries, for purges.
     pub(crate) tags: Vec<String>,
+    /// Whether a successful unsafe request (POST, PUT, DELETE...) invalidates the
+    /// entries of its URI (unset: as the route follows the origin).
+    pub(crate) invalidate_on_unsafe: Option<bool>,
     /// False for a route that is never cached: every request goes to the origin.
     pub(crate) cache: bool,
 }
@@ -126,6 +129,7 @@ impl fmt::Debug for Policy {
             .field("min_fresh", &self.min_fresh)
             .field("max_fresh", &self.max_fresh)
             .field("tags", &self.tags)
+            .field("invalidate_on_unsafe", &self.invalidate_on_unsafe())
             .field("cache", &self.cache)
             .finish()
     }
@@ -197,6 +201,7 @@ impl Policy {
                 min_fresh: Duration::ZERO,
                 max_fresh: Duration::from_secs(24 * 3600),
                 tags: Vec::new(),
+                invalidate_on_unsafe: None,
                 cache: true,
             },
             header_error: None,
@@ -207,6 +212,11 @@ impl Policy {
     /// The route's name.
     pub fn route(&self) -> &str {
         &self.route
+    }
+
+    /// Whether a successful unsafe request invalidates the entries of its URI.
+    pub fn invalidate_on_unsafe(&self) -> bool {
+        self.invalidate_on_unsafe.unwrap_or(self.follow_origin)
     }
 
     /// How long a response is fresh.
@@ -584,6 +594,20 @@ impl PolicyBuilder {
         T: Into<String>,
     {
         self.policy.tags = tags.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Whether an unsafe request (any method but GET, HEAD, OPTIONS and TRACE) that the
+    /// origin answers with a 2xx or 3xx invalidates, for the fleet, the entries of its
+    /// URI and of the same-origin URIs its answer names in `Location` and
+    /// `Content-Location` (RFC 9111 §4.4). Default: on for a route that
+    /// [follows the origin](Self::follow_origin), off otherwise (the application then
+    /// invalidates what it changes, with [`GuardLayer::invalidate`] or tags). Costs the
+    /// request one Redis round trip per URI.
+    ///
+    /// [`GuardLayer::invalidate`]: crate::GuardLayer::invalidate
+    pub fn invalidate_on_unsafe(mut self, invalidate: bool) -> Self {
+        self.policy.invalidate_on_unsafe = Some(invalidate);
         self
     }
 

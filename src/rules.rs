@@ -467,12 +467,37 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
         return Err(NotStored::SetCookie);
     }
     let mut found = None;
-    for value in headers.get_all(header::CACHE_CONTROL) {
+    // On a route that follows the origin, a field targeted at this cache
+    // (`CDN-Cache-Control`, `Surrogate-Control`) says whether to store, in place of
+    // `Cache-Control`; but `private` there is always obeyed.
+    let targeted = if policy.follow_origin {
+        crate::guard::controlling(headers)
+    } else {
+        header::CACHE_CONTROL
+    };
+    let fields = headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .map(|v| (v, false))
+        .chain(
+            (targeted != header::CACHE_CONTROL)
+                .then(|| headers.get_all(&targeted).iter().map(|v| (v, true)))
+                .into_iter()
+                .flatten(),
+        );
+    let overridden = targeted != header::CACHE_CONTROL;
+    for (value, is_targeted) in fields {
         let Ok(value) = value.to_str() else {
             return Err(NotStored::Private);
         };
         for directive in value.split(',') {
             let name = directive.split('=').next().unwrap_or("").trim();
+            // What `Cache-Control` says to every cache but of privacy, a targeted
+            // field overrides for this one.
+            let counts = is_targeted || !overridden || name.eq_ignore_ascii_case("private");
+            if !counts {
+                continue;
+            }
             // The strongest directive wins, wherever it stands.
             let why = if name.eq_ignore_ascii_case("private") {
                 NotStored::Private

@@ -769,3 +769,84 @@ async fn a_soft_purge_under_load_refreshes_each_key_once_for_the_fleet() {
     let soft = layer_a.stats().get(Event::PurgedSoft) + layer_b.stats().get(Event::PurgedSoft);
     assert!(soft >= keys.len() as u64, "{soft} soft-purged reads");
 }
+
+/// A successful unsafe request invalidates, for the fleet, the entries of its URI and
+/// of the same-origin URI its answer names in `Location`, on a route that follows the
+/// origin (RFC 9111 §4.4); a failed one does not; a route that does not follow the
+/// origin leaves them by default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_requests_invalidate_what_they_change() {
+    let server = RedisServer::start();
+    let (a, b) = (ready_guard(&server).await, ready_guard(&server).await);
+    let calls = Arc::new(AtomicU64::new(0));
+    let app = |guard: &StampedeGuard, follow: bool| {
+        let layer = guard
+            .layer(
+                Policy::builder("changing")
+                    .follow_origin(follow)
+                    .fresh_ttl(Duration::from_secs(60))
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap();
+        let calls = calls.clone();
+        let read = move |uri: http::Uri| {
+            let calls = calls.clone();
+            async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                (
+                    [(header::CACHE_CONTROL, "max-age=60")],
+                    format!("{} v{n}", uri.path()),
+                )
+            }
+        };
+        let write = |uri: http::Uri| async move {
+            match uri.path() {
+                "/list" => (StatusCode::CREATED, [(header::LOCATION, "/item")]).into_response(),
+                "/fails" => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                _ => StatusCode::NO_CONTENT.into_response(),
+            }
+        };
+        Router::new()
+            .route("/item", get(read.clone()).post(write).layer(layer.clone()))
+            .route("/list", get(read.clone()).post(write).layer(layer.clone()))
+            .route("/fails", get(read).post(write).layer(layer))
+    };
+    use axum::response::IntoResponse;
+    let follows = serve(app(&a, true)).await;
+    let other = serve(app(&b, true)).await;
+    for path in ["/item", "/list", "/fails"] {
+        assert_eq!(fetch(follows, path, &[]).await.x_cache(), "miss");
+        assert_eq!(fetch(other, path, &[]).await.x_cache(), "hit");
+    }
+    let post = |addr, path| support::http::fetch_method(addr, "POST", path);
+
+    assert_eq!(
+        post(follows, "/fails").await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert_eq!(fetch(follows, "/fails", &[]).await.x_cache(), "hit");
+
+    assert_eq!(post(follows, "/item").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(fetch(follows, "/item", &[]).await.x_cache(), "miss");
+    // The other instance heard it.
+    assert!(
+        eventually(HANG, || async {
+            fetch(other, "/item", &[]).await.body == "/item v4"
+        })
+        .await
+    );
+
+    // `/list`'s answer names `/item` in `Location`: both go.
+    assert_eq!(post(other, "/list").await.status, StatusCode::CREATED);
+    assert_eq!(fetch(other, "/list", &[]).await.x_cache(), "miss");
+    assert_eq!(fetch(other, "/item", &[]).await.x_cache(), "miss");
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+
+    // A route that keeps its own policy keeps its entries.
+    let own_guard = ready_guard(&server).await;
+    let own = serve(app(&own_guard, false)).await;
+    assert_eq!(fetch(own, "/item", &[]).await.x_cache(), "hit");
+    assert_eq!(post(own, "/item").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(fetch(own, "/item", &[]).await.x_cache(), "hit");
+}

@@ -1,6 +1,7 @@
 //! What the origin says about how long its answer may be used: `Cache-Control`
-//! (RFC 9111 §5.2.2, RFC 5861), `Expires`, `Age`, and heuristic freshness (RFC 9111
-//! §4.2.2). Read only on routes that follow the origin
+//! (RFC 9111 §5.2.2, RFC 5861), or in its place a field targeted at this cache
+//! (`CDN-Cache-Control`, RFC 9213; `Surrogate-Control`), `Expires`, `Age`, and
+//! heuristic freshness (RFC 9111 §4.2.2). Read only on routes that follow the origin
 //! ([`PolicyBuilder::follow_origin`](crate::policy::PolicyBuilder::follow_origin));
 //! other routes keep their own policy whatever the origin says (but for what makes an
 //! answer private, which every route obeys: see `rules::storable`).
@@ -47,7 +48,7 @@ pub(crate) struct Directives {
 impl Directives {
     pub(crate) fn of(headers: &HeaderMap) -> Self {
         let mut d = Self::default();
-        for value in headers.get_all(CACHE_CONTROL) {
+        for value in headers.get_all(controlling(headers)) {
             let Ok(value) = value.to_str() else { continue };
             for directive in value.split(',') {
                 let (name, argument) = match directive.split_once('=') {
@@ -90,6 +91,19 @@ impl Directives {
             || self.no_cache
             || (self.s_maxage.is_some() && self.stale_while_revalidate.is_none())
     }
+}
+
+/// The field whose directives this cache follows: `CDN-Cache-Control` (RFC 9213, for
+/// the caches of a CDN, which a shared cache in front of an origin is), else
+/// `Surrogate-Control` (its older form), else `Cache-Control`. A targeted field takes
+/// the place of `Cache-Control` whole, as RFC 9213 says.
+pub(crate) fn controlling(headers: &HeaderMap) -> http::HeaderName {
+    for targeted in ["cdn-cache-control", "surrogate-control"] {
+        if headers.contains_key(targeted) {
+            return http::HeaderName::from_static(targeted);
+        }
+    }
+    CACHE_CONTROL
 }
 
 /// How old an answer is when it arrives, how long it is fresh, served stale while
@@ -401,6 +415,50 @@ mod tests {
                 &headers(&[("cache-control", "stale-if-error=7")])
             ),
             S(7)
+        );
+    }
+
+    #[test]
+    fn a_field_targeted_at_this_cache_takes_the_place_of_cache_control() {
+        let l = life(&[
+            ("cache-control", "max-age=5"),
+            ("cdn-cache-control", "max-age=50"),
+        ]);
+        assert_eq!(l.fresh_for, S(50));
+        let l = life(&[
+            ("cache-control", "max-age=5, must-revalidate"),
+            ("surrogate-control", "max-age=40"),
+        ]);
+        assert_eq!((l.fresh_for, l.grace), (S(40), S(30)));
+        let store = |pairs: &[(&str, &str)]| {
+            let response = {
+                let mut r = http::Response::new(());
+                *r.headers_mut() = headers(pairs);
+                r
+            };
+            crate::rules::storable(&following(), &response)
+        };
+        assert!(
+            store(&[
+                ("cache-control", "no-store"),
+                ("surrogate-control", "max-age=60")
+            ])
+            .is_ok()
+        );
+        assert!(
+            store(&[
+                ("cache-control", "max-age=60"),
+                ("surrogate-control", "no-store")
+            ])
+            .is_err()
+        );
+        // Private is private, whatever a targeted field says.
+        assert!(
+            store(&[
+                ("cache-control", "private"),
+                ("cdn-cache-control", "max-age=60")
+            ])
+            .is_err()
         );
     }
 

@@ -129,5 +129,5 @@ pub use self::purge::{MARGIN as PURGE_MARGIN, Purge};
 pub use self::service::Guard;
 
 pub(crate) use self::conditional::is_conditional;
-pub(crate) use self::directives::{NotReused, reusable};
+pub(crate) use self::directives::{NotReused, controlling, reusable};
 pub(crate) use self::early::Early;

@@ -96,6 +96,18 @@ pub(crate) fn identity_into<B>(policy: &Policy, request: &Request<B>, out: &mut 
     headers_into(&policy.key_headers, request, out);
 }
 
+/// Whether the request has any of the headers a route learned to vary on. Without
+/// them it asks for the response's own entry (variant 0), as before the route learned
+/// any: learning a header from one URL's `Vary` does not move the entries of requests
+/// that do not send it, on the route's other URLs. (Such an entry was filled by a
+/// request without the headers, or before the route learned them by an answer that did
+/// not vary on them: were it varying, the route would have learned the header from it
+/// then, and stored it as a variant.)
+pub(crate) fn names_any<B>(learned: &[HeaderName], request: &Request<B>) -> bool {
+    let headers = request.headers();
+    learned.iter().any(|name| headers.contains_key(name))
+}
+
 /// Which variant of a response a request asks for: its values of the headers the route
 /// learned its responses vary on (`learned`, sorted), as bytes to be hashed.
 pub(crate) fn variant<B>(learned: &[HeaderName], request: &Request<B>) -> Vec<u8> {

@@ -850,3 +850,62 @@ async fn unsafe_requests_invalidate_what_they_change() {
     assert_eq!(post(own, "/item").await.status, StatusCode::NO_CONTENT);
     assert_eq!(fetch(own, "/item", &[]).await.x_cache(), "hit");
 }
+
+/// A route that learns `Vary: x-tenant` from one URL keeps the entries of its other
+/// URLs for requests that do not send the header: they are still hits; requests that
+/// do send it get their own variant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learning_a_vary_header_does_not_move_entries_of_requests_without_it() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let calls = Arc::new(AtomicU64::new(0));
+    let layer = guard.layer(policy(Duration::from_secs(60))).unwrap();
+    let handler = {
+        let calls = calls.clone();
+        move |uri: http::Uri, headers: HeaderMap| {
+            let calls = calls.clone();
+            async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                let tenant = headers
+                    .get("x-tenant")
+                    .map_or("none", |v| v.to_str().unwrap())
+                    .to_owned();
+                let vary = if uri.path() == "/varies" {
+                    "x-tenant"
+                } else {
+                    "accept"
+                };
+                (
+                    [(header::VARY, vary)],
+                    format!("{} {tenant} v{n}", uri.path()),
+                )
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/varies", get(handler.clone()).layer(layer.clone()))
+        .route("/plain", get(handler).layer(layer));
+    let addr = serve(app).await;
+    assert_eq!(fetch(addr, "/plain", &[]).await.x_cache(), "miss");
+    // The route learns x-tenant here.
+    let a = fetch(addr, "/varies", &[("x-tenant", "a")]).await;
+    assert_eq!((a.x_cache(), a.body.as_str()), ("miss", "/varies a v2"));
+    let plain = fetch(addr, "/plain", &[]).await;
+    assert_eq!(
+        (plain.x_cache(), plain.body.as_str()),
+        ("hit", "/plain none v1")
+    );
+    let b = fetch(addr, "/varies", &[("x-tenant", "b")]).await;
+    assert_eq!((b.x_cache(), b.body.as_str()), ("miss", "/varies b v3"));
+    assert_eq!(
+        fetch(addr, "/varies", &[("x-tenant", "a")]).await.body,
+        "/varies a v2"
+    );
+    let none = fetch(addr, "/varies", &[]).await;
+    assert_eq!(
+        (none.x_cache(), none.body.as_str()),
+        ("miss", "/varies none v4")
+    );
+    assert_eq!(fetch(addr, "/varies", &[]).await.x_cache(), "hit");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}

@@ -182,8 +182,8 @@ impl StampedeGuard {
     }
 
     /// Purges every entry tagged with any of `tags`, on every route and every instance
-    /// of the fleet, in one call, without a list of keys (see [`Purge`] and the
-    /// [purge module docs](super::purge)): `Purge::Hard` makes them gone,
+    /// of the fleet, in one call, without a list of keys (see [`Purge`]):
+    /// `Purge::Hard` makes them gone,
     /// `Purge::Soft` stale (served while one caller in the fleet refreshes each). An
     /// entry's tags are what its answer named in `Surrogate-Key` (space-separated) and
     /// `Cache-Tag` (comma-separated), and its route's

@@ -55,6 +55,13 @@
 //!   fleet backs off, they get an entry that may stand in (stale-if-error) at once, or a
 //!   503 on a route that rejects, or else share one call at a time of their process to
 //!   the origin (without the lease).
+//! * A **conditional** request (`If-None-Match`, `If-Modified-Since`) that the entry it
+//!   is answered from meets gets `304` (`guard::conditional`); a refresh of an entry with a
+//!   validator asks the origin the same way, and a `304` renews the entry with its body.
+//! * A fresh entry **due for an early refresh** (`guard::early`) is served as a hit and
+//!   refreshed as a stale one is; an entry **purged** by a tag (`guard::purge`, [`Purge`]) is stale
+//!   (soft) or gone (hard); on a route that follows the origin, each entry's lifetimes
+//!   are the origin's (`guard::directives`).
 //!
 //! # What reaches the origin
 //!

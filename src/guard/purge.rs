@@ -31,7 +31,14 @@ use http::HeaderMap;
 use crate::cache::Stored;
 use crate::keys::KeySpace;
 
-/// How a purge treats the entries it reaches.
+/// How a purge ([`StampedeGuard::purge_tags`](crate::StampedeGuard::purge_tags)) treats
+/// the entries it reaches.
+///
+/// A purge records, per tag, when it happened on the Redis server's clock (the clock
+/// fencing tokens are issued from), and tells every instance; nothing is deleted and no
+/// key is listed. Every read checks the entry's tags: an entry whose fill began before
+/// a purge of one of them is gone (hard) or stale (soft). An instance whose
+/// subscription was down reads the purges back when it comes up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Purge {
     /// Gone: not served, refilled by the next caller (once for the fleet).

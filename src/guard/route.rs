@@ -57,7 +57,7 @@ impl Route {
         rules::identity_into(&self.policy, request, &mut |bytes| gather.push(bytes));
         gather.flush();
         let variant = self.learned.with_names(|learned, _| {
-            if learned.is_empty() {
+            if !rules::names_any(learned, request) {
                 return 0;
             }
             let mut gather = Gather::new(&mut variant);
@@ -86,7 +86,7 @@ impl Route {
         self.learned
             .with_names(|learned, version| {
                 let mut local = LocalKey::of_response(response.finish128().as_u128());
-                let mut made = if learned.is_empty() {
+                let mut made = if !rules::names_any(learned, request) {
                     keys.cache(route, &identity)
                 } else {
                     let variant = rules::variant(learned, request);

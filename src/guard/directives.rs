@@ -59,7 +59,9 @@ impl Directives {
                 // §1.2.2: a cache treats an invalid lifetime as none left).
                 let seconds = || {
                     argument
-                        .map(|a| a.trim_matches('"'))
+                        // A target after `;` (`max-age=60;edge`, Edge Architecture's
+                        // `Surrogate-Control`): this cache takes what it is sent.
+                        .map(|a| a.split(';').next().unwrap_or(a).trim_matches('"'))
                         .and_then(|a| a.parse::<u64>().ok())
                         .unwrap_or(0)
                         // The largest delta-seconds a cache must take (RFC 9111 §1.2.2).
@@ -141,7 +143,8 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
             .or_else(|| heuristic_lifetime(headers))
             .unwrap_or(Duration::ZERO)
     };
-    let age = initial_age(headers);
+    // An `Age` that does not parse makes the answer stale on arrival (RFC 9111 §5.1).
+    let age = initial_age(headers).unwrap_or(lifetime.min(MAX_AGE_ON_ARRIVAL));
     // What is left of its freshness, within the route's bounds; the entry starts `age`
     // old, and its `Age` goes on from there (RFC 9111 §4.2.3).
     let left = lifetime
@@ -166,15 +169,26 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
     }
 }
 
-/// `Age` as the origin (or a cache before it) sent it: whole seconds; anything else is
-/// none (RFC 9111 §5.1). At most [`MAX_AGE_ON_ARRIVAL`].
-fn initial_age(headers: &HeaderMap) -> Duration {
-    headers
-        .get(AGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(Duration::ZERO, Duration::from_secs)
-        .min(MAX_AGE_ON_ARRIVAL)
+/// `Age` as the origin (or a cache before it) sent it: one field line of whole seconds
+/// (none: zero), at most [`MAX_AGE_ON_ARRIVAL`]. `None` for anything else (two lines, a
+/// list, a sign, a fraction, a parameter): such an answer is taken to be stale.
+fn initial_age(headers: &HeaderMap) -> Option<Duration> {
+    let mut lines = headers.get_all(AGE).iter();
+    let Some(first) = lines.next() else {
+        return Some(Duration::ZERO);
+    };
+    if lines.next().is_some() {
+        return None;
+    }
+    let text = first.to_str().ok()?.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // All digits: too many for a u64 is very old.
+    let seconds = text.parse::<u64>().unwrap_or(u64::MAX);
+    Some(Duration::from_secs(
+        seconds.min(MAX_AGE_ON_ARRIVAL.as_secs()),
+    ))
 }
 
 /// How long past freshness an entry with `headers` may stand in for a failing origin.
@@ -334,11 +348,16 @@ mod tests {
         // Stale on arrival: fresh for a millisecond past its age.
         let late = life(&[("cache-control", "max-age=10"), ("age", "100")]);
         assert_eq!(late.fresh_for - late.age, Duration::from_millis(1));
-        // An `Age` that does not parse is none.
-        assert_eq!(
-            life(&[("age", "soon"), ("cache-control", "max-age=1")]).age,
-            S(0)
-        );
+        // An `Age` that does not parse makes it stale on arrival (RFC 9111 §5.1).
+        for bad in ["soon", "-7200", "7200.0", "7200,0", "0, 0", "1;a=b"] {
+            let l = life(&[("age", bad), ("cache-control", "max-age=60")]);
+            assert_eq!(l.fresh_for - l.age, Duration::from_millis(1), "{bad}");
+        }
+        let two = life(&[("age", "0"), ("age", "0"), ("cache-control", "max-age=60")]);
+        assert_eq!(two.fresh_for - two.age, Duration::from_millis(1));
+        // A target after `;` is taken.
+        let targeted = life(&[("surrogate-control", "max-age=100;edge")]);
+        assert_eq!(targeted.fresh_for, S(100));
         // An invalid max-age is none left.
         assert_eq!(
             life(&[("cache-control", "max-age=soon")]).fresh_for,

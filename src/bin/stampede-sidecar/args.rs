@@ -48,8 +48,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) fresh: Option<Duration>,
 
-    /// How long past freshness an entry is served stale while it is refreshed
-    /// [default: 10s].
+    /// How long past freshness an entry is served stale while it is refreshed, when the
+    /// origin says nothing of it [default: 0s when following the origin (stale only as
+    /// its stale-while-revalidate allows), 10s otherwise].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) grace: Option<Duration>,
 

@@ -481,9 +481,17 @@ fn policy(place: &Place<'_>, name: &str, fields: &PolicyFields) -> Result<Policy
     let fresh = place
         .duration("fresh", &fields.fresh)?
         .unwrap_or(defaults::FRESH);
+    // An HTTP cache serves stale only when allowed: following the origin, that is what
+    // its `stale-while-revalidate` says, unless a grace is set here (RFC 9111 §4.2.4's
+    // "configuration"); with a policy of its own, the stampede guard's grace.
+    let follow_origin = fields.follow_origin.unwrap_or(true);
     let grace = place
         .duration("grace", &fields.grace)?
-        .unwrap_or(defaults::GRACE);
+        .unwrap_or(if follow_origin {
+            Duration::ZERO
+        } else {
+            defaults::GRACE
+        });
     let lease = place
         .duration("lease", &fields.lease)?
         .unwrap_or(defaults::LEASE);
@@ -532,7 +540,7 @@ fn policy(place: &Place<'_>, name: &str, fields: &PolicyFields) -> Result<Policy
         builder = builder.max_body(bytes);
     }
     // An HTTP cache: it follows what the origin says unless told not to.
-    builder = builder.follow_origin(fields.follow_origin.unwrap_or(true));
+    builder = builder.follow_origin(follow_origin);
     if let Some(floor) = place.duration("min_fresh", &fields.min_fresh)? {
         builder = builder.min_fresh(floor);
     }

@@ -175,26 +175,38 @@ fn serve_not_modified<B: Body>(
 fn ttl(stored: &Stored, age: Duration) -> i64 {
     let fresh_for = stored.response.fresh_for;
     if age < fresh_for {
-        (fresh_for - age).as_secs_f64().ceil() as i64
+        let left = fresh_for - age;
+        (left.as_secs() + u64::from(left.subsec_nanos() > 0)) as i64
     } else {
         -((age - fresh_for).as_secs() as i64) - 1
     }
 }
 
 /// The `cache-status` of an answer from an entry: `hit` with the `ttl` left for a hit
-/// or a stale answer, `fwd=uri-miss; stored` for a fill. Hits and stale answers of the
-/// first hour take a value from a table made once, so that they do not format a number.
+/// or a stale answer, `fwd=uri-miss; stored` for a fill. Hits and stale answers within an
+/// hour of their freshness take a value from a table made once; others, the value this
+/// thread made last, if it is the same: a hit does not format a number.
 fn cache_status(x_cache: &'static str, ttl: i64) -> HeaderValue {
+    const HOUR: i64 = 3600;
     static HITS: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
-        (-3600..3600i64)
+        (-HOUR..=HOUR)
             .map(|n| leaked(format!("{CACHE_NAME}; hit; ttl={n}")))
             .collect()
     });
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(i64, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
     match x_cache {
-        "hit" | "stale" => match HITS.get((ttl + 3600) as usize) {
-            Some(value) if ttl >= -3600 => value.clone(),
-            _ => value(format!("{CACHE_NAME}; hit; ttl={ttl}")),
-        },
+        "hit" | "stale" if (-HOUR..=HOUR).contains(&ttl) => HITS[(ttl + HOUR) as usize].clone(),
+        "hit" | "stale" => LAST.with_borrow_mut(|last| match last {
+            Some((at, value)) if *at == ttl => value.clone(),
+            _ => {
+                let value = value(format!("{CACHE_NAME}; hit; ttl={ttl}"));
+                *last = Some((ttl, value.clone()));
+                value
+            }
+        }),
         _ => value(format!("{CACHE_NAME}; fwd=uri-miss; stored; ttl={ttl}")),
     }
 }

@@ -98,6 +98,7 @@ impl Purges {
     /// Whether `stored` was purged: hard if any of its tags was purged hard after its
     /// fill began, else soft if any was purged soft. `route_tags`: the ids of the tags
     /// its route sets in code.
+    #[inline]
     pub(crate) fn verdict(
         &self,
         keys: &KeySpace,
@@ -108,6 +109,17 @@ impl Purges {
         if !self.any.load(Ordering::Acquire) {
             return None;
         }
+        self.verdict_of_tags(keys, route_tags, stored, margin)
+    }
+
+    /// [`Purges::verdict`], once a purge was heard.
+    fn verdict_of_tags(
+        &self,
+        keys: &KeySpace,
+        route_tags: &[String],
+        stored: &Stored,
+        margin: std::time::Duration,
+    ) -> Option<Purge> {
         let own = stored.tag_ids.get_or_init(|| {
             tags(&stored.response.headers)
                 .map(|t| keys.tag_id(t))

@@ -105,6 +105,7 @@ impl Route {
 
     /// Whether a purge of one of its tags reached `stored` (see [`purge`](super::purge)),
     /// counted.
+    #[inline]
     pub(crate) fn purge_of(&self, stored: &Stored) -> Option<Purge> {
         let shared = &self.shared;
         let verdict =
@@ -121,6 +122,7 @@ impl Route {
 
     /// Whether `stored` was hard-purged: it may not be served, nor stand in for a
     /// failing origin.
+    #[inline]
     pub(crate) fn is_gone(&self, stored: &Stored) -> bool {
         let shared = &self.shared;
         let gone = shared

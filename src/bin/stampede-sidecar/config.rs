@@ -603,7 +603,7 @@ mod tests {
             Duration::from_secs(5)
         );
         // Inherited from the top level.
-        assert_eq!(settings.routes[2].policy.grace(), Duration::from_secs(60));
+        assert_eq!(settings.routes[2].policy.grace(), Duration::ZERO);
         assert!(settings.default.is_none());
     }
 

@@ -259,18 +259,23 @@ async fn listen(
         if let Ok(mut pubsub) = store.pubsub(timeout).await
             && let Ok(Ok(())) = tokio::time::timeout(timeout, pubsub.subscribe(&channel)).await
         {
-            let Some(guard) = hears.upgrade() else { return };
-            guard.subscribed();
             // Purges sent while the subscription was down are recorded: read them back
-            // (after subscribing, so that none falls between the two).
+            // (after subscribing, so that none falls between the two). Until that
+            // read succeeds, the subscription does not count as up: it is tried again.
             let mut hgetall = redis::cmd("HGETALL");
             hgetall.arg(&purges_key);
-            if let Ok(records) = store
+            let Ok(records) = store
                 .run::<Vec<(String, String)>>(Operation::Read, Request::Command(&hgetall))
                 .await
-            {
-                guard.purges_recorded(&records);
-            }
+            else {
+                tracing::warn!("stampede-guard could not read the purges back; resubscribing");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            };
+            let Some(guard) = hears.upgrade() else { return };
+            guard.subscribed();
+            guard.purges_recorded(&records);
             drop(guard);
             let Some(subscribed) = state.upgrade().map(|s| s.subscribed.clone()) else {
                 return;

@@ -160,6 +160,17 @@ async fn a_304_renews_the_entry_with_its_body_once_per_window_for_the_fleet() {
     assert_eq!(origin.bodies(), 1, "bodies the origin sent");
     assert_eq!(origin.not_modified(), WINDOWS);
 
+    // Both instances hold the renewed entry: the renewer its own, the other what it
+    // read back from Redis (the body of the first fill, the metadata of the last 304).
+    for addr in [addr_a, addr_b] {
+        let got = fetch(addr, "/doc", &[]).await;
+        assert_eq!(
+            got.headers[header::CACHE_CONTROL],
+            format!("x-call={}", 1 + WINDOWS),
+            "{addr}"
+        );
+        assert_eq!(got.body, "the body (call 1)");
+    }
     // Renewed: fresh (its age starts again), the 304's headers taken, the body kept.
     let renewed = fetch(addr_b, "/doc", &[]).await;
     assert_eq!(renewed.x_cache(), "hit");
@@ -577,6 +588,26 @@ async fn origin_directives_set_freshness_within_the_route_bounds() {
         assert_eq!(got.x_cache(), "miss", "{cc}");
         assert_eq!(ttl_of(&got), 5, "{cc} {more}");
     }
+
+    // A year, and already a second old: a day's freshness at most, and an entry that
+    // another instance reads back from Redis (a hit there, no second origin call).
+    let other_guard = ready_guard(&server).await;
+    let open = |guard: &StampedeGuard| {
+        guard
+            .layer(Policy::builder("open").follow_origin(true).build().unwrap())
+            .unwrap()
+    };
+    let first = serve(directed(calls.clone(), open(&guard))).await;
+    let second = serve(directed(calls.clone(), open(&other_guard))).await;
+    let year = query("max-age=31536000", "&age=1");
+    let filled = fetch(first, &year, &[]).await;
+    assert_eq!(filled.x_cache(), "miss");
+    assert_eq!(ttl_of(&filled), 24 * 3600 - 1);
+    let before = calls.load(Ordering::SeqCst);
+    let read_back = fetch(second, &year, &[]).await;
+    assert_eq!(read_back.x_cache(), "hit", "read back from Redis");
+    assert_eq!(read_back.headers[header::AGE], "1");
+    assert_eq!(calls.load(Ordering::SeqCst), before);
 
     // Neither a lifetime nor a validator: not reused (the route that does not follow
     // the origin stores it).

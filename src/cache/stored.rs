@@ -30,6 +30,9 @@ pub(crate) struct Stored {
     created: u64,
     /// The ids of its tags (see `guard::purge`), made when first needed.
     pub(crate) tag_ids: std::sync::OnceLock<Box<[String]>>,
+    /// Filled without Redis: its token is borrowed (the entry it replaced had it), so
+    /// Redis may hold another body under that token.
+    local: bool,
 }
 
 /// Where an entry is in its life.
@@ -85,14 +88,22 @@ impl Stored {
             epoch: AtomicU64::new(0),
             created,
             tag_ids: std::sync::OnceLock::new(),
+            local: false,
         }
     }
 
-    /// The entry, filled at `created` (µs, see [`Stored::created`]) rather than at its
-    /// token.
-    pub(crate) fn created_at(mut self, created: u64) -> Self {
+    /// The entry, filled without Redis at `created` (µs of this machine's clock, see
+    /// [`Stored::created`]), under a token it borrowed.
+    pub(crate) fn filled_locally(mut self, created: u64) -> Self {
         self.created = created;
+        self.local = true;
         self
+    }
+
+    /// Whether Redis holds this entry's body under its token, if it holds that token at
+    /// all: false for an entry filled without Redis, whose token is borrowed.
+    pub(crate) fn token_is_its_own(&self) -> bool {
+        !self.local
     }
 
     /// When its fill began, in µs of the Redis server's clock (or, filled without

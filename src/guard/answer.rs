@@ -101,8 +101,15 @@ pub(crate) fn answer_fresh<B: Body>(
 /// Where an entry `age` old is in its life, for this process.
 fn freshness(route: &Route, stored: &Stored, age: Duration) -> Freshness {
     match stored.freshness_at(age) {
-        // Soft-purged by a tag: served stale, and refreshed.
-        Freshness::Fresh if route.purge_of(stored).is_some() => Freshness::Stale,
+        // Soft-purged by a tag: served stale, and refreshed, where the entry may be
+        // served stale at all (else it is filled again, once, as an expired one).
+        Freshness::Fresh if route.purge_of(stored).is_some() => {
+            if stored.response.grace.is_zero() {
+                Freshness::Expired
+            } else {
+                Freshness::Stale
+            }
+        }
         // Put in L1 before the notice subscription last came up: it may have missed an
         // invalidation. Served, but not as fresh.
         Freshness::Fresh

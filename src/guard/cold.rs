@@ -458,10 +458,13 @@ where
     }
     match (origin, revalidate) {
         (Called::Read(Read::Whole { head, .. }), Some(current)) if renews == Some(true) => {
-            let (stored, _) = renew(&route, &keys, &current, head, claim).await;
-            FillOutcome::Stored {
-                stored,
-                variant_of: None,
+            match renew(&route, &keys, &current, head, claim).await {
+                Some((stored, _)) => FillOutcome::Stored {
+                    stored,
+                    variant_of: None,
+                },
+                // Ended with the lease: the callers ask the origin themselves.
+                None => FillOutcome::Pass,
             }
         }
         (Called::Read(Read::Whole { .. }), _) if renews == Some(false) => {
@@ -499,9 +502,13 @@ async fn answered<B: OriginBody, E>(
                     Kept::Stored {
                         stored, rekeyed, ..
                     } => {
+                        // Whenever the answer varies: its waiters may have asked for
+                        // another variant (sent a header the route learned only from
+                        // this answer), and are checked against it.
+                        let varies = stored.response.headers.contains_key(http::header::VARY);
                         return FillOutcome::Stored {
                             stored,
-                            variant_of: rekeyed.then_some(asked),
+                            variant_of: (rekeyed || varies).then_some(asked),
                         };
                     }
                     Kept::NotStored { head, body, why } => {
@@ -580,8 +587,11 @@ pub(crate) async fn landed_meanwhile(
     seen: FencingToken,
     notified: bool,
 ) -> Option<Arc<Stored>> {
+    // (Not one a purge reached: it is what the fill replaces.)
     let usable = |s: &Stored| {
-        s.freshness() != Freshness::Expired && s.response.token >= seen && !route.is_gone(s)
+        s.freshness() != Freshness::Expired
+            && s.response.token >= seen
+            && route.purge_of(s).is_none()
     };
     if let Some(stored) = route.l1().get(&keys.local, crate::cache::Instant::now())
         && usable(&stored)
@@ -644,7 +654,8 @@ pub(crate) async fn wait_for_remote(
         }
         match l2_read(&route.shared.store, keys, route.policy.max_body).await {
             Ok(L2Read::Found(stored))
-                if stored.freshness() != Freshness::Expired && !route.is_gone(&stored) =>
+                if stored.freshness() != Freshness::Expired
+                    && route.purge_of(&stored).is_none() =>
             {
                 route.put_l1(keys, stored.clone()).await;
                 return Woke::Entry(stored);

@@ -119,6 +119,9 @@ pub(crate) struct Lifetimes {
     pub(crate) keep: Duration,
 }
 
+/// The longest an entry may be kept (what `entry::decode` accepts).
+pub(crate) const MAX_KEEP: Duration = Duration::from_secs(3 * 24 * 3600);
+
 /// The oldest an answer is taken to be on arrival: its lifetimes must stay within what
 /// an entry may hold (a day of freshness).
 const MAX_AGE_ON_ARRIVAL: Duration = Duration::from_secs(12 * 3600);
@@ -147,9 +150,12 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
     let age = initial_age(headers).unwrap_or(lifetime.min(MAX_AGE_ON_ARRIVAL));
     // What is left of its freshness, within the route's bounds; the entry starts `age`
     // old, and its `Age` goes on from there (RFC 9111 §4.2.3).
+    // An entry is fresh for a day at most from its origin's answer (entries fresh
+    // longer are refused when read back).
     let left = lifetime
         .saturating_sub(age)
         .clamp(policy.min_fresh, policy.max_fresh)
+        .min(DAY.saturating_sub(age))
         // Whole milliseconds, at least one: entries are kept in milliseconds, and an
         // entry fresh for none is one that is stale at once.
         .max(Duration::from_millis(1));
@@ -161,6 +167,8 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
         // entries, to be revalidated (a `no-cache` answer is on every use).
         keep = keep.max(policy.kept_for());
     }
+    // Within what an entry may hold: a day fresh, a day of grace, three days in all.
+    let keep = keep.min(MAX_KEEP);
     Lifetimes {
         age,
         fresh_for,
@@ -371,6 +379,24 @@ mod tests {
             .unwrap();
         let h = headers(&[("cache-control", "max-age=1")]);
         assert_eq!(lifetimes(&floored, &h, S(10)).fresh_for, S(5));
+    }
+
+    #[test]
+    fn an_aged_answer_stays_within_what_an_entry_may_hold() {
+        let open = Policy::builder("docs").follow_origin(true).build().unwrap();
+        let h = headers(&[("cache-control", "max-age=31536000"), ("age", "1")]);
+        let l = lifetimes(&open, &h, S(10));
+        assert_eq!((l.age, l.fresh_for), (S(1), DAY));
+        let entry = crate::entry::CachedResponse {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: bytes::Bytes::new(),
+            fresh_for: l.fresh_for,
+            grace: l.grace,
+            keep: l.keep,
+            token: crate::lease::FencingToken::new(1),
+        };
+        assert!(crate::entry::decode(&entry.encode()).is_ok());
     }
 
     #[test]

@@ -428,21 +428,47 @@ pub(crate) fn counted_revalidation<B: Body, E>(route: &Route, origin: &Called<B,
 /// request): its headers updated from the `304`'s, its body kept, fresh again. Under a
 /// lease, only its metadata is written to L2 (fenced as a whole write is), unless the
 /// entry there is not `current` any more: then the whole entry is written.
+///
+/// `None` when the renewed entry may not be stored (the `304` made it private, gave it
+/// a cookie, or a `Vary` this key does not cover): the lease is ended as for any answer
+/// that may not be stored, and the entry is left as it was.
 pub(crate) async fn renew(
     route: &Route,
     keys: &CacheKeys,
     current: &Stored,
     not_modified: Response<()>,
     claim: Claim,
-) -> (Arc<Stored>, bool) {
-    route.stats.record(Event::Revalidated);
+) -> Option<(Arc<Stored>, bool)> {
     let cached = &current.response;
     let mut headers = conditional::renewed_headers(&cached.headers, not_modified.headers());
+    // What the 304 added is judged as a whole answer's headers are.
+    let mut renewed = Response::new(());
+    *renewed.status_mut() = cached.status;
+    *renewed.headers_mut() = headers;
+    let unkeyed = rules::unkeyed_vary(&route.policy, &route.learned.names(), renewed.headers());
+    let why = match rules::storable(&route.policy, &renewed) {
+        Err(why) => Some(why),
+        Ok(()) if !unkeyed.is_empty() => Some(NotStored::VaryUnkeyed),
+        Ok(()) => None,
+    };
+    if let Some(why) = why {
+        not_stored(route, why);
+        end(route, keys, claim, Ending::Pass).await;
+        return None;
+    }
+    route.stats.record(Event::Revalidated);
+    headers = std::mem::take(renewed.headers_mut());
     // A copy of its own: the 304's values are slices of the client's read buffer.
     headers = entry::compact(&headers);
     let life = lifetimes(&route.policy, &headers, fresh_time(&route.policy));
     let stored = entry_of(cached.status, headers, cached.body.clone(), life, &claim);
-    put(route, keys, stored, claim, Write::Renew(cached.token)).await
+    // Only metadata, over a body Redis is known to hold under that token.
+    let write = if current.token_is_its_own() {
+        Write::Renew(cached.token)
+    } else {
+        Write::Whole
+    };
+    Some(put(route, keys, stored, claim, write).await)
 }
 
 /// The route's fresh time for one more entry: its fresh TTL less its jitter.
@@ -480,7 +506,7 @@ fn entry_of(
     let stored = Stored::aged(response, life.age);
     Arc::new(match claim {
         // Its token is not the time its fill began: this machine's time is.
-        Claim::Local(_) => stored.created_at(super::purge::local_micros()),
+        Claim::Local(_) => stored.filled_locally(super::purge::local_micros()),
         Claim::Leased(_) => stored,
     })
 }

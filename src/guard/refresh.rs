@@ -270,7 +270,11 @@ where
             if conditional && head.status() == StatusCode::NOT_MODIFIED =>
         {
             if conditional::is_about(&current.response, head.headers()) {
-                renew(&route, &keys, &current, head, claim).await;
+                if renew(&route, &keys, &current, head, claim).await.is_none() {
+                    // Ended with the lease already.
+                    route.stats.record(Event::RefreshNotStored);
+                    return failed;
+                }
                 route.stats.record(Event::RefreshRevalidated);
                 return None;
             }

@@ -149,7 +149,7 @@ impl Route {
     /// stale-if-error window, or on a route that follows the origin, the entry's.
     pub(crate) fn serves_on_error(&self, stored: &Stored) -> bool {
         let window = super::directives::stale_if_error(&self.policy, &stored.response.headers);
-        stored.serves_on_error(window)
+        stored.serves_on_error(window) && !self.is_gone(stored)
     }
 
     /// The request that fills or refreshes the entry of `request`.
@@ -223,7 +223,13 @@ impl Route {
             &keys,
             shared.notices.channel(),
             self.max_fill(),
-            self.policy.kept_for(),
+            // As long as an entry of the route may live: on a route that follows the
+            // origin, that is the origin's to say, up to what an entry may hold.
+            if self.policy.follow_origin {
+                super::directives::MAX_KEEP
+            } else {
+                self.policy.kept_for()
+            },
         )
         .await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from

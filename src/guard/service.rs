@@ -215,10 +215,14 @@ async fn invalidate_after(route: &Route, mut target: Request<()>, named: Option<
         route.stats.record(Event::RedisError);
     }
     for uri in named {
-        *target.uri_mut() = match uri.path_and_query() {
-            Some(path) => path.as_str().parse().unwrap_or_default(),
+        // The path and query named, under the authority the request had (if its URI
+        // carried one, as HTTP/2's do): keyed as a GET of it would be.
+        let mut parts = target.uri().clone().into_parts();
+        parts.path_and_query = match uri.path_and_query() {
+            Some(path) => Some(path.clone()),
             None => continue,
         };
+        *target.uri_mut() = http::Uri::from_parts(parts).unwrap_or_default();
         if route.invalidate(&target).await.is_err() {
             route.stats.record(Event::RedisError);
         }

@@ -169,7 +169,8 @@ impl KeySpace {
         format!(
             "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
              +script|load +publish +subscribe +get +set +del +hget +hset +hexists +pexpire \
-             +pttl +type +time +hgetall +hlen +hdel +cluster|slots +asking +role"
+             +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrem +cluster|slots +asking \
+             +role"
         )
     }
 
@@ -283,7 +284,13 @@ impl KeySpace {
     /// The hash of the service's tag purges: when each tag was last purged, under its
     /// keyed hash ([`tag_id`](Self::tag_id)).
     pub fn purges_key(&self) -> String {
-        format!("{}purges", self.inner.head)
+        format!("{}{{purges}}:tags", self.inner.head)
+    }
+
+    /// The purges by time, to prune old ones; in the hash slot of
+    /// [`purges_key`](Self::purges_key).
+    pub fn purges_by_time_key(&self) -> String {
+        format!("{}{{purges}}:times", self.inner.head)
     }
 
     /// The id of a cache tag (`Surrogate-Key`, `Cache-Tag`, or set in code): its keyed

@@ -56,6 +56,15 @@ async fn a_user_and_password_from_the_builder_authenticate() {
     assert_eq!(send(&b.service, get("/items/1")).await.x_cache(), "hit");
     assert_eq!(b.layer.stats().get(Event::L2Hit), 1);
     assert_eq!(origin.calls(), 1);
+    // A purge, and its read-back on subscribing, are within what the user may do.
+    a.guard
+        .purge_tags(["t1", "t2"], stampede_guard::Purge::Soft)
+        .await
+        .expect("a purge as the least-privileged user");
+    let c = StampedeGuard::builder(redis.store(TIMEOUT), keys())
+        .build()
+        .unwrap();
+    c.ready().await.expect("subscribed, the purges read back");
 }
 
 /// A wrong password: every Redis operation fails, is counted, and the guard answers

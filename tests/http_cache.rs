@@ -940,3 +940,55 @@ async fn learning_a_vary_header_does_not_move_entries_of_requests_without_it() {
     assert_eq!(fetch(addr, "/varies", &[]).await.x_cache(), "hit");
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
+
+/// A `304` that would make the entry another one's (here, give it a `Set-Cookie`) does
+/// not renew it: the entry is left as it was, no client is handed the cookie, and the
+/// refresh counts as an answer that may not be stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_304_that_sets_a_cookie_renews_nothing() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let fresh = Duration::from_secs(1);
+    let layer = guard.layer(policy(fresh)).unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let calls = calls.clone();
+        move |headers: HeaderMap| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                if headers.contains_key(header::IF_NONE_MATCH) {
+                    return (
+                        StatusCode::NOT_MODIFIED,
+                        [
+                            (header::ETAG, ETAG),
+                            (header::SET_COOKIE, "session=someone"),
+                        ],
+                        "",
+                    );
+                }
+                (
+                    StatusCode::OK,
+                    [(header::ETAG, ETAG), (header::VIA, "origin")],
+                    "body",
+                )
+            }
+        }
+    };
+    let addr = serve(Router::new().route("/doc", get(handler).layer(layer.clone()))).await;
+    assert_eq!(fetch(addr, "/doc", &[]).await.x_cache(), "miss");
+    tokio::time::sleep(fresh + Duration::from_millis(200)).await;
+    assert_eq!(fetch(addr, "/doc", &[]).await.x_cache(), "stale");
+    assert!(
+        eventually(HANG, || async {
+            layer.stats().get(Event::RefreshNotStored) == 1
+        })
+        .await
+    );
+    let after = fetch(addr, "/doc", &[]).await;
+    assert_eq!(after.x_cache(), "stale");
+    assert_eq!(after.body, "body");
+    assert!(!after.headers.contains_key(header::SET_COOKIE));
+    assert_eq!(layer.stats().get(Event::Revalidated), 0);
+    assert!(calls.load(Ordering::SeqCst) >= 2);
+}

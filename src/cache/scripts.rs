@@ -212,7 +212,7 @@ pub(crate) async fn invalidate(
 /// for `retention`. Returns the purge's time on the server's clock, in µs.
 pub(crate) async fn purge(
     store: &RedisStore,
-    purges_key: &str,
+    keys: &crate::keys::KeySpace,
     channel: &str,
     soft: bool,
     retention: Duration,
@@ -220,7 +220,8 @@ pub(crate) async fn purge(
 ) -> Result<u64, StoreError> {
     let mut invocation = PURGE.prepare_invoke();
     invocation
-        .key(purges_key)
+        .key(keys.purges_key())
+        .key(keys.purges_by_time_key())
         .arg(if soft { "s" } else { "h" })
         .arg(channel)
         .arg(retention.as_micros() as u64);

@@ -212,7 +212,7 @@ impl StampedeGuard {
             let retention = Duration::from_secs(3 * 24 * 3600);
             crate::cache::purge(
                 &shared.store,
-                &shared.keys.purges_key(),
+                &shared.keys,
                 shared.notices.channel(),
                 how == Purge::Soft,
                 retention,

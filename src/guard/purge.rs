@@ -72,6 +72,12 @@ impl Purges {
     /// Notes a purge of tag `id` at `at` µs.
     pub(crate) fn note(&self, id: &str, how: Purge, at: u64) {
         let mut map = self.map.write().expect("purges lock");
+        // Purges older than any entry may be hide nothing: dropped now and then (when
+        // the map has grown to a power of two), so that the map does not grow forever.
+        if map.len() >= 1024 && map.len().is_power_of_two() {
+            let horizon = at.saturating_sub(crate::guard::directives::MAX_KEEP.as_micros() as u64);
+            map.retain(|_, marks| marks.hard.max(marks.soft) >= horizon);
+        }
         let marks = map.entry(id.to_owned()).or_default();
         let mark = match how {
             Purge::Hard => &mut marks.hard,

@@ -71,18 +71,18 @@ struct Report {
     stale: u64,
     miss: u64,
     errors: u64,
-    latencies_us: Vec<u64>,
+    latencies_ns: Vec<u64>,
     /// Origin calls in each second of the run.
     per_second: Vec<u64>,
 }
 
 impl Report {
     fn percentile(&self, p: f64) -> Duration {
-        if self.latencies_us.is_empty() {
+        if self.latencies_ns.is_empty() {
             return Duration::ZERO;
         }
-        let i = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
-        Duration::from_micros(self.latencies_us[i])
+        let i = ((self.latencies_ns.len() as f64 - 1.0) * p).round() as usize;
+        Duration::from_nanos(self.latencies_ns[i])
     }
 }
 
@@ -139,7 +139,7 @@ async fn stampede(label: &str, instances: Vec<Svc>, calls: Arc<AtomicU64>) -> Re
                     .to_owned();
                 let ok = response.status().is_success();
                 let _ = response.into_body().collect().await;
-                mine.latencies_us.push(sent.elapsed().as_micros() as u64);
+                mine.latencies_ns.push(sent.elapsed().as_nanos() as u64);
                 mine.requests += 1;
                 match (ok, x_cache.as_str()) {
                     (false, _) => mine.errors += 1,
@@ -156,7 +156,7 @@ async fn stampede(label: &str, instances: Vec<Svc>, calls: Arc<AtomicU64>) -> Re
             report.stale += mine.stale;
             report.miss += mine.miss;
             report.errors += mine.errors;
-            report.latencies_us.extend(mine.latencies_us);
+            report.latencies_ns.extend(mine.latencies_ns);
         }));
     }
     while Instant::now() < end {
@@ -177,7 +177,7 @@ async fn stampede(label: &str, instances: Vec<Svc>, calls: Arc<AtomicU64>) -> Re
         .expect("clients are done")
         .into_inner()
         .expect("report lock");
-    report.latencies_us.sort_unstable();
+    report.latencies_ns.sort_unstable();
     report.origin_calls = calls.load(Ordering::Relaxed);
     report.per_second = sampler.await.expect("the sampler task");
     report

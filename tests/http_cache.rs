@@ -384,6 +384,28 @@ async fn steady_load(
     Arc::try_unwrap(seen).unwrap().into_inner().unwrap()
 }
 
+/// Two instances of one fleet on `server`, each serving `/hot` from the `versions`
+/// origin (counting in `calls`, taking `delay`) behind a layer of `policy`; `/hot`
+/// filled once. Their layers and addresses.
+async fn hot_fleet(
+    server: &RedisServer,
+    policy: Policy,
+    calls: &Arc<AtomicU64>,
+    delay: Duration,
+) -> ([GuardLayer; 2], [SocketAddr; 2]) {
+    let (a, b) = (ready_guard(server).await, ready_guard(server).await);
+    let layers = [a.layer(policy.clone()).unwrap(), b.layer(policy).unwrap()];
+    let addr_a = serve(versions(calls.clone(), delay, layers[0].clone())).await;
+    let addr_b = serve(versions(calls.clone(), delay, layers[1].clone())).await;
+    assert_eq!(fetch(addr_a, "/hot", &[]).await.x_cache(), "miss");
+    (layers, [addr_a, addr_b])
+}
+
+/// How many times `event` happened on both layers.
+fn both(layers: &[GuardLayer; 2], event: Event) -> u64 {
+    layers.iter().map(|layer| layer.stats().get(event)).sum()
+}
+
 /// Eager refresh under steady load, on two instances of one fleet: the hot key is
 /// refreshed from half its fresh time on, so no caller is ever served it stale, and the
 /// origin is called about once per half-window for the whole fleet (not once per
@@ -393,34 +415,18 @@ async fn eager_refresh_keeps_a_hot_key_fresh_with_one_call_per_window() {
     let server = RedisServer::start();
     let calls = Arc::new(AtomicU64::new(0));
     let fresh = Duration::from_secs(3);
-    let policy = || {
-        Policy::builder("hot")
-            .fresh_ttl(fresh)
-            .grace(Duration::from_secs(60))
-            .eager_refresh(0.5)
-            .build()
-            .unwrap()
-    };
-    let (a, b) = (ready_guard(&server).await, ready_guard(&server).await);
-    let (layer_a, layer_b) = (a.layer(policy()).unwrap(), b.layer(policy()).unwrap());
-    let addr_a = serve(versions(
-        calls.clone(),
-        Duration::from_millis(50),
-        layer_a.clone(),
-    ))
-    .await;
-    let addr_b = serve(versions(
-        calls.clone(),
-        Duration::from_millis(50),
-        layer_b.clone(),
-    ))
-    .await;
-    assert_eq!(fetch(addr_a, "/hot", &[]).await.x_cache(), "miss");
+    let policy = Policy::builder("hot")
+        .fresh_ttl(fresh)
+        .grace(Duration::from_secs(60))
+        .eager_refresh(0.5)
+        .build()
+        .unwrap();
+    let (layers, addrs) = hot_fleet(&server, policy, &calls, Duration::from_millis(50)).await;
 
     let run = Duration::from_secs(9);
-    let seen = steady_load(&[addr_a, addr_b], run).await;
+    let seen = steady_load(&addrs, run).await;
     let calls = calls.load(Ordering::SeqCst);
-    let early = layer_a.stats().get(Event::EarlyRefresh) + layer_b.stats().get(Event::EarlyRefresh);
+    let early = both(&layers, Event::EarlyRefresh);
     eprintln!("answers {seen:?}; origin calls {calls}; early refreshes started {early}");
     assert_eq!(seen.get("stale"), None, "stale answers");
     assert_eq!(seen.get("miss"), None, "misses under load");
@@ -432,8 +438,7 @@ async fn eager_refresh_keeps_a_hot_key_fresh_with_one_call_per_window() {
         "{calls} origin calls for {windows} windows"
     );
     assert!(calls >= 4, "{calls} origin calls: no early refreshes?");
-    let stale = layer_a.stats().get(Event::Stale) + layer_b.stats().get(Event::Stale);
-    assert_eq!(stale, 0);
+    assert_eq!(both(&layers, Event::Stale), 0);
 }
 
 /// XFetch refreshes a busy key before it expires: early refreshes happen, and the fleet
@@ -443,26 +448,19 @@ async fn xfetch_refreshes_a_busy_key_before_it_expires() {
     let server = RedisServer::start();
     let calls = Arc::new(AtomicU64::new(0));
     let fresh = Duration::from_secs(2);
-    let policy = || {
-        Policy::builder("hot")
-            .fresh_ttl(fresh)
-            .grace(Duration::from_secs(60))
-            .xfetch(1.0)
-            .build()
-            .unwrap()
-    };
-    let (a, b) = (ready_guard(&server).await, ready_guard(&server).await);
-    let (layer_a, layer_b) = (a.layer(policy()).unwrap(), b.layer(policy()).unwrap());
+    let policy = Policy::builder("hot")
+        .fresh_ttl(fresh)
+        .grace(Duration::from_secs(60))
+        .xfetch(1.0)
+        .build()
+        .unwrap();
     // A slow origin: XFetch refreshes the earlier, the longer a refresh takes.
-    let delay = Duration::from_millis(100);
-    let addr_a = serve(versions(calls.clone(), delay, layer_a.clone())).await;
-    let addr_b = serve(versions(calls.clone(), delay, layer_b.clone())).await;
-    assert_eq!(fetch(addr_a, "/hot", &[]).await.x_cache(), "miss");
+    let (layers, addrs) = hot_fleet(&server, policy, &calls, Duration::from_millis(100)).await;
 
     let run = Duration::from_secs(7);
-    let seen = steady_load(&[addr_a, addr_b], run).await;
+    let seen = steady_load(&addrs, run).await;
     let calls = calls.load(Ordering::SeqCst);
-    let early = layer_a.stats().get(Event::EarlyRefresh) + layer_b.stats().get(Event::EarlyRefresh);
+    let early = both(&layers, Event::EarlyRefresh);
     eprintln!("answers {seen:?}; origin calls {calls}; early refreshes started {early}");
     assert!(early >= 1, "no early refresh");
     let windows = (run.as_secs_f64() / fresh.as_secs_f64()).ceil() as u64;

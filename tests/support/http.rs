@@ -25,46 +25,23 @@ pub(crate) async fn serve(app: axum::Router) -> SocketAddr {
 /// `GET path` on a connection of its own, with `headers`, within
 /// [`HANG`](super::HANG).
 pub(crate) async fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Got {
-    let exchange = async {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let mut request = Request::get(path).header("host", "shop.example");
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let response = sender
-            .send_request(request.body(Empty::<Bytes>::new()).unwrap())
-            .await
-            .unwrap();
-        let (parts, body) = response.into_parts();
-        Got::new(parts, body.collect().await.unwrap().to_bytes())
-    };
-    super::within(super::HANG, exchange, format!("GET {path} on {addr}")).await
+    let mut request = Request::get(path).header("host", "shop.example");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    exchange(addr, request.body(Empty::<Bytes>::new()).unwrap()).await
 }
 
 /// `method path` on a connection of its own, without a body, within
 /// [`HANG`](super::HANG).
 pub(crate) async fn fetch_method(addr: SocketAddr, method: &str, path: &str) -> Got {
-    let exchange = async {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let request = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "shop.example")
-            .body(Empty::<Bytes>::new())
-            .unwrap();
-        let response = sender.send_request(request).await.unwrap();
-        let (parts, body) = response.into_parts();
-        Got::new(parts, body.collect().await.unwrap().to_bytes())
-    };
-    super::within(super::HANG, exchange, format!("{method} {path} on {addr}")).await
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "shop.example")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    exchange(addr, request).await
 }
 
 /// `POST path` with a JSON `body` and `headers`, on a connection of its own, within
@@ -75,24 +52,33 @@ pub(crate) async fn post_json(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Got {
+    let mut request = Request::post(path)
+        .header("host", "admin.example")
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let body = http_body_util::Full::new(Bytes::from(body.to_owned()));
+    exchange(addr, request.body(body).unwrap()).await
+}
+
+/// Sends `request` on a new connection to `addr` and reads the answer whole, within
+/// [`HANG`](super::HANG): a request that hangs fails the test, naming it.
+async fn exchange<B>(addr: SocketAddr, request: Request<B>) -> Got
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let what = format!("{} {} on {addr}", request.method(), request.uri());
     let exchange = async {
         let stream = TcpStream::connect(addr).await.unwrap();
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .unwrap();
         tokio::spawn(conn);
-        let mut request = Request::post(path)
-            .header("host", "admin.example")
-            .header("content-type", "application/json");
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let request = request
-            .body(http_body_util::Full::new(Bytes::from(body.to_owned())))
-            .unwrap();
         let response = sender.send_request(request).await.unwrap();
         let (parts, body) = response.into_parts();
         Got::new(parts, body.collect().await.unwrap().to_bytes())
     };
-    super::within(super::HANG, exchange, format!("POST {path} on {addr}")).await
+    super::within(super::HANG, exchange, what).await
 }

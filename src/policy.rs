@@ -89,6 +89,8 @@ pub struct Policy {
     pub(crate) max_fresh: Duration,
     /// Tags every entry of the route carries, for purges.
     pub(crate) tags: Vec<String>,
+    /// The lease TTL from measured hold times, if set.
+    pub(crate) adaptive: Option<crate::guard::Adaptive>,
     /// Whether a successful unsafe request (POST, PUT, DELETE...) invalidates the
     /// entries of its URI (unset: as the route follows the origin).
     pub(crate) invalidate_on_unsafe: Option<bool>,
@@ -129,6 +131,7 @@ impl fmt::Debug for Policy {
             .field("min_fresh", &self.min_fresh)
             .field("max_fresh", &self.max_fresh)
             .field("tags", &self.tags)
+            .field("adaptive_lease_ttl", &self.adaptive)
             .field("invalidate_on_unsafe", &self.invalidate_on_unsafe())
             .field("cache", &self.cache)
             .finish()
@@ -201,6 +204,7 @@ impl Policy {
                 min_fresh: Duration::ZERO,
                 max_fresh: Duration::from_secs(24 * 3600),
                 tags: Vec::new(),
+                adaptive: None,
                 invalidate_on_unsafe: None,
                 cache: true,
             },
@@ -259,10 +263,13 @@ impl Policy {
     /// timeout.
     pub(crate) fn check_against(&self, command_timeout: Duration) -> Result<(), ConfigError> {
         let min = command_timeout * crate::lease::MIN_TTL_PER_COMMAND_TIMEOUT;
+        let floor = self.adaptive.map(|a| a.floor);
         for (field, value) in [
-            ("lease_ttl", self.lease_ttl),
-            ("error_backoff", self.error_backoff),
+            ("lease_ttl", Some(self.lease_ttl)),
+            ("error_backoff", Some(self.error_backoff)),
+            ("adaptive_lease_ttl", floor),
         ] {
+            let Some(value) = value else { continue };
             if value < min {
                 return Err(ConfigError::TooShort {
                     field,
@@ -611,6 +618,23 @@ impl PolicyBuilder {
         self
     }
 
+    /// Set the lease TTL from measured hold times: the 99th percentile of the route's
+    /// latest lease holds (its fills and refreshes, from acquire to write), times
+    /// `factor` (at least 1), between `floor` and `ceiling`. Until holds are measured,
+    /// [`lease_ttl`](Self::lease_ttl) stands. The floor may not be below what a lease
+    /// must outlast: the refresh timeout (unless there is a [`watchdog`](Self::watchdog)),
+    /// and, checked when the layer is made, four Redis command timeouts. What the route
+    /// uses now: [`GuardLayer::lease_ttl`](crate::GuardLayer::lease_ttl), and the
+    /// `stampede_guard_lease_ttl_seconds` gauge.
+    pub fn adaptive_lease_ttl(mut self, factor: f64, floor: Duration, ceiling: Duration) -> Self {
+        self.policy.adaptive = Some(crate::guard::Adaptive {
+            factor,
+            floor,
+            ceiling,
+        });
+        self
+    }
+
     /// Never cache this route: every request goes to the origin, marked
     /// `x-cache: bypass`. For routes that must not be cached but sit behind a layer
     /// that is applied to many.
@@ -778,6 +802,37 @@ impl PolicyBuilder {
                 format!("{beta} must be above 0 and at most 100"),
             ));
         }
+        if let Some(adaptive) = p.adaptive {
+            let why = if !(1.0..=100.0).contains(&adaptive.factor) {
+                Some(format!(
+                    "the factor {} must be between 1 and 100",
+                    adaptive.factor
+                ))
+            } else if adaptive.floor > adaptive.ceiling {
+                Some(format!(
+                    "the floor {:?} is above the ceiling {:?}",
+                    adaptive.floor, adaptive.ceiling
+                ))
+            } else if adaptive.ceiling > day {
+                Some("the ceiling is at most 24 hours".to_owned())
+            } else if p.watchdog.is_none() && adaptive.floor < p.refresh_timeout {
+                Some(format!(
+                    "the floor {:?} is below the refresh timeout ({:?}): a refresh would \
+                     outlive its lease",
+                    adaptive.floor, p.refresh_timeout
+                ))
+            } else if [adaptive.floor, adaptive.ceiling]
+                .iter()
+                .any(|d| !d.subsec_nanos().is_multiple_of(1_000_000))
+            {
+                Some("the floor and the ceiling are whole milliseconds".to_owned())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(ConfigError::invalid("adaptive_lease_ttl", why));
+            }
+        }
         if p.tags.iter().any(|t| t.trim().is_empty()) {
             return Err(ConfigError::invalid("tags", "an empty tag"));
         }
@@ -906,6 +961,18 @@ mod tests {
             ),
             (b().max_fresh(Duration::ZERO), "max_fresh"),
             (b().tags(["a", " "]), "tags"),
+            (
+                b().adaptive_lease_ttl(0.5, Duration::from_secs(4), Duration::from_secs(8)),
+                "adaptive_lease_ttl",
+            ),
+            (
+                b().adaptive_lease_ttl(2.0, Duration::from_secs(9), Duration::from_secs(8)),
+                "adaptive_lease_ttl",
+            ),
+            (
+                b().adaptive_lease_ttl(2.0, Duration::from_secs(1), Duration::from_secs(8)),
+                "adaptive_lease_ttl",
+            ),
             (b().max_fresh(Duration::from_secs(2 * 86400)), "max_fresh"),
         ];
         for (builder, field) in cases {

@@ -990,3 +990,53 @@ async fn a_304_that_sets_a_cookie_renews_nothing() {
     assert_eq!(layer.stats().get(Event::Revalidated), 0);
     assert!(calls.load(Ordering::SeqCst) >= 2);
 }
+
+/// A lease TTL from measured hold times: while the origin answers in 50 ms, the route's
+/// leases are taken for the floor; once it takes 400 ms, for three times that, within
+/// the ceiling; the fills all succeed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_ttl_follows_measured_hold_times() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let layer = guard
+        .layer(
+            Policy::builder("adaptive")
+                .fresh_ttl(Duration::from_secs(60))
+                .lease_ttl(Duration::from_secs(4))
+                .refresh_timeout(Duration::from_secs(1))
+                .adaptive_lease_ttl(3.0, Duration::from_secs(1), Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    assert_eq!(layer.lease_ttl(), Duration::from_secs(4), "until measured");
+    let delay_ms = Arc::new(AtomicU64::new(50));
+    let handler = {
+        let delay_ms = delay_ms.clone();
+        move |uri: http::Uri| {
+            let delay_ms = delay_ms.clone();
+            async move {
+                let delay = Duration::from_millis(delay_ms.load(Ordering::SeqCst));
+                tokio::time::sleep(delay).await;
+                uri.path().to_owned()
+            }
+        }
+    };
+    let addr = serve(Router::new().route("/k/{n}", get(handler).layer(layer.clone()))).await;
+    for n in 0..20 {
+        let got = fetch(addr, &format!("/k/fast{n}"), &[]).await;
+        assert_eq!(got.x_cache(), "miss");
+    }
+    // Three times 50 ms is below the floor.
+    assert_eq!(layer.lease_ttl(), Duration::from_secs(1));
+    delay_ms.store(400, Ordering::SeqCst);
+    for n in 0..20 {
+        let got = fetch(addr, &format!("/k/slow{n}"), &[]).await;
+        assert_eq!(got.x_cache(), "miss");
+    }
+    let ttl = layer.lease_ttl();
+    assert!(
+        ttl >= Duration::from_millis(1200) && ttl <= Duration::from_secs(5),
+        "{ttl:?}"
+    );
+}

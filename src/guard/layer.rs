@@ -7,6 +7,7 @@ use http::Request;
 use tower_layer::Layer;
 
 use super::handle::Shared;
+use super::hold::LeaseTtl;
 use super::route::Route;
 use super::service::Guard;
 use super::vary::Learned;
@@ -38,6 +39,7 @@ impl GuardLayer {
             .set(policy.lease_ttl.as_secs_f64());
         let hashers = shared.keys.local_hashers(&policy.route);
         let policy_tags = policy.tags.iter().map(|t| shared.keys.tag_id(t)).collect();
+        let (policy_ttl, policy_adaptive) = (policy.lease_ttl, policy.adaptive);
         Self {
             route: Arc::new(Route {
                 hashers,
@@ -48,6 +50,7 @@ impl GuardLayer {
                 learned,
                 recompute: Default::default(),
                 tag_ids: policy_tags,
+                lease_ttl: LeaseTtl::new(policy_ttl, policy_adaptive),
             }),
         }
     }
@@ -55,6 +58,14 @@ impl GuardLayer {
     /// The route's policy.
     pub fn policy(&self) -> &Policy {
         &self.route.policy
+    }
+
+    /// The TTL the route takes its leases with now: the policy's
+    /// [`lease_ttl`](crate::policy::PolicyBuilder::lease_ttl), or, with
+    /// [`adaptive_lease_ttl`](crate::policy::PolicyBuilder::adaptive_lease_ttl), what
+    /// its measured hold times set.
+    pub fn lease_ttl(&self) -> std::time::Duration {
+        self.route.lease_ttl()
     }
 
     /// What the route has counted so far.

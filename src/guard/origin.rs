@@ -354,7 +354,7 @@ pub(crate) async fn keep(
             match route
                 .shared
                 .leases
-                .try_acquire_fill(&own, route.policy.lease_ttl, FencingToken::new(0))
+                .try_acquire_fill(&own, route.lease_ttl(), FencingToken::new(0))
                 .await
             {
                 Acquire::Outcome(AcquireOutcome::Acquired(own_lease)) => Claim::Leased(own_lease),
@@ -531,6 +531,7 @@ async fn put(
     write: Write,
 ) -> (Arc<Stored>, bool) {
     if let Claim::Leased(lease) = claim {
+        route.held(lease.held_for());
         let shared = &route.shared;
         let channel = shared.notices.channel();
         let mut written = match write {
@@ -672,6 +673,7 @@ pub(crate) async fn end(route: &Route, keys: &CacheKeys, claim: Claim, ending: E
     let Claim::Leased(lease) = claim else {
         return;
     };
+    route.held(lease.held_for());
     let leases = &route.shared.leases;
     let _ = match ending {
         Ending::Error => leases.hold_off(lease, policy.error_backoff).await,

@@ -212,7 +212,7 @@ where
         let acquired = route
             .shared
             .leases
-            .try_acquire_fill(&keys, policy.lease_ttl, seen)
+            .try_acquire_fill(&keys, route.lease_ttl(), seen)
             .await;
         let outcome = match acquired {
             Acquire::Outcome(outcome) => outcome,
@@ -231,7 +231,7 @@ where
             AcquireOutcome::Acquired(lease) => Some(lease),
             AcquireOutcome::Busy { retry_after, .. } => {
                 route.stats.record(Event::RefreshBusy);
-                let ttl = policy.lease_ttl;
+                let ttl = route.lease_ttl();
                 return Some(retry_after.map_or(ttl, |left| left.min(ttl)));
             }
             other => {

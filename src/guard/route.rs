@@ -10,6 +10,7 @@ use http::Request;
 use super::early::Recompute;
 use super::flight::Flights;
 use super::handle::Shared;
+use super::hold::LeaseTtl;
 use super::purge::Purge;
 use super::vary::Learned;
 use crate::cache::{L1, Stored, l2_invalidate};
@@ -42,6 +43,8 @@ pub(crate) struct Route {
     pub(crate) recompute: Recompute,
     /// The ids of the tags its policy gives every entry.
     pub(crate) tag_ids: Box<[String]>,
+    /// The TTL its leases are taken with: the policy's, or from measured hold times.
+    pub(crate) lease_ttl: LeaseTtl,
 }
 
 impl Route {
@@ -101,6 +104,20 @@ impl Route {
                 made
             })
             .ok()
+    }
+
+    /// The TTL to take the route's leases with now.
+    pub(crate) fn lease_ttl(&self) -> Duration {
+        self.lease_ttl.get()
+    }
+
+    /// A lease of the route was held `held` (from its acquire to its write or end): on
+    /// a route whose lease TTL adapts, taken in, and the gauge follows.
+    pub(crate) fn held(&self, held: Duration) {
+        if let Some(ttl) = self.lease_ttl.record(held) {
+            metrics::gauge!(crate::metrics::LEASE_TTL_SECONDS, "route" => self.policy.route.clone())
+                .set(ttl.as_secs_f64());
+        }
     }
 
     /// Whether a purge of one of its tags reached `stored` (see [`purge`](super::purge)),

@@ -13,10 +13,10 @@ use axum::Router;
 use axum::routing::get;
 use http::{HeaderMap, StatusCode, header};
 use stampede_guard::metrics::Event;
-use stampede_guard::{GuardLayer, Policy, RedisStore, StampedeGuard};
+use stampede_guard::{GuardLayer, Policy, StampedeGuard};
 use support::http::{fetch, serve};
-use support::web::{Got, keys};
-use support::{HANG, RedisServer, eventually, within};
+use support::web::{Got, ready_guard};
+use support::{HANG, RedisServer, eventually};
 
 /// An origin whose one resource has an `ETag` and a `Last-Modified`, and that answers a
 /// matching `If-None-Match` with `304` and no body. It counts every call, the bodies it
@@ -77,15 +77,6 @@ impl Validating {
     fn not_modified(&self) -> u64 {
         self.not_modified.load(Ordering::SeqCst)
     }
-}
-
-async fn ready_guard(server: &RedisServer) -> StampedeGuard {
-    let store = RedisStore::builder(server.url()).build().unwrap();
-    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
-    within(HANG, guard.ready(), "the guard's readiness")
-        .await
-        .unwrap();
-    guard
 }
 
 fn policy(fresh: Duration) -> Policy {

@@ -12,19 +12,9 @@ use axum::routing::get;
 use http::StatusCode;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::http::{fetch, serve};
-use support::web::keys;
+use support::web::{keys, ready_guard};
 use support::{HANG, RedisServer, joined, within};
 use tokio::sync::Barrier;
-
-/// A guard on `server`, ready (its notice subscription up).
-async fn ready_guard(server: &RedisServer) -> StampedeGuard {
-    let store = RedisStore::builder(server.url()).build().unwrap();
-    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
-    within(HANG, guard.ready(), "the guard's readiness")
-        .await
-        .unwrap();
-    guard
-}
 
 /// The README's shape: a guard, a layer with the route's policy, on an axum route. The
 /// handler counts its calls and takes `delay`.

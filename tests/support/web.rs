@@ -329,3 +329,15 @@ where
         })
         .collect()
 }
+
+/// A guard on `server` with the test key space, ready (its notice subscription up).
+pub(crate) async fn ready_guard(server: &super::RedisServer) -> StampedeGuard {
+    let store = stampede_guard::RedisStore::builder(server.url())
+        .build()
+        .unwrap();
+    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
+    super::within(super::HANG, guard.ready(), "the guard's readiness")
+        .await
+        .unwrap();
+    guard
+}

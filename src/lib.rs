@@ -11,6 +11,9 @@
 //! * [`StampedeGuard`], [`GuardLayer`], [`Guard`]: the layer (see [`guard`]);
 //! * [`Policy`]: per-route settings;
 //! * [`lease`]: the Redis lease with fencing tokens, usable on its own;
+//! * [`leader`]: one instance of a fleet runs each tick of a periodic job;
+//! * `postgres` (feature of the same name): writes to PostgreSQL fenced by the lease's
+//!   tokens;
 //! * [`keys`]: every Redis key, identifiers replaced by a keyed hash;
 //! * [`store`]: the Redis connection, every operation bounded by a deadline;
 //! * [`entry`]: the cached response and its versioned encoding;
@@ -23,11 +26,14 @@ pub mod error;
 pub mod guard;
 pub mod inspect;
 pub mod keys;
+pub mod leader;
 pub mod lease;
 pub mod metrics;
 mod notify;
 pub mod owner;
 pub mod policy;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 mod rules;

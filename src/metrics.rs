@@ -108,6 +108,9 @@ names! {
     /// Conditional requests to the origin (refreshes and fills of an entry with a
     /// validator), by result (`not_modified`: renewed with the body it had; `modified`).
     REVALIDATIONS: Counter = "stampede_guard_revalidations_total", "Conditional requests to the origin, by result.";
+    /// Ticks of a periodic job ([`crate::leader`]) by operation and result (led, busy,
+    /// lost, unavailable).
+    LEADER_TICKS: Counter = "stampede_guard_leader_ticks_total", "Ticks of periodic jobs by result.";
     /// Counter of breaker openings.
     CIRCUIT_OPENED: Counter = "stampede_guard_redis_circuit_opened_total", "Times the Redis circuit breaker opened.";
 }
@@ -264,6 +267,11 @@ pub(crate) fn lease_released(operation: SharedString, result: &'static str, held
     }
     counter!(LEASE_RELEASES, "operation" => operation.clone(), "result" => result).increment(1);
     histogram!(LEASE_HOLD_SECONDS, "operation" => operation).record(held);
+}
+
+/// A tick of a periodic job.
+pub(crate) fn leader_tick(operation: SharedString, result: &'static str) {
+    counter!(LEADER_TICKS, "operation" => operation, "result" => result).increment(1);
 }
 
 /// Tags purged through this process.

@@ -305,7 +305,7 @@ impl LeaseClient {
     }
 }
 
-fn check_ttl(
+pub(crate) fn check_ttl(
     field: &'static str,
     ttl: Duration,
     command_timeout: Duration,

@@ -80,7 +80,7 @@ mod outcome;
 mod scripts;
 mod watchdog;
 
-pub(crate) use self::client::{Acquire, release_if_owner};
+pub(crate) use self::client::{Acquire, check_ttl, release_if_owner};
 pub use self::client::{
     DEFAULT_FENCE_RETENTION, DEFAULT_LEASE_TTL, LeaseClient, LeaseClientBuilder, MAX_LEASE_TTL,
     MIN_TTL_PER_COMMAND_TIMEOUT,

@@ -49,7 +49,21 @@ impl LeaseClient {
         max_total: Duration,
         work: F,
     ) -> Result<F::Output, LeaseLost> {
-        self.hold(lease, max_total, work, true).await
+        self.hold(lease, max_total, work, true, None).await
+    }
+
+    /// As [`hold_while`](Self::hold_while), telling `validity` the lease's new
+    /// [`valid_until`](Lease::valid_until) after every renewal (for work that checks,
+    /// between steps, whether it still leads: see [`crate::leader`]).
+    pub(crate) async fn hold_while_telling<F: Future>(
+        &self,
+        lease: &mut Lease,
+        max_total: Duration,
+        work: F,
+        validity: &tokio::sync::watch::Sender<std::time::Instant>,
+    ) -> Result<F::Output, LeaseLost> {
+        self.hold(lease, max_total, work, true, Some(validity))
+            .await
     }
 
     /// As [`hold_while`](Self::hold_while), but when renewals fail because Redis cannot
@@ -61,7 +75,7 @@ impl LeaseClient {
         max_total: Duration,
         work: F,
     ) -> Result<F::Output, LeaseLost> {
-        self.hold(lease, max_total, work, false).await
+        self.hold(lease, max_total, work, false, None).await
     }
 
     async fn hold<F: Future>(
@@ -70,6 +84,7 @@ impl LeaseClient {
         max_total: Duration,
         work: F,
         cancel_when_unreachable: bool,
+        validity: Option<&tokio::sync::watch::Sender<std::time::Instant>>,
     ) -> Result<F::Output, LeaseLost> {
         let deadline = Instant::from_std(lease.acquired_at()) + max_total;
         let ttl = lease.ttl();
@@ -85,7 +100,11 @@ impl LeaseClient {
                     return LeaseLost::MaxDuration;
                 }
                 match self.renew(lease, ttl).await {
-                    RenewOutcome::Renewed => {}
+                    RenewOutcome::Renewed => {
+                        if let Some(validity) = validity {
+                            validity.send_replace(lease.valid_until());
+                        }
+                    }
                     RenewOutcome::NotOwner => return LeaseLost::NotOwner,
                     RenewOutcome::Failed(error) => {
                         if lease.remaining().is_zero() {

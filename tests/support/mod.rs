@@ -5,6 +5,8 @@
 pub(crate) mod backend;
 pub(crate) mod cluster;
 pub(crate) mod http;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod proxy;
 pub(crate) mod sentinel;
 pub(crate) mod server;

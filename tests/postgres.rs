@@ -1,0 +1,850 @@
+//! The lease beyond the cache: fenced PostgreSQL writes and scheduler leadership, on a
+//! real PostgreSQL and a real redis-server of each test's own.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use stampede_guard::RedisStore;
+use stampede_guard::keys::{LeaseName, Scope};
+use stampede_guard::leader::{Leadership, Term, Tick};
+use stampede_guard::lease::{AcquireOutcome, FencingToken, Lease, LeaseClient, LeaseLost};
+use stampede_guard::postgres::tokio_postgres::Client;
+use stampede_guard::postgres::{FenceError, FencedTable, execute_guarded, to_bigint};
+use support::postgres::PgServer;
+use support::web::keys;
+use support::{HANG, RedisServer, eventually, within};
+use tokio::sync::{mpsc, oneshot};
+
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(100);
+
+fn leases(server: &RedisServer, instance: &str) -> LeaseClient {
+    let store = RedisStore::builder(server.url())
+        .command_timeout(COMMAND_TIMEOUT)
+        .build()
+        .unwrap();
+    LeaseClient::builder(store, &keys())
+        .instance_id(instance)
+        .build()
+        .unwrap()
+}
+
+fn acquired(outcome: AcquireOutcome) -> Lease {
+    match outcome {
+        AcquireOutcome::Acquired(lease) => lease,
+        other => panic!("not acquired: {other:?}"),
+    }
+}
+
+async fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server.cmd(&["PTTL", key]).await
+}
+
+// --- Fenced writes ---------------------------------------------------------------------
+
+async fn quote_table(db: &Client) -> FencedTable {
+    db.batch_execute(
+        "CREATE TABLE quote_recalc_state (
+             quote_id text PRIMARY KEY,
+             status text NOT NULL,
+             total bigint NOT NULL DEFAULT 0,
+             fencing_token bigint NOT NULL DEFAULT 0
+         );
+         INSERT INTO quote_recalc_state (quote_id, status) VALUES ('q-123', 'PENDING');",
+    )
+    .await
+    .unwrap();
+    FencedTable::new("quote_recalc_state", "quote_id", "fencing_token").unwrap()
+}
+
+async fn row(db: &Client, id: &str) -> (String, i64, i64) {
+    let row = db
+        .query_one(
+            "SELECT status, total, fencing_token FROM quote_recalc_state WHERE quote_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+#[tokio::test]
+async fn a_holder_paused_past_its_ttl_is_refused_by_postgres_as_a_stale_owner() {
+    let redis = RedisServer::start();
+    let pg = PgServer::start();
+    let db = pg.client().await;
+    let table = quote_table(&db).await;
+    let (a, b) = (leases(&redis, "pod-a"), leases(&redis, "pod-b"));
+    let name = keys()
+        .lease(&[Scope::id("quote", "q-123")], "recalculate")
+        .unwrap();
+    let ttl = Duration::from_millis(500);
+
+    let first = acquired(a.try_acquire(&name, ttl).await);
+    // The first holder pauses (a stall, a slow call) until Redis has expired its lease.
+    let expired = eventually(HANG, || async { pttl(&redis, name.key()).await == -2 }).await;
+    assert!(expired, "the first lease never expired");
+    assert_eq!(first.remaining(), Duration::ZERO);
+
+    // A second holder takes the lease, with a higher token, and commits.
+    let second = acquired(b.try_acquire(&name, ttl).await);
+    assert!(second.fencing_token() > first.fencing_token());
+    let written = table
+        .update(
+            &db,
+            &"q-123",
+            second.fencing_token(),
+            &[("status", &"DONE"), ("total", &200i64)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.token(), Some(second.fencing_token()));
+
+    // The first holder wakes and writes what it computed: PostgreSQL refuses it.
+    let refused = table
+        .update(
+            &db,
+            &"q-123",
+            first.fencing_token(),
+            &[("status", &"DONE"), ("total", &100i64)],
+        )
+        .await;
+    match refused {
+        Err(FenceError::StaleOwner { token, current }) => {
+            assert_eq!(token, first.fencing_token());
+            assert_eq!(current, second.fencing_token());
+        }
+        other => panic!("the stale write was not refused as stale: {other:?}"),
+    }
+    // The row holds the second holder's value and token.
+    assert_eq!(
+        row(&db, "q-123").await,
+        (
+            "DONE".to_owned(),
+            200,
+            to_bigint(second.fencing_token()).unwrap()
+        )
+    );
+    let _ = b.release(second).await;
+}
+
+#[tokio::test]
+async fn two_holders_racing_inside_transactions_leave_the_higher_token_whichever_commits_first() {
+    let pg = PgServer::start();
+    let mut low = pg.client().await;
+    let mut high = pg.client().await;
+    let table = quote_table(&low).await;
+    let (t_low, t_high) = (FencingToken::new(10), FencingToken::new(20));
+
+    // The higher token locks the row first and holds its transaction open; the lower
+    // one's update waits for the lock, then checks its guard against the committed row.
+    let tx_high = high.transaction().await.unwrap();
+    let written = table
+        .update(&tx_high, &"q-123", t_high, &[("total", &2i64)])
+        .await
+        .unwrap();
+    assert_eq!(written.token(), Some(t_high));
+    let tx_low = low.transaction().await.unwrap();
+    let waiting = async {
+        table
+            .update(&tx_low, &"q-123", t_low, &[("total", &1i64)])
+            .await
+    };
+    let commit = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tx_high.commit().await.unwrap();
+    };
+    let (refused, ()) = within(HANG, async { tokio::join!(waiting, commit) }, "race").await;
+    assert!(
+        matches!(refused, Err(FenceError::StaleOwner { current, .. }) if current == t_high),
+        "{refused:?}"
+    );
+    tx_low.rollback().await.unwrap();
+    assert_eq!(row(&low, "q-123").await.1, 2);
+
+    // The other order: the lower token commits first, the higher one still writes.
+    let tx_low = low.transaction().await.unwrap();
+    let t_next = FencingToken::new(30);
+    let t_after = FencingToken::new(40);
+    let written = table
+        .update(&tx_low, &"q-123", t_next, &[("total", &3i64)])
+        .await
+        .unwrap();
+    assert_eq!(written.token(), Some(t_next));
+    tx_low.commit().await.unwrap();
+    let written = table
+        .update(&high, &"q-123", t_after, &[("total", &4i64)])
+        .await
+        .unwrap();
+    assert_eq!(written.token(), Some(t_after));
+    assert_eq!(row(&high, "q-123").await, ("PENDING".to_owned(), 4, 40));
+}
+
+#[tokio::test]
+async fn every_rejection_path_is_a_typed_error_and_the_count_is_always_checked() {
+    let pg = PgServer::start();
+    let db = pg.client().await;
+    let table = quote_table(&db).await;
+    let token = FencingToken::new(5);
+    let written = table
+        .update(&db, &"q-123", token, &[("status", &"DONE")])
+        .await
+        .unwrap();
+    assert_eq!(written.token(), Some(token));
+
+    // The same token again: not higher, refused.
+    let same = table
+        .update(&db, &"q-123", token, &[("status", &"AGAIN")])
+        .await;
+    assert!(
+        matches!(same, Err(FenceError::StaleOwner { current, .. }) if current == token),
+        "{same:?}"
+    );
+    // No such row.
+    let missing = table
+        .update(&db, &"q-999", FencingToken::new(6), &[("status", &"DONE")])
+        .await;
+    assert!(matches!(missing, Err(FenceError::NoSuchRow)), "{missing:?}");
+    // A token past BIGINT: refused before PostgreSQL is asked.
+    let huge = table
+        .update(
+            &db,
+            &"q-123",
+            FencingToken::new(u64::MAX),
+            &[("status", &"X")],
+        )
+        .await;
+    assert!(
+        matches!(huge, Err(FenceError::TokenOutOfRange(_))),
+        "{huge:?}"
+    );
+    // A column that is not an identifier: refused, naming `set`.
+    let bad = table
+        .update(
+            &db,
+            &"q-123",
+            FencingToken::new(7),
+            &[("status = 'x' --", &"X")],
+        )
+        .await;
+    assert!(
+        matches!(&bad, Err(FenceError::Invalid(e)) if e.field() == "set"),
+        "{bad:?}"
+    );
+    // A table that does not exist: the database's error, typed.
+    let nowhere = FencedTable::new("no_such_table", "id", "fencing_token").unwrap();
+    let gone = nowhere
+        .update(&db, &"q-123", FencingToken::new(8), &[("status", &"X")])
+        .await;
+    assert!(
+        matches!(&gone, Err(FenceError::Database(e)) if e.code().is_some()),
+        "{gone:?}"
+    );
+    // An id that is not unique: more than one row changed, reported (and, inside a
+    // transaction, rolled back by the caller).
+    db.batch_execute(
+        "CREATE TABLE shard_state (shard int NOT NULL, fencing_token bigint NOT NULL DEFAULT 0,
+                                   note text);
+         INSERT INTO shard_state (shard) VALUES (1), (1);",
+    )
+    .await
+    .unwrap();
+    let shards = FencedTable::new("shard_state", "shard", "fencing_token").unwrap();
+    let mut tx_db = pg.client().await;
+    let tx = tx_db.transaction().await.unwrap();
+    let two = shards
+        .update(&tx, &1i32, FencingToken::new(9), &[("note", &"x")])
+        .await;
+    assert!(
+        matches!(two, Err(FenceError::NotOneRow { rows: 2 })),
+        "{two:?}"
+    );
+    drop(tx);
+    let untouched: i64 = db
+        .query_one("SELECT count(*) FROM shard_state WHERE note IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(untouched, 2, "the dropped transaction rolled back");
+
+    // A caller's own guard: a state guard that matches no row, and one that matches two.
+    let refused = execute_guarded(
+        &db,
+        "UPDATE quote_recalc_state SET status = 'DONE' WHERE quote_id = $1 AND status = 'PENDING'",
+        &[&"q-123"],
+    )
+    .await;
+    assert!(
+        matches!(refused, Err(FenceError::GuardRefused)),
+        "{refused:?}"
+    );
+    let many = execute_guarded(
+        &db,
+        "UPDATE shard_state SET note = 'y' WHERE shard = $1",
+        &[&1i32],
+    )
+    .await;
+    assert!(
+        matches!(many, Err(FenceError::NotOneRow { rows: 2 })),
+        "{many:?}"
+    );
+    let one = execute_guarded(
+        &db,
+        "UPDATE quote_recalc_state SET status = 'CHECKED' WHERE quote_id = $1 AND status = 'DONE'",
+        &[&"q-123"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(one.token(), None);
+    // Messages say what happened.
+    let message = FenceError::StaleOwner {
+        token: FencingToken::new(1),
+        current: FencingToken::new(2),
+    }
+    .to_string();
+    assert!(
+        message.contains("stale owner") && message.contains('2'),
+        "{message}"
+    );
+}
+
+// --- Scheduler leadership --------------------------------------------------------------
+
+const JOB: &str = "quote-expiry";
+const BATCH: i64 = 4;
+
+async fn scheduler_schema(db: &Client, items: i32) {
+    db.batch_execute(&format!(
+        "CREATE TABLE job_state (job text PRIMARY KEY, last_tick bigint NOT NULL DEFAULT -1,
+                                 fencing_token bigint NOT NULL DEFAULT 0);
+         INSERT INTO job_state (job) VALUES ('{JOB}');
+         CREATE TABLE job_runs (tick bigint NOT NULL, instance text NOT NULL,
+                                fencing_token bigint NOT NULL);
+         CREATE TABLE items (id int PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
+                             done_by text, done_tick bigint);
+         CREATE TABLE item_log (item int NOT NULL, instance text NOT NULL, tick bigint NOT NULL);
+         INSERT INTO items (id) SELECT generate_series(1, {items});"
+    ))
+    .await
+    .unwrap();
+}
+
+/// What a term of the job did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    /// The tick was claimed by this term; `items` were done.
+    Claimed { items: usize },
+    /// Another term had claimed this tick (or a later one): nothing done.
+    AlreadyClaimed,
+}
+
+/// The job, as a user writes it (see `examples/scheduler.rs`): claim the tick, durably
+/// and fenced; then a bounded batch, each item guarded by its state and by the term's
+/// token against the newest claim, one transaction each. `after_commit(n)` runs after
+/// the n-th item is committed (the tests stop a leader there).
+async fn job<F, Fut>(
+    db: &mut Client,
+    instance: &str,
+    tick: i64,
+    term: Term,
+    mut after_commit: F,
+) -> Run
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let token = to_bigint(term.token()).unwrap();
+    let claim = execute_guarded(
+        &*db,
+        "UPDATE job_state SET last_tick = $2, fencing_token = $3
+          WHERE job = $1 AND last_tick < $2 AND fencing_token < $3",
+        &[&JOB, &tick, &token],
+    )
+    .await;
+    match claim {
+        Ok(_) => {}
+        Err(FenceError::GuardRefused) => return Run::AlreadyClaimed,
+        Err(other) => panic!("claim: {other}"),
+    }
+    db.execute(
+        "INSERT INTO job_runs (tick, instance, fencing_token) VALUES ($1, $2, $3)",
+        &[&tick, &instance, &token],
+    )
+    .await
+    .unwrap();
+    let pending: Vec<i32> = db
+        .query(
+            "SELECT id FROM items WHERE status = 'pending' ORDER BY id LIMIT $1",
+            &[&BATCH],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut done = 0;
+    for id in pending {
+        if !term.is_held() {
+            break;
+        }
+        let tx = db.transaction().await.unwrap();
+        let item = execute_guarded(
+            &tx,
+            "UPDATE items SET status = 'done', done_by = $2, done_tick = $3
+              WHERE id = $1 AND status = 'pending'
+                AND (SELECT fencing_token FROM job_state WHERE job = $5) <= $4",
+            &[&id, &instance, &tick, &token, &JOB],
+        )
+        .await;
+        match item {
+            Ok(_) => {}
+            // Done by someone else, or a newer leader claimed since: not ours.
+            Err(FenceError::GuardRefused) => break,
+            Err(other) => panic!("item {id}: {other}"),
+        }
+        tx.execute(
+            "INSERT INTO item_log (item, instance, tick) VALUES ($1, $2, $3)",
+            &[&id, &instance, &tick],
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        done += 1;
+        after_commit(done).await;
+    }
+    Run::Claimed { items: done }
+}
+
+/// One scheduler instance: its own Redis connection, lease client and PostgreSQL
+/// connection; runs a tick whenever told, and answers with how it went.
+struct Instance {
+    name: String,
+    ticks: mpsc::Sender<(i64, oneshot::Sender<Outcome>)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Debug)]
+struct Outcome {
+    tick: Tick<Run>,
+    /// When the work began, if it ran.
+    started: Option<Instant>,
+}
+
+/// Tells the test which leader has committed its n-th item (instance, tick, token);
+/// taken by the first leader to get there, which then hangs until killed.
+type Stop = std::sync::Arc<std::sync::Mutex<Option<mpsc::Sender<(String, i64, FencingToken)>>>>;
+
+async fn start_instance(
+    redis: &RedisServer,
+    pg: &PgServer,
+    name: &str,
+    ttl: Duration,
+    stop_at: Option<(usize, Stop)>,
+) -> Instance {
+    let leases = leases(redis, name);
+    let lease = scheduler_lease();
+    let leadership = Leadership::builder(leases, lease)
+        .lease_ttl(ttl)
+        .max_term(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut db = pg.client().await;
+    let (ticks, mut rx) = mpsc::channel::<(i64, oneshot::Sender<Outcome>)>(1);
+    let instance = name.to_owned();
+    let task = tokio::spawn(async move {
+        while let Some((tick, reply)) = rx.recv().await {
+            let mut started = None;
+            let stop_at = stop_at.clone();
+            let instance = instance.clone();
+            let outcome = leadership
+                .run_once(|term| {
+                    started = Some(Instant::now());
+                    let token = term.token();
+                    let db = &mut db;
+                    async move {
+                        job(db, &instance, tick, term, |n| {
+                            let stop_at = stop_at.clone();
+                            let instance = instance.clone();
+                            async move {
+                                // The first leader to get there, only.
+                                let stop = stop_at
+                                    .filter(|(at, _)| n == *at)
+                                    .and_then(|(_, stop)| stop.lock().unwrap().take());
+                                if let Some(stop) = stop {
+                                    stop.send((instance, tick, token)).await.unwrap();
+                                    // Killed here: the test aborts this task.
+                                    std::future::pending::<()>().await;
+                                }
+                            }
+                        })
+                        .await
+                    }
+                })
+                .await;
+            let _ = reply.send(Outcome {
+                tick: outcome,
+                started,
+            });
+        }
+    });
+    Instance {
+        name: name.to_owned(),
+        ticks,
+        task,
+    }
+}
+
+fn scheduler_lease() -> LeaseName {
+    keys().lease(&[Scope::label("scheduler")], JOB).unwrap()
+}
+
+/// Runs tick `tick` on every instance at once; returns each one's outcome, by name.
+async fn tick_all(instances: &[&Instance], tick: i64) -> BTreeMap<String, Outcome> {
+    let mut replies = Vec::new();
+    for instance in instances {
+        let (tx, rx) = oneshot::channel();
+        instance.ticks.send((tick, tx)).await.unwrap();
+        replies.push((instance.name.clone(), rx));
+    }
+    let mut out = BTreeMap::new();
+    for (name, rx) in replies {
+        let outcome = within(HANG, rx, format!("tick {tick} on {name}"))
+            .await
+            .unwrap();
+        out.insert(name, outcome);
+    }
+    out
+}
+
+/// Every item's log entries: (item → [(instance, tick)]).
+async fn item_log(db: &Client) -> BTreeMap<i32, Vec<(String, i64)>> {
+    let mut log: BTreeMap<i32, Vec<(String, i64)>> = BTreeMap::new();
+    for row in db
+        .query(
+            "SELECT item, instance, tick FROM item_log ORDER BY item",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        log.entry(row.get(0))
+            .or_default()
+            .push((row.get(1), row.get(2)));
+    }
+    log
+}
+
+async fn runs(db: &Client) -> BTreeMap<i64, Vec<String>> {
+    let mut runs: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    for row in db
+        .query("SELECT tick, instance FROM job_runs ORDER BY tick", &[])
+        .await
+        .unwrap()
+    {
+        runs.entry(row.get(0)).or_default().push(row.get(1));
+    }
+    runs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_over_many_ticks_process_each_batch_exactly_once() {
+    let redis = RedisServer::start();
+    let pg = PgServer::start();
+    let db = pg.client().await;
+    const TICKS: i64 = 12;
+    // More items than the ticks take: every tick has a full batch.
+    scheduler_schema(&db, (TICKS * BATCH + 10) as i32).await;
+    let mut instances = Vec::new();
+    for name in ["pod-a", "pod-b", "pod-c"] {
+        instances.push(start_instance(&redis, &pg, name, Duration::from_secs(3), None).await);
+    }
+    let all: Vec<&Instance> = instances.iter().collect();
+
+    let mut claimed_by: BTreeMap<i64, String> = BTreeMap::new();
+    let mut led = 0;
+    for tick in 0..TICKS {
+        let outcomes = tick_all(&all, tick).await;
+        let mut claims = Vec::new();
+        for (name, outcome) in &outcomes {
+            match &outcome.tick {
+                Tick::Led { output, .. } => {
+                    led += 1;
+                    if let Run::Claimed { items } = output {
+                        assert_eq!(*items, BATCH as usize, "tick {tick} on {name}");
+                        claims.push(name.clone());
+                    }
+                }
+                Tick::Busy => {}
+                other => panic!("tick {tick} on {name}: {other:?}"),
+            }
+        }
+        // Exactly one instance processed this tick's batch (a second lease holder of
+        // the same tick, after the first released, finds the tick claimed).
+        assert_eq!(claims.len(), 1, "tick {tick}: {outcomes:?}");
+        claimed_by.insert(tick, claims.pop().unwrap());
+    }
+    assert!(led >= TICKS, "{led} terms led for {TICKS} ticks");
+
+    // PostgreSQL agrees: one run per tick, by the instance that claimed it; every item
+    // done once, in the tick and by the instance of its run; no item done twice.
+    let runs = runs(&db).await;
+    assert_eq!(runs.len(), TICKS as usize);
+    for (tick, by) in &runs {
+        assert_eq!(by, &vec![claimed_by[tick].clone()], "tick {tick}");
+    }
+    let log = item_log(&db).await;
+    assert_eq!(log.len(), (TICKS * BATCH) as usize);
+    let mut per_tick: BTreeMap<i64, usize> = BTreeMap::new();
+    for (item, entries) in &log {
+        assert_eq!(entries.len(), 1, "item {item} done {entries:?}");
+        let (by, tick) = &entries[0];
+        assert_eq!(by, &claimed_by[tick], "item {item}");
+        *per_tick.entry(*tick).or_default() += 1;
+    }
+    assert!(
+        per_tick.values().all(|n| *n == BATCH as usize),
+        "{per_tick:?}"
+    );
+    // The items left are the next ones, untouched.
+    let pending: i64 = db
+        .query_one("SELECT count(*) FROM items WHERE status = 'pending'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pending, 10);
+    for instance in instances {
+        instance.task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_mid_batch_is_taken_over_after_its_ttl_without_redoing_committed_work() {
+    let redis = RedisServer::start();
+    let pg = PgServer::start();
+    let db = pg.client().await;
+    const ITEMS: i32 = 12;
+    scheduler_schema(&db, ITEMS).await;
+    let ttl = Duration::from_secs(3);
+    let (stop_tx, mut stopped) = mpsc::channel(3);
+    let stop_tx: Stop = std::sync::Arc::new(std::sync::Mutex::new(Some(stop_tx)));
+    let mut instances = Vec::new();
+    for name in ["pod-a", "pod-b", "pod-c"] {
+        // Whoever leads the first tick stops after committing 2 of its 4 items.
+        let stop = Some((2, stop_tx.clone()));
+        instances.push(start_instance(&redis, &pg, name, ttl, stop).await);
+    }
+
+    // Tick 0: one leader; it commits two items and hangs.
+    let mut replies = Vec::new();
+    for instance in &instances {
+        let (tx, rx) = oneshot::channel();
+        instance.ticks.send((0, tx)).await.unwrap();
+        replies.push((instance.name.clone(), rx));
+    }
+    let (leader, tick, killed_token) = within(HANG, stopped.recv(), "a leader at item 2")
+        .await
+        .unwrap();
+    assert_eq!(tick, 0);
+    // The other two skipped the tick.
+    for (name, rx) in replies {
+        if name == leader {
+            continue;
+        }
+        let outcome = within(HANG, rx, "tick 0").await.unwrap();
+        assert!(matches!(outcome.tick, Tick::Busy), "{name}: {outcome:?}");
+    }
+    // Kill it: no release, no more renewals. Its lease lasts until Redis expires it.
+    let (dead, alive): (Vec<Instance>, Vec<Instance>) =
+        instances.into_iter().partition(|i| i.name == leader);
+    let dead = dead.into_iter().next().unwrap();
+    dead.task.abort();
+    let _ = dead.task.await;
+    let killed_at = Instant::now();
+    let left = pttl(&redis, scheduler_lease().key()).await;
+    assert!(
+        left > 0,
+        "the killed leader's lease is gone at once ({left})"
+    );
+    let expires = killed_at + Duration::from_millis(left as u64);
+
+    // The others wake every 100 ms: busy until the lease expires, then one takes over.
+    let alive_refs: Vec<&Instance> = alive.iter().collect();
+    let mut tick = 1;
+    let mut busy_before = 0;
+    let takeover = loop {
+        let outcomes = tick_all(&alive_refs, tick).await;
+        let led: Vec<_> = outcomes
+            .iter()
+            .filter_map(|(name, o)| match &o.tick {
+                Tick::Led { output, token, .. } => Some((name.clone(), *output, *token, o.started)),
+                _ => None,
+            })
+            .collect();
+        if let Some((name, output, token, started)) = led.into_iter().next() {
+            // Not before Redis expired the dead leader's lease.
+            let started = started.unwrap();
+            assert!(
+                started + Duration::from_millis(50) >= expires,
+                "taken over {:?} before the lease's TTL ran out",
+                expires - started
+            );
+            assert!(token > killed_token);
+            break (name, output);
+        }
+        busy_before += outcomes.len();
+        tick += 1;
+        assert!(killed_at.elapsed() < HANG, "nobody took over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        busy_before > 0,
+        "no tick found the dead leader's lease held"
+    );
+    assert_eq!(
+        takeover.1,
+        Run::Claimed {
+            items: BATCH as usize
+        }
+    );
+
+    // The rest, tick by tick, until nothing is pending.
+    loop {
+        let pending: i64 = db
+            .query_one("SELECT count(*) FROM items WHERE status = 'pending'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if pending == 0 {
+            break;
+        }
+        tick += 1;
+        let outcomes = tick_all(&alive_refs, tick).await;
+        assert!(
+            outcomes.values().any(|o| matches!(
+                o.tick,
+                Tick::Led {
+                    output: Run::Claimed { .. },
+                    ..
+                }
+            )),
+            "tick {tick}: {outcomes:?}"
+        );
+    }
+
+    // Every item done exactly once; the dead leader's two committed items stay its own
+    // and were not redone; the rest were done by the live instances.
+    let log = item_log(&db).await;
+    assert_eq!(log.len(), ITEMS as usize);
+    assert!(log.values().all(|e| e.len() == 1), "{log:?}");
+    let by_dead: BTreeSet<i32> = log
+        .iter()
+        .filter(|(_, e)| e[0].0 == leader)
+        .map(|(item, _)| *item)
+        .collect();
+    assert_eq!(by_dead, BTreeSet::from([1, 2]));
+    for instance in alive {
+        instance.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_term_stops_when_its_lease_is_lost_or_its_maximum_is_reached_and_skips_without_redis() {
+    let mut redis = RedisServer::start();
+    let name = scheduler_lease();
+    let ttl = Duration::from_millis(600);
+
+    // The lease is taken from under the leader (deleted, then taken by someone else):
+    // its next renewal says so, and the work is stopped.
+    let leadership = Leadership::builder(leases(&redis, "pod-a"), name.clone())
+        .lease_ttl(ttl)
+        .max_term(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let other = leases(&redis, "pod-b");
+    let key = name.key().to_owned();
+    let stolen = {
+        let redis = &redis;
+        let other = &other;
+        let name = &name;
+        let key = key.clone();
+        leadership.run_once(move |term: Term| async move {
+            assert!(term.is_held());
+            let _: i64 = redis.cmd(&["DEL", &key]).await;
+            let theirs = acquired(other.try_acquire(name, Duration::from_secs(5)).await);
+            assert!(theirs.fencing_token() > term.token());
+            std::future::pending::<()>().await
+        })
+    };
+    let tick = within(HANG, stolen, "a term whose lease was taken").await;
+    assert!(
+        matches!(
+            tick,
+            Tick::Lost {
+                reason: LeaseLost::NotOwner,
+                ..
+            }
+        ),
+        "{tick:?}"
+    );
+    let _: i64 = redis.cmd(&["DEL", &key]).await;
+
+    // A term that runs past its maximum is stopped there, renewed until then.
+    let capped = Leadership::builder(leases(&redis, "pod-a"), name.clone())
+        .lease_ttl(ttl)
+        .max_term(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let began = Instant::now();
+    let tick = within(
+        HANG,
+        capped.run_once(|term: Term| async move {
+            // Past the TTL: renewed; the watchdog tells the term so.
+            tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+            assert!(term.is_held(), "renewals did not reach the term");
+            std::future::pending::<()>().await
+        }),
+        "a term past its maximum",
+    )
+    .await;
+    assert!(
+        matches!(
+            tick,
+            Tick::Lost {
+                reason: LeaseLost::MaxDuration,
+                ..
+            }
+        ),
+        "{tick:?}"
+    );
+    assert!(began.elapsed() >= Duration::from_millis(1500));
+    // Released at the stop: the next tick is free at once.
+    assert_eq!(pttl(&redis, &key).await, -2);
+
+    // Without Redis, the work does not run.
+    redis.kill();
+    let mut ran = false;
+    let tick = within(
+        HANG,
+        capped.run_once(|_| async { ran = true }),
+        "a tick without Redis",
+    )
+    .await;
+    assert!(matches!(tick, Tick::Unavailable(_)), "{tick:?}");
+    assert!(!ran);
+    redis.restart();
+    let tick = capped.run_once(|term| async move { term.token() }).await;
+    assert!(matches!(tick, Tick::Led { .. }), "{tick:?}");
+
+    // Bad settings are refused, naming the field.
+    let error = Leadership::builder(leases(&redis, "pod-a"), name.clone())
+        .lease_ttl(Duration::from_millis(100))
+        .build()
+        .unwrap_err();
+    assert_eq!(error.field(), "lease_ttl");
+    let error = Leadership::builder(leases(&redis, "pod-a"), name)
+        .max_term(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(error.field(), "max_term");
+}

@@ -320,7 +320,7 @@ async fn scheduler_schema(db: &Client, items: i32) {
                                  fencing_token bigint NOT NULL DEFAULT 0);
          INSERT INTO job_state (job) VALUES ('{JOB}');
          CREATE TABLE job_runs (tick bigint NOT NULL, instance text NOT NULL,
-                                fencing_token bigint NOT NULL);
+                                fencing_token bigint NOT NULL, started timestamptz NOT NULL);
          CREATE TABLE items (id int PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
                              done_by text, done_tick bigint);
          CREATE TABLE item_log (item int NOT NULL, instance text NOT NULL, tick bigint NOT NULL);
@@ -341,13 +341,15 @@ enum Run {
 
 /// The job, as a user writes it (see `examples/scheduler.rs`): claim the tick, durably
 /// and fenced; then a bounded batch, each item guarded by its state and by the term's
-/// token against the newest claim, one transaction each. `after_commit(n)` runs after
-/// the n-th item is committed (the tests stop a leader there).
+/// token against the newest claim, one transaction each. Each item's work takes
+/// `item_time`, inside its transaction; `after_commit(n)` runs after the n-th item is
+/// committed (the tests stop a leader there).
 async fn job<F, Fut>(
     db: &mut Client,
     instance: &str,
     tick: i64,
     term: Term,
+    item_time: Duration,
     mut after_commit: F,
 ) -> Run
 where
@@ -368,7 +370,8 @@ where
         Err(other) => panic!("claim: {other}"),
     }
     db.execute(
-        "INSERT INTO job_runs (tick, instance, fencing_token) VALUES ($1, $2, $3)",
+        "INSERT INTO job_runs (tick, instance, fencing_token, started)
+         VALUES ($1, $2, $3, clock_timestamp())",
         &[&tick, &instance, &token],
     )
     .await
@@ -403,6 +406,7 @@ where
             Err(FenceError::GuardRefused) => break,
             Err(other) => panic!("item {id}: {other}"),
         }
+        tokio::time::sleep(item_time).await;
         tx.execute(
             "INSERT INTO item_log (item, instance, tick) VALUES ($1, $2, $3)",
             &[&id, &instance, &tick],
@@ -463,7 +467,7 @@ async fn start_instance(
                     let token = term.token();
                     let db = &mut db;
                     async move {
-                        job(db, &instance, tick, term, |n| {
+                        job(db, &instance, tick, term, Duration::ZERO, |n| {
                             let stop_at = stop_at.clone();
                             let instance = instance.clone();
                             async move {
@@ -847,4 +851,218 @@ async fn a_term_stops_when_its_lease_is_lost_or_its_maximum_is_reached_and_skips
         .build()
         .unwrap_err();
     assert_eq!(error.field(), "max_term");
+}
+
+// --- Scheduler instances as processes, one killed with SIGKILL ---------------------------
+
+/// The environment a scheduler process is started with: it runs the job as one
+/// instance of the fleet, ticking every [`PROCESS_TICK`], until killed.
+const CHILD_ENV: &str = "STAMPEDE_GUARD_TEST_SCHEDULER";
+const PROCESS_TICK: Duration = Duration::from_millis(200);
+const PROCESS_ITEM_TIME: Duration = Duration::from_millis(400);
+
+/// Not a test: the body of one scheduler process of
+/// `a_scheduler_process_killed_mid_batch_...`, which starts this binary with
+/// `--ignored --exact` and [`CHILD_ENV`] set. Ticks on the wall clock, as every
+/// instance of a fleet does (`examples/scheduler.rs`).
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "a scheduler process of the SIGKILL test, started by it"]
+async fn scheduler_process() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        panic!("run by a_scheduler_process_killed_mid_batch_..., with {CHILD_ENV} set");
+    };
+    let mut parts = spec.splitn(3, '|');
+    let (name, redis_url, pg_url) = (
+        parts.next().unwrap().to_owned(),
+        parts.next().unwrap().to_owned(),
+        parts.next().unwrap().to_owned(),
+    );
+    let store = RedisStore::builder(redis_url)
+        .command_timeout(COMMAND_TIMEOUT)
+        .build()
+        .unwrap();
+    let leases = LeaseClient::builder(store, &keys())
+        .instance_id(&name)
+        .build()
+        .unwrap();
+    let leadership = Leadership::builder(leases, scheduler_lease())
+        .lease_ttl(Duration::from_secs(2))
+        .max_term(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let (mut db, connection) = stampede_guard::postgres::tokio_postgres::connect(
+        &pg_url,
+        stampede_guard::postgres::tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(60) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let period = PROCESS_TICK.as_millis();
+        let next = now.as_millis() / period + 1;
+        tokio::time::sleep(Duration::from_millis(
+            (next * period - now.as_millis()) as u64,
+        ))
+        .await;
+        let tick = next as i64;
+        let db = &mut db;
+        let name = name.as_str();
+        let _ = leadership
+            .run_once(|term| job(db, name, tick, term, PROCESS_ITEM_TIME, |_| async {}))
+            .await;
+    }
+}
+
+struct Process {
+    name: String,
+    child: std::process::Child,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_process(name: &str, redis: &RedisServer, pg: &PgServer) -> Process {
+    let exe = std::env::current_exe().unwrap();
+    let mut command = match support::server::setpriv() {
+        Some(setpriv) => {
+            let mut c = std::process::Command::new(setpriv);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(exe);
+            c
+        }
+        None => std::process::Command::new(exe),
+    };
+    command
+        .args([
+            "scheduler_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, format!("{name}|{}|{}", redis.url(), pg.url()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null());
+    Process {
+        name: name.to_owned(),
+        child: command.spawn().expect("the scheduler process starts"),
+    }
+}
+
+/// The last claimed tick: (tick, instance, items it has done so far).
+async fn last_run(db: &Client) -> Option<(i64, String, i64)> {
+    let row = db
+        .query_opt(
+            "SELECT r.tick, r.instance,
+                    (SELECT count(*) FROM item_log l WHERE l.tick = r.tick)
+               FROM job_runs r ORDER BY r.tick DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()?;
+    Some((row.get(0), row.get(1), row.get(2)))
+}
+
+fn wall_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_process_killed_mid_batch_is_taken_over_after_its_ttl_without_redoing_committed_work()
+ {
+    let redis = RedisServer::start();
+    let pg = PgServer::start();
+    let db = pg.client().await;
+    const ITEMS: i32 = 10;
+    scheduler_schema(&db, ITEMS).await;
+    let mut processes: Vec<Process> = ["pod-a", "pod-b", "pod-c"]
+        .iter()
+        .map(|name| start_process(name, &redis, &pg))
+        .collect();
+
+    // Wait until a leader has committed its first item and is inside the next one's
+    // transaction; then kill its process (SIGKILL: no release, no rollback sent).
+    let mid_batch = eventually(HANG, || async {
+        matches!(last_run(&db).await, Some((_, _, done)) if done >= 1)
+    })
+    .await;
+    assert!(mid_batch, "no leader committed an item");
+    tokio::time::sleep(PROCESS_ITEM_TIME / 2).await;
+    let (killed_tick, leader, _) = last_run(&db).await.unwrap();
+    let at = processes.iter().position(|p| p.name == leader).unwrap();
+    let mut dead = processes.remove(at);
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed_wall = wall_micros();
+    let left = pttl(&redis, scheduler_lease().key()).await;
+    assert!(
+        left > 0,
+        "the dead leader's lease ended at once ({left} ms)"
+    );
+    let committed_by_dead: i64 = db
+        .query_one(
+            "SELECT count(*) FROM item_log WHERE instance = $1",
+            &[&leader],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        (1..BATCH).contains(&committed_by_dead),
+        "the leader was not killed mid-batch: it had committed {committed_by_dead} items"
+    );
+
+    // The survivors take over once the lease has expired, and finish the work.
+    let all_done = eventually(HANG, || async {
+        let pending: i64 = db
+            .query_one("SELECT count(*) FROM items WHERE status = 'pending'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        pending == 0
+    })
+    .await;
+    assert!(all_done, "the survivors did not finish the items");
+
+    // The first run after the killed one began only after the lease's TTL ran out.
+    let takeover = db
+        .query_one(
+            "SELECT instance, (extract(epoch FROM started) * 1000000)::bigint FROM job_runs
+              WHERE tick > $1 ORDER BY tick LIMIT 1",
+            &[&killed_tick],
+        )
+        .await
+        .unwrap();
+    let (taken_by, started): (String, i64) = (takeover.get(0), takeover.get(1));
+    assert_ne!(taken_by, leader);
+    let expiry = killed_wall + left * 1000;
+    assert!(
+        started + 50_000 >= expiry,
+        "taken over {} ms before the dead leader's lease expired",
+        (expiry - started) / 1000
+    );
+    // Every item done exactly once; what the dead leader committed stays its own, what it
+    // had in flight was rolled back and done by a survivor.
+    let log = item_log(&db).await;
+    assert_eq!(log.len(), ITEMS as usize);
+    assert!(log.values().all(|e| e.len() == 1), "{log:?}");
+    let by_dead = log.values().filter(|e| e[0].0 == leader).count() as i64;
+    assert_eq!(by_dead, committed_by_dead);
+    let done_by_dead: i64 = db
+        .query_one("SELECT count(*) FROM items WHERE done_by = $1", &[&leader])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(done_by_dead, committed_by_dead);
+    drop(processes);
 }

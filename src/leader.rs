@@ -48,7 +48,7 @@
 //! * **Record the run durably**, fenced by [`Term::token`]: a claim of the tick in the
 //!   database (`UPDATE job_state SET last_tick = $2, fencing_token = $3 WHERE job = $1
 //!   AND last_tick < $2 AND fencing_token < $3`, with
-//!   [`execute_guarded`](crate::postgres::execute_guarded)). A second leader of the same
+//!   `stampede_guard::postgres::execute_guarded`). A second leader of the same
 //!   tick finds it claimed and stops; a stale leader's claim is refused.
 //! * **Process a bounded batch**, each item guarded by its state (`… WHERE id = $1 AND
 //!   status = 'pending'`) and by the leader's token against the newest claim: an item

@@ -55,7 +55,8 @@
 //! origin, a stalled process) past its TTL while someone else takes the lease, and a
 //! Redis failover can lose a lease that was just set. Correctness comes from the
 //! [`FencingToken`]: the protected resource refuses writes with a token lower than one
-//! it has seen.
+//! it has seen. `stampede_guard::postgres` (feature `postgres`) does that check in PostgreSQL;
+//! [`crate::leader`] builds scheduler leadership on it.
 //!
 //! Tokens for one lease name are `max(last token + 1, Redis server time in µs)`:
 //!

@@ -12,7 +12,7 @@
 //! 1. acquire the Redis lease (one script: `SET NX PX` and a fencing token);
 //! 2. do the work;
 //! 3. update PostgreSQL with a guard on the token:
-//!    `UPDATE … SET …, fencing_token = $2 WHERE quote_id = $1 AND fencing_token < $2`;
+//!    `UPDATE … SET …, fencing_token = $2 WHERE quote_id = $1 AND fencing_token <= $2`;
 //! 4. an update count of zero means this holder is stale: a typed error,
 //!    [`FenceError::StaleOwner`], never a `bool`;
 //! 5. release the lease (owner-checked).

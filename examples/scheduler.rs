@@ -19,7 +19,8 @@
 //!    its token (`WHERE last_tick < $tick AND fencing_token < $token`). A second
 //!    winner of the same tick (after the first released) finds it claimed and stops;
 //! 4. it processes a bounded batch, one transaction per item, each guarded by the
-//!    item's state (`status = 'pending'`) and by its token against the newest claim,
+//!    item's state (`status = 'pending'`) and by its token against the newest claim
+//!    (whose row it locks for share, so that a new claim waits for an item in flight),
 //!    checking between items that it still leads;
 //! 5. the lease is renewed while it works, for at most the maximum term, and released.
 //!
@@ -70,8 +71,12 @@ fn args() -> Result<Args, String> {
             "--instances" => count = number(value()?)? as usize,
             "--ticks" => args.ticks = number(value()?)?,
             "--every" => args.every = Duration::from_millis(number(value()?)?.max(1)),
-            "--items" => args.items = number(value()?)? as i32,
-            "--batch" => args.batch = number(value()?)? as i64,
+            "--items" => {
+                args.items = i32::try_from(number(value()?)?).map_err(|_| "--items is too large")?
+            }
+            "--batch" => {
+                args.batch = i64::try_from(number(value()?)?).map_err(|_| "--batch is too large")?
+            }
             "--reset" => args.reset = true,
             other => {
                 return Err(format!(
@@ -218,7 +223,7 @@ async fn instance(
                 output: Err(error), ..
             } => println!("tick {tick}: {name} failed: {error}"),
             Tick::Busy => {}
-            Tick::Lost { reason, .. } => {
+            Tick::Stopped { reason, .. } => {
                 println!("tick {tick}: {name} stopped: {}", reason.as_str())
             }
             Tick::Unavailable(error) => println!("tick {tick}: {name} skipped: {error}"),
@@ -281,16 +286,32 @@ async fn job(
         let tx = db.transaction().await.map_err(FenceError::Database)?;
         match execute_guarded(
             &tx,
+            // The claim's row locked for share: a new claim waits for this item.
             "UPDATE sched_items SET status = 'done', done_by = $2, done_tick = $3
               WHERE id = $1 AND status = 'pending'
-                AND (SELECT fencing_token FROM sched_job_state WHERE job = $5) <= $4",
+                AND EXISTS (SELECT 1 FROM sched_job_state
+                             WHERE job = $5 AND fencing_token <= $4 FOR SHARE)",
             &[&id, &instance, &tick, &token, &JOB],
         )
         .await
         {
             Ok(_) => {}
-            // Done already, or a newer leader has claimed: stop here.
-            Err(FenceError::GuardRefused) => break,
+            Err(FenceError::GuardRefused) => {
+                // Which guard said no: a newer claim (stop: another instance leads), or
+                // the item was done already (go on).
+                let newest: i64 = tx
+                    .query_one(
+                        "SELECT fencing_token FROM sched_job_state WHERE job = $1",
+                        &[&JOB],
+                    )
+                    .await
+                    .map_err(FenceError::Database)?
+                    .get(0);
+                if newest > token {
+                    break;
+                }
+                continue;
+            }
             Err(other) => return Err(other),
         }
         // ... the item's real work goes here, in the same transaction ...

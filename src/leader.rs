@@ -31,7 +31,7 @@
 //!     }).await {
 //!         Tick::Led { .. } => {}
 //!         Tick::Busy => {}          // another instance runs this tick
-//!         Tick::Lost { .. } => {}   // stopped: the lease was lost or ran out
+//!         Tick::Stopped { .. } => {} // the lease was lost, or the term ran out
 //!         _ => {}                   // Redis could not say: skipped, safely
 //!     }
 //! }
@@ -51,10 +51,15 @@
 //!   `stampede_guard::postgres::execute_guarded`). A second leader of the same
 //!   tick finds it claimed and stops; a stale leader's claim is refused.
 //! * **Process a bounded batch**, each item guarded by its state (`… WHERE id = $1 AND
-//!   status = 'pending'`) and by the leader's token against the newest claim: an item
-//!   is done once whoever does it, and a leader that was taken over is refused at its
-//!   next item. Committed work is never redone; work left half-way is pending and
-//!   picked up by the next tick (the job is resumable).
+//!   status = 'pending'`) and by the leader's token against the newest claim, with the
+//!   claim's row locked for share (`AND EXISTS (SELECT 1 FROM job_state WHERE job = $2
+//!   AND fencing_token <= $3 FOR SHARE)`): an item is done once whoever does it, and a
+//!   leader that was taken over is refused at its next item. The share lock orders an
+//!   item in flight against a new claim: the new leader's claim waits for that item's
+//!   transaction, so an item is always committed under the newest claim at its commit
+//!   (a paused leader's open transaction holds the claim back until it ends: bound it
+//!   with `idle_in_transaction_session_timeout`). Committed work is never redone; work
+//!   left half-way is pending and picked up by the next tick (the job is resumable).
 //! * **Check [`Term::is_held`] between items**, and keep each item shorter than the
 //!   lease's TTL. Cancellation at an `.await` stops the work too, but a check between
 //!   items stops it at a clean point.
@@ -122,6 +127,10 @@ impl Leadership {
     /// One tick: tries the lease without waiting and, if this instance takes it, runs
     /// `work` under it (renewed, capped at the maximum term, stopped when lost), then
     /// releases it. See the [module docs](self) for what `work` must do.
+    ///
+    /// If `work` panics, or this future is dropped while the work runs, renewals stop
+    /// at once and the lease is not released: it ends by its TTL. A [`Term`] says
+    /// `is_held() == false` from the moment its term ends, however it ends.
     pub async fn run_once<F, Fut>(&self, work: F) -> Tick<Fut::Output>
     where
         F: FnOnce(Term) -> Fut,
@@ -156,6 +165,7 @@ impl Leadership {
         };
         let token = lease.fencing_token();
         let (validity, valid_until) = watch::channel(lease.valid_until());
+        let validity = TermEnds(validity);
         let term = Term {
             token,
             valid_until,
@@ -163,10 +173,12 @@ impl Leadership {
         };
         let outcome = self
             .leases
-            .hold_while_telling(&mut lease, self.max_term, work(term), &validity)
+            .hold_while_telling(&mut lease, self.max_term, work(term), &validity.0)
             .await;
-        // Released on every path: the work ended, or was stopped at the maximum term
-        // (still ours), or its lease was lost (the owner check makes that a no-op).
+        drop(validity);
+        // Released on every path that returns: the work ended, or was stopped at the
+        // maximum term (still ours), or its lease was lost (the owner check makes that
+        // a no-op).
         let released = self.leases.release(lease).await;
         match outcome {
             Ok(output) => {
@@ -178,8 +190,12 @@ impl Leadership {
                 }
             }
             Err(reason) => {
-                crate::metrics::leader_tick(operation, "lost");
-                Tick::Lost { token, reason }
+                crate::metrics::leader_stopped(operation, reason.as_str());
+                Tick::Stopped {
+                    token,
+                    reason,
+                    released,
+                }
             }
         }
     }
@@ -243,6 +259,16 @@ impl LeadershipBuilder {
     }
 }
 
+/// Tells the term's [`Term`]s that it has ended, however it ends (returned, stopped,
+/// panicked, dropped): a clone kept past it never says it still leads.
+struct TermEnds(watch::Sender<Instant>);
+
+impl Drop for TermEnds {
+    fn drop(&mut self) {
+        self.0.send_replace(Instant::now());
+    }
+}
+
 /// What the work of a term is given: its fencing token, and whether it still leads.
 #[derive(Debug, Clone)]
 pub struct Term {
@@ -289,25 +315,30 @@ pub enum Tick<T> {
     },
     /// Another instance holds the lease: this tick is theirs.
     Busy,
-    /// This instance led, but the work was stopped before its end: the lease was lost
-    /// or the maximum term reached.
-    Lost {
+    /// This instance led, but the work was stopped before its end: the maximum term
+    /// was reached ([`LeaseLost::MaxDuration`], a job that needs more time or is hung),
+    /// or the lease was lost ([`LeaseLost::NotOwner`], [`LeaseLost::Unconfirmed`]:
+    /// another instance may lead now).
+    Stopped {
         /// The term's token.
         token: FencingToken,
         /// Why.
         reason: LeaseLost,
+        /// How the release went (`Released` at the maximum term; `NotOwner` once lost).
+        released: ReleaseOutcome,
     },
     /// Redis could not be asked, or did not answer in time: the work did not run.
     Unavailable(StoreError),
 }
 
 impl<T> Tick<T> {
-    /// The tick's name, as used in metric labels: `led`, `busy`, `lost`, `unavailable`.
+    /// The tick's name, as used in metric labels: `led`, `busy`, `stopped`,
+    /// `unavailable`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Led { .. } => "led",
             Self::Busy => "busy",
-            Self::Lost { .. } => "lost",
+            Self::Stopped { .. } => "stopped",
             Self::Unavailable(_) => "unavailable",
         }
     }

@@ -109,7 +109,7 @@ names! {
     /// validator), by result (`not_modified`: renewed with the body it had; `modified`).
     REVALIDATIONS: Counter = "stampede_guard_revalidations_total", "Conditional requests to the origin, by result.";
     /// Ticks of a periodic job ([`crate::leader`]) by operation and result (led, busy,
-    /// lost, unavailable).
+    /// stopped, with a `reason`, unavailable).
     LEADER_TICKS: Counter = "stampede_guard_leader_ticks_total", "Ticks of periodic jobs by result.";
     /// Counter of breaker openings.
     CIRCUIT_OPENED: Counter = "stampede_guard_redis_circuit_opened_total", "Times the Redis circuit breaker opened.";
@@ -272,6 +272,13 @@ pub(crate) fn lease_released(operation: SharedString, result: &'static str, held
 /// A tick of a periodic job.
 pub(crate) fn leader_tick(operation: SharedString, result: &'static str) {
     counter!(LEADER_TICKS, "operation" => operation, "result" => result).increment(1);
+}
+
+/// A term of a periodic job stopped before its work ended, and why (`max_duration`,
+/// `not_owner`, `unconfirmed`).
+pub(crate) fn leader_stopped(operation: SharedString, reason: &'static str) {
+    counter!(LEADER_TICKS, "operation" => operation, "result" => "stopped", "reason" => reason)
+        .increment(1);
 }
 
 /// Tags purged through this process.

@@ -4,14 +4,18 @@
 //! A Redis lease cannot stop a holder whose lease expired from writing: it may have
 //! paused (a stalled process, a slow call) past its TTL while a second holder took the
 //! lease and wrote. What stops its write is the row: it carries the token of its last
-//! writer, and an update whose token is not higher is refused *by PostgreSQL*, inside
-//! the same statement that would have written:
+//! writer, and an update whose token is lower is refused *by PostgreSQL*, inside the
+//! same statement that would have written:
 //!
 //! ```sql
 //! UPDATE quote_recalc_state
 //!    SET status = $3, fencing_token = $2
-//!  WHERE quote_id = $1 AND fencing_token < $2
+//!  WHERE quote_id = $1 AND fencing_token <= $2
 //! ```
+//!
+//! `<=`, not `<`: a holder may write its row more than once (progress, then the end)
+//! under its one token, and a token is never issued to two acquires. Every lower token,
+//! that is every earlier holder, is refused.
 //!
 //! An update count of zero means the caller is stale. That count is never left to the
 //! caller to look at: [`FencedTable::update`] and [`execute_guarded`] turn it into an
@@ -62,10 +66,11 @@
 //!
 //! Under `READ COMMITTED` (PostgreSQL's default), an update that waits for another
 //! transaction's lock on the row checks its guard again against the row as that
-//! transaction committed it: of two holders updating at once, the one with the lower
-//! token is refused whichever commits first. Under `REPEATABLE READ` or `SERIALIZABLE`
-//! the same race is an error of the database (`serialization_failure`), reported as
-//! [`FenceError::Database`]. These helpers never commit, retry or roll back: inside a
+//! transaction committed it. Of two holders updating at once, the row ends with the
+//! higher token's write: if the higher one commits first, the lower one is refused; if
+//! the lower one commits first, the higher one overwrites it (it is newer). Under
+//! `REPEATABLE READ` or `SERIALIZABLE` the first case is an error of the database
+//! (`serialization_failure`), reported as [`FenceError::Database`]. These helpers never commit, retry or roll back: inside a
 //! transaction, returning the error and dropping the transaction rolls everything back.
 
 use std::fmt;
@@ -82,7 +87,8 @@ use crate::lease::FencingToken;
 pub type Param<'a> = &'a (dyn ToSql + Sync);
 
 /// A table whose rows carry the fencing token of their last writer, in a `BIGINT`
-/// column (`NOT NULL DEFAULT 0`: a row never written under a lease takes any token).
+/// column (`NOT NULL DEFAULT 0`: a row never written under a lease takes any token; a
+/// `NULL` token matches no guard, and such a row is never updated).
 ///
 /// Identifiers are checked when it is made (lowercase letters, digits and `_`, not
 /// starting with a digit, at most 63 bytes; the table may be `schema.table`) and quoted
@@ -134,14 +140,14 @@ impl FencedTable {
         })
     }
 
-    /// Sets the columns `set` of the row `id`, and its token to `token`, only if the
-    /// token it holds is lower: one `UPDATE … WHERE id = $1 AND token < $2`, refused by
-    /// PostgreSQL for a holder whose lease was taken over.
+    /// Sets the columns `set` of the row `id`, and its token to `token`, unless the
+    /// token it holds is higher: one `UPDATE … WHERE id = $1 AND token <= $2`, refused
+    /// by PostgreSQL for a holder whose lease was taken over by a holder that wrote.
     ///
     /// * `Ok(Written)`: exactly one row was updated.
-    /// * [`FenceError::StaleOwner`]: the row holds a token at least as high (read back
-    ///   after the refusal): a newer holder wrote. Stop; the work of this lease is void.
-    /// * [`FenceError::NoSuchRow`]: no row has this id.
+    /// * [`FenceError::StaleOwner`]: the row holds a higher token (read back after the
+    ///   refusal): a newer holder wrote. Stop; the work of this lease is void.
+    /// * [`FenceError::NoSuchRow`]: no row had this id when the update ran.
     /// * [`FenceError::NotOneRow`]: the id matched more than one row (it is not unique);
     ///   they were updated, so roll back the transaction around it.
     /// * [`FenceError::TokenOutOfRange`], [`FenceError::Invalid`] (a column name, an
@@ -165,9 +171,12 @@ impl FencedTable {
             .map_err(FenceError::Database)?;
         match rows {
             1 => Ok(Written { token: Some(token) }),
+            // Read back in a statement of its own (a new snapshot): a higher token is a
+            // newer holder; no row, or one with a token the guard would have let
+            // through, means there was no row when the update ran.
             0 => match self.current(client, id).await? {
-                Some(current) => Err(FenceError::StaleOwner { token, current }),
-                None => Err(FenceError::NoSuchRow),
+                Some(current) if current > token => Err(FenceError::StaleOwner { token, current }),
+                _ => Err(FenceError::NoSuchRow),
             },
             rows => Err(FenceError::NotOneRow { rows }),
         }
@@ -210,7 +219,7 @@ impl FencedTable {
             assignments.push_str(&format!(", {column} = ${}", n + 3));
         }
         Ok(format!(
-            "UPDATE {} SET {assignments} WHERE {} = $1 AND {} < $2",
+            "UPDATE {} SET {assignments} WHERE {} = $1 AND {} <= $2",
             self.table, self.id, self.token
         ))
     }
@@ -269,8 +278,8 @@ impl Written {
 #[non_exhaustive]
 #[must_use = "a refused write means this holder is stale: its work must not count"]
 pub enum FenceError {
-    /// The row holds a token at least as high as ours: a newer lease holder has
-    /// written. This holder is stale; nothing was written.
+    /// The row holds a higher token than ours: a newer lease holder has written. This
+    /// holder is stale; nothing was written.
     #[error("stale owner: token {token} refused, the row holds {current}")]
     StaleOwner {
         /// The token the write was made with.
@@ -334,7 +343,7 @@ mod tests {
         assert_eq!(
             statement,
             "UPDATE \"app\".\"quote_state\" SET \"fencing_token\" = $2, \"status\" = $3, \
-             \"attempts\" = $4 WHERE \"quote_id\" = $1 AND \"fencing_token\" < $2"
+             \"attempts\" = $4 WHERE \"quote_id\" = $1 AND \"fencing_token\" <= $2"
         );
     }
 

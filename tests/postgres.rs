@@ -17,7 +17,8 @@ use support::web::keys;
 use support::{HANG, RedisServer, eventually, within};
 use tokio::sync::{mpsc, oneshot};
 
-const COMMAND_TIMEOUT: Duration = Duration::from_millis(100);
+// Generous, for a loaded machine: an acquire that times out would skip a tick.
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(250);
 
 fn leases(server: &RedisServer, instance: &str) -> LeaseClient {
     let store = RedisStore::builder(server.url())
@@ -79,7 +80,7 @@ async fn a_holder_paused_past_its_ttl_is_refused_by_postgres_as_a_stale_owner() 
     let name = keys()
         .lease(&[Scope::id("quote", "q-123")], "recalculate")
         .unwrap();
-    let ttl = Duration::from_millis(500);
+    let ttl = Duration::from_millis(1000);
 
     let first = acquired(a.try_acquire(&name, ttl).await);
     // The first holder pauses (a stall, a slow call) until Redis has expired its lease.
@@ -137,6 +138,8 @@ async fn two_holders_racing_inside_transactions_leave_the_higher_token_whichever
     let table = quote_table(&low).await;
     let (t_low, t_high) = (FencingToken::new(10), FencingToken::new(20));
 
+    let observer = pg.client().await;
+
     // The higher token locks the row first and holds its transaction open; the lower
     // one's update waits for the lock, then checks its guard against the committed row.
     let tx_high = high.transaction().await.unwrap();
@@ -152,7 +155,7 @@ async fn two_holders_racing_inside_transactions_leave_the_higher_token_whichever
             .await
     };
     let commit = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        waits_for_a_row_lock(&observer).await;
         tx_high.commit().await.unwrap();
     };
     let (refused, ()) = within(HANG, async { tokio::join!(waiting, commit) }, "race").await;
@@ -163,22 +166,47 @@ async fn two_holders_racing_inside_transactions_leave_the_higher_token_whichever
     tx_low.rollback().await.unwrap();
     assert_eq!(row(&low, "q-123").await.1, 2);
 
-    // The other order: the lower token commits first, the higher one still writes.
+    // The other order: the lower token locks first and commits while the higher one
+    // waits; the higher one then writes over it (it is the newer holder).
+    let (t_low, t_high) = (FencingToken::new(30), FencingToken::new(40));
     let tx_low = low.transaction().await.unwrap();
-    let t_next = FencingToken::new(30);
-    let t_after = FencingToken::new(40);
     let written = table
-        .update(&tx_low, &"q-123", t_next, &[("total", &3i64)])
+        .update(&tx_low, &"q-123", t_low, &[("total", &3i64)])
         .await
         .unwrap();
-    assert_eq!(written.token(), Some(t_next));
-    tx_low.commit().await.unwrap();
-    let written = table
-        .update(&high, &"q-123", t_after, &[("total", &4i64)])
-        .await
-        .unwrap();
-    assert_eq!(written.token(), Some(t_after));
+    assert_eq!(written.token(), Some(t_low));
+    let tx_high = high.transaction().await.unwrap();
+    let waiting = async {
+        table
+            .update(&tx_high, &"q-123", t_high, &[("total", &4i64)])
+            .await
+    };
+    let commit = async {
+        waits_for_a_row_lock(&observer).await;
+        tx_low.commit().await.unwrap();
+    };
+    let (written, ()) = within(HANG, async { tokio::join!(waiting, commit) }, "race").await;
+    assert_eq!(written.unwrap().token(), Some(t_high));
+    tx_high.commit().await.unwrap();
     assert_eq!(row(&high, "q-123").await, ("PENDING".to_owned(), 4, 40));
+}
+
+/// Waits until a statement of another connection waits for a lock (so that a race is
+/// the race it claims to be, not a sleep that hopes).
+async fn waits_for_a_row_lock(observer: &Client) {
+    let waiting = eventually(HANG, || async {
+        let n: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        n > 0
+    })
+    .await;
+    assert!(waiting, "no statement ever waited for the lock");
 }
 
 #[tokio::test]
@@ -193,14 +221,21 @@ async fn every_rejection_path_is_a_typed_error_and_the_count_is_always_checked()
         .unwrap();
     assert_eq!(written.token(), Some(token));
 
-    // The same token again: not higher, refused.
-    let same = table
+    // The same holder writes again under its token: allowed (progress, then the end).
+    let again = table
         .update(&db, &"q-123", token, &[("status", &"AGAIN")])
+        .await
+        .unwrap();
+    assert_eq!(again.token(), Some(token));
+    // A lower token: an earlier holder, refused.
+    let lower = table
+        .update(&db, &"q-123", FencingToken::new(4), &[("status", &"LATE")])
         .await;
     assert!(
-        matches!(same, Err(FenceError::StaleOwner { current, .. }) if current == token),
-        "{same:?}"
+        matches!(lower, Err(FenceError::StaleOwner { current, token: t }) if current == token && t.get() == 4),
+        "{lower:?}"
     );
+    assert_eq!(row(&db, "q-123").await.0, "AGAIN");
     // No such row.
     let missing = table
         .update(&db, &"q-999", FencingToken::new(6), &[("status", &"DONE")])
@@ -291,7 +326,7 @@ async fn every_rejection_path_is_a_typed_error_and_the_count_is_always_checked()
     );
     let one = execute_guarded(
         &db,
-        "UPDATE quote_recalc_state SET status = 'CHECKED' WHERE quote_id = $1 AND status = 'DONE'",
+        "UPDATE quote_recalc_state SET status = 'CHECKED' WHERE quote_id = $1 AND status = 'AGAIN'",
         &[&"q-123"],
     )
     .await
@@ -337,26 +372,43 @@ enum Run {
     Claimed { items: usize },
     /// Another term had claimed this tick (or a later one): nothing done.
     AlreadyClaimed,
+    /// A newer leader claimed while this term worked: its next item was refused by the
+    /// token guard, after `items` were done.
+    Stale { items: usize },
+}
+
+/// Where the job is, for the tests to stop a leader there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// The tick is claimed.
+    Claimed,
+    /// Item n (from 1) is about to be updated.
+    BeforeItem(usize),
+    /// Item n is updated, its transaction still open.
+    InItem(usize),
+    /// Item n is committed.
+    Committed(usize),
 }
 
 /// The job, as a user writes it (see `examples/scheduler.rs`): claim the tick, durably
-/// and fenced; then a bounded batch, each item guarded by its state and by the term's
-/// token against the newest claim, one transaction each. Each item's work takes
-/// `item_time`, inside its transaction; `after_commit(n)` runs after the n-th item is
-/// committed (the tests stop a leader there).
+/// and fenced; then a bounded batch, one transaction per item, each guarded by its
+/// state and by the term's token against the newest claim (whose row it locks for
+/// share, so that a new claim waits for an item in flight). Each item's work takes
+/// `item_time`, inside its transaction; `hook` runs at each [`Step`].
 async fn job<F, Fut>(
     db: &mut Client,
     instance: &str,
     tick: i64,
-    term: Term,
+    token: FencingToken,
+    is_held: &(dyn Fn() -> bool + Sync),
     item_time: Duration,
-    mut after_commit: F,
+    mut hook: F,
 ) -> Run
 where
-    F: FnMut(usize) -> Fut,
+    F: FnMut(Step) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let token = to_bigint(term.token()).unwrap();
+    let token = to_bigint(token).unwrap();
     let claim = execute_guarded(
         &*db,
         "UPDATE job_state SET last_tick = $2, fencing_token = $3
@@ -376,6 +428,7 @@ where
     )
     .await
     .unwrap();
+    hook(Step::Claimed).await;
     let pending: Vec<i32> = db
         .query(
             "SELECT id FROM items WHERE status = 'pending' ORDER BY id LIMIT $1",
@@ -388,24 +441,41 @@ where
         .collect();
     let mut done = 0;
     for id in pending {
-        if !term.is_held() {
+        if !is_held() {
             break;
         }
+        hook(Step::BeforeItem(done + 1)).await;
         let tx = db.transaction().await.unwrap();
         let item = execute_guarded(
             &tx,
             "UPDATE items SET status = 'done', done_by = $2, done_tick = $3
               WHERE id = $1 AND status = 'pending'
-                AND (SELECT fencing_token FROM job_state WHERE job = $5) <= $4",
+                AND EXISTS (SELECT 1 FROM job_state
+                             WHERE job = $5 AND fencing_token <= $4 FOR SHARE)",
             &[&id, &instance, &tick, &token, &JOB],
         )
         .await;
         match item {
             Ok(_) => {}
-            // Done by someone else, or a newer leader claimed since: not ours.
-            Err(FenceError::GuardRefused) => break,
+            Err(FenceError::GuardRefused) => {
+                // Which guard said no: a newer claim (stop), or the item was done by
+                // someone else (go on to the next).
+                let newest: i64 = tx
+                    .query_one(
+                        "SELECT fencing_token FROM job_state WHERE job = $1",
+                        &[&JOB],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if newest > token {
+                    return Run::Stale { items: done };
+                }
+                continue;
+            }
             Err(other) => panic!("item {id}: {other}"),
         }
+        hook(Step::InItem(done + 1)).await;
         tokio::time::sleep(item_time).await;
         tx.execute(
             "INSERT INTO item_log (item, instance, tick) VALUES ($1, $2, $3)",
@@ -415,7 +485,7 @@ where
         .unwrap();
         tx.commit().await.unwrap();
         done += 1;
-        after_commit(done).await;
+        hook(Step::Committed(done)).await;
     }
     Run::Claimed { items: done }
 }
@@ -467,21 +537,30 @@ async fn start_instance(
                     let token = term.token();
                     let db = &mut db;
                     async move {
-                        job(db, &instance, tick, term, Duration::ZERO, |n| {
-                            let stop_at = stop_at.clone();
-                            let instance = instance.clone();
-                            async move {
-                                // The first leader to get there, only.
-                                let stop = stop_at
-                                    .filter(|(at, _)| n == *at)
-                                    .and_then(|(_, stop)| stop.lock().unwrap().take());
-                                if let Some(stop) = stop {
-                                    stop.send((instance, tick, token)).await.unwrap();
-                                    // Killed here: the test aborts this task.
-                                    std::future::pending::<()>().await;
+                        let is_held = move || term.is_held();
+                        job(
+                            db,
+                            &instance,
+                            tick,
+                            token,
+                            &is_held,
+                            Duration::ZERO,
+                            |step| {
+                                let stop_at = stop_at.clone();
+                                let instance = instance.clone();
+                                async move {
+                                    // The first leader to get there, only.
+                                    let stop = stop_at
+                                        .filter(|(at, _)| step == Step::Committed(*at))
+                                        .and_then(|(_, stop)| stop.lock().unwrap().take());
+                                    if let Some(stop) = stop {
+                                        stop.send((instance, tick, token)).await.unwrap();
+                                        // Killed here: the test aborts this task.
+                                        std::future::pending::<()>().await;
+                                    }
                                 }
-                            }
-                        })
+                            },
+                        )
                         .await
                     }
                 })
@@ -756,7 +835,7 @@ async fn a_leader_killed_mid_batch_is_taken_over_after_its_ttl_without_redoing_c
 async fn a_term_stops_when_its_lease_is_lost_or_its_maximum_is_reached_and_skips_without_redis() {
     let mut redis = RedisServer::start();
     let name = scheduler_lease();
-    let ttl = Duration::from_millis(600);
+    let ttl = Duration::from_millis(1200);
 
     // The lease is taken from under the leader (deleted, then taken by someone else):
     // its next renewal says so, and the work is stopped.
@@ -784,7 +863,7 @@ async fn a_term_stops_when_its_lease_is_lost_or_its_maximum_is_reached_and_skips
     assert!(
         matches!(
             tick,
-            Tick::Lost {
+            Tick::Stopped {
                 reason: LeaseLost::NotOwner,
                 ..
             }
@@ -796,7 +875,7 @@ async fn a_term_stops_when_its_lease_is_lost_or_its_maximum_is_reached_and_skips
     // A term that runs past its maximum is stopped there, renewed until then.
     let capped = Leadership::builder(leases(&redis, "pod-a"), name.clone())
         .lease_ttl(ttl)
-        .max_term(Duration::from_millis(1500))
+        .max_term(Duration::from_millis(3000))
         .build()
         .unwrap();
     let began = Instant::now();
@@ -814,14 +893,14 @@ async fn a_term_stops_when_its_lease_is_lost_or_its_maximum_is_reached_and_skips
     assert!(
         matches!(
             tick,
-            Tick::Lost {
+            Tick::Stopped {
                 reason: LeaseLost::MaxDuration,
                 ..
             }
         ),
         "{tick:?}"
     );
-    assert!(began.elapsed() >= Duration::from_millis(1500));
+    assert!(began.elapsed() >= Duration::from_millis(3000));
     // Released at the stop: the next tick is free at once.
     assert_eq!(pttl(&redis, &key).await, -2);
 
@@ -912,7 +991,20 @@ async fn scheduler_process() {
         let db = &mut db;
         let name = name.as_str();
         let _ = leadership
-            .run_once(|term| job(db, name, tick, term, PROCESS_ITEM_TIME, |_| async {}))
+            .run_once(|term| async move {
+                let token = term.token();
+                let is_held = move || term.is_held();
+                job(
+                    db,
+                    name,
+                    tick,
+                    token,
+                    &is_held,
+                    PROCESS_ITEM_TIME,
+                    |_| async {},
+                )
+                .await
+            })
             .await;
     }
 }
@@ -947,7 +1039,14 @@ fn start_process(name: &str, redis: &RedisServer, pg: &PgServer) -> Process {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(CHILD_ENV, format!("{name}|{}|{}", redis.url(), pg.url()))
+        .env(
+            CHILD_ENV,
+            format!(
+                "{name}|{}|{} application_name={name}",
+                redis.url(),
+                pg.url()
+            ),
+        )
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null());
     Process {
@@ -997,8 +1096,25 @@ async fn a_scheduler_process_killed_mid_batch_is_taken_over_after_its_ttl_withou
     })
     .await;
     assert!(mid_batch, "no leader committed an item");
-    tokio::time::sleep(PROCESS_ITEM_TIME / 2).await;
     let (killed_tick, leader, _) = last_run(&db).await.unwrap();
+    // Inside an item's transaction: the item updated, not committed.
+    let in_item = eventually(HANG, || async {
+        let n: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE application_name = $1 AND state = 'idle in transaction'",
+                &[&leader],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        n == 1
+    })
+    .await;
+    assert!(
+        in_item,
+        "the leader was never seen inside an item's transaction"
+    );
     let at = processes.iter().position(|p| p.name == leader).unwrap();
     let mut dead = processes.remove(at);
     dead.child.kill().unwrap();
@@ -1065,4 +1181,222 @@ async fn a_scheduler_process_killed_mid_batch_is_taken_over_after_its_ttl_withou
         .get(0);
     assert_eq!(done_by_dead, committed_by_dead);
     drop(processes);
+}
+
+/// Where a stalled leader stops: at each step, it says so and waits to be let go.
+struct Pauses {
+    paused: Vec<oneshot::Receiver<()>>,
+    resume: Vec<oneshot::Sender<()>>,
+}
+
+/// A hook that stops at each of `steps` in turn: it sends on the step's `paused` and
+/// waits for its `resume` (a stall of the whole process, as far as the lease can tell:
+/// nothing renews it meanwhile).
+fn pause_at(
+    steps: &[Step],
+) -> (
+    Pauses,
+    impl FnMut(Step) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + use<>,
+) {
+    let mut at = std::collections::VecDeque::new();
+    let mut pauses = Pauses {
+        paused: vec![],
+        resume: vec![],
+    };
+    for step in steps {
+        let (paused_tx, paused) = oneshot::channel();
+        let (resume, resume_rx) = oneshot::channel();
+        at.push_back((*step, paused_tx, resume_rx));
+        pauses.paused.push(paused);
+        pauses.resume.push(resume);
+    }
+    let hook = move |step: Step| {
+        let now = if at.front().is_some_and(|(s, _, _)| *s == step) {
+            at.pop_front()
+        } else {
+            None
+        };
+        Box::pin(async move {
+            if let Some((_, paused, resume)) = now {
+                paused.send(()).unwrap();
+                resume.await.unwrap();
+            }
+        }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+    };
+    (pauses, hook)
+}
+
+impl Pauses {
+    /// Waits until the leader stops at its next step.
+    async fn reached(&mut self) {
+        let paused = self.paused.remove(0);
+        within(HANG, async { paused.await.unwrap() }, "a pause").await;
+    }
+
+    /// Lets it go on from there.
+    fn resume(&mut self) {
+        self.resume.remove(0).send(()).unwrap();
+    }
+}
+
+/// A stale leader: the lease taken for a tick and then never renewed (its process
+/// stalls), running the job from a task of its own, stopping at `steps`; returned once
+/// it has stopped at the first and Redis has expired its lease.
+async fn stale_leader(
+    redis: &RedisServer,
+    pg: &PgServer,
+    tick: i64,
+    steps: &[Step],
+) -> (FencingToken, Pauses, tokio::task::JoinHandle<Run>) {
+    let lease = acquired(
+        leases(redis, "pod-a")
+            .try_acquire(&scheduler_lease(), Duration::from_secs(1))
+            .await,
+    );
+    let token = lease.fencing_token();
+    let (mut pauses, hook) = pause_at(steps);
+    let mut db = pg.client().await;
+    let task = tokio::spawn(async move {
+        // Its last look before the stall said it held the lease.
+        let held = || true;
+        job(&mut db, "pod-a", tick, token, &held, Duration::ZERO, hook).await
+    });
+    pauses.reached().await;
+    let expired = eventually(HANG, || async {
+        pttl(redis, scheduler_lease().key()).await == -2
+    })
+    .await;
+    assert!(expired, "the stalled leader's lease never expired");
+    (token, pauses, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_leader_that_resumes_after_a_new_claim_is_refused_by_postgres_at_its_next_item() {
+    let redis = RedisServer::start();
+    let pg = PgServer::start();
+    let db = pg.client().await;
+    scheduler_schema(&db, 12).await;
+    let leader_b = Leadership::builder(leases(&redis, "pod-b"), scheduler_lease())
+        .lease_ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
+
+    // A stalls before its second item, past its TTL.
+    let (a_token, mut a_pauses, a) = stale_leader(&redis, &pg, 0, &[Step::BeforeItem(2)]).await;
+    // B leads the next tick: it claims, then waits for the test.
+    let (mut b_pauses, b_hook) = pause_at(&[Step::Claimed]);
+    let b = {
+        let leader_b = leader_b.clone();
+        let mut db = pg.client().await;
+        tokio::spawn(async move {
+            leader_b
+                .run_once(|term| async move {
+                    let token = term.token();
+                    let held = move || term.is_held();
+                    job(&mut db, "pod-b", 1, token, &held, Duration::ZERO, b_hook).await
+                })
+                .await
+        })
+    };
+    b_pauses.reached().await;
+    // A resumes and goes for its second item, still pending: the token guard refuses it.
+    a_pauses.resume();
+    let run_a = within(HANG, a, "A").await.unwrap();
+    assert_eq!(run_a, Run::Stale { items: 1 });
+    let second: String = db
+        .query_one("SELECT status FROM items WHERE id = 2", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(second, "pending", "the stale leader's item went through");
+    b_pauses.resume();
+    let tick_b = within(HANG, b, "B").await.unwrap();
+    match tick_b {
+        Tick::Led { output, token, .. } => {
+            assert_eq!(
+                output,
+                Run::Claimed {
+                    items: BATCH as usize
+                }
+            );
+            assert!(token > a_token);
+        }
+        other => panic!("B: {other:?}"),
+    }
+    let log = item_log(&db).await;
+    let owners: Vec<(i32, &str)> = log.iter().map(|(i, e)| (*i, e[0].0.as_str())).collect();
+    assert_eq!(
+        owners,
+        vec![
+            (1, "pod-a"),
+            (2, "pod-b"),
+            (3, "pod-b"),
+            (4, "pod-b"),
+            (5, "pod-b")
+        ]
+    );
+
+    // A stalls again, this time inside an item's transaction (updated, not committed),
+    // past its TTL. The next leader's claim waits for that transaction (the share lock
+    // on the claim's row): the item in flight commits under the claim it began under,
+    // and A's next item is refused.
+    let (_, mut a_pauses, a) =
+        stale_leader(&redis, &pg, 2, &[Step::InItem(1), Step::BeforeItem(2)]).await;
+    let observer = pg.client().await;
+    let c = {
+        let leader_b = leader_b.clone();
+        let mut db = pg.client().await;
+        tokio::spawn(async move {
+            leader_b
+                .run_once(|term| async move {
+                    let token = term.token();
+                    let held = move || term.is_held();
+                    job(
+                        &mut db,
+                        "pod-b",
+                        3,
+                        token,
+                        &held,
+                        Duration::ZERO,
+                        |_| async {},
+                    )
+                    .await
+                })
+                .await
+        })
+    };
+    // The new claim waits for A's transaction; A commits its item, and stops before the
+    // next one until the claim is in.
+    waits_for_a_row_lock(&observer).await;
+    a_pauses.resume();
+    a_pauses.reached().await;
+    let claimed = eventually(HANG, || async {
+        let tick: i64 = observer
+            .query_one("SELECT last_tick FROM job_state", &[])
+            .await
+            .unwrap()
+            .get(0);
+        tick == 3
+    })
+    .await;
+    assert!(claimed, "the next leader's claim never went in");
+    a_pauses.resume();
+    let run_a = within(HANG, a, "A").await.unwrap();
+    assert_eq!(
+        run_a,
+        Run::Stale { items: 1 },
+        "A's item in flight commits, its next is refused"
+    );
+    let tick_c = within(HANG, c, "the next leader").await.unwrap();
+    assert!(
+        matches!(tick_c, Tick::Led { output: Run::Claimed { items }, .. } if items == BATCH as usize),
+        "{tick_c:?}"
+    );
+    let log = item_log(&db).await;
+    assert!(log.values().all(|e| e.len() == 1), "{log:?}");
+    assert_eq!(log[&6][0], ("pod-a".to_owned(), 2));
+    assert!(
+        (7..=10).all(|i| log[&i][0] == ("pod-b".to_owned(), 3)),
+        "{log:?}"
+    );
 }

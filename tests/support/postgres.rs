@@ -182,8 +182,20 @@ impl PgServer {
             && lines.last().is_some_and(|l| l.trim() == "ready")
     }
 
+    /// Stops the server: SIGQUIT (PostgreSQL's immediate shutdown, which also ends
+    /// its backends), then SIGKILL if it is still there after a few seconds.
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-QUIT", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -35,7 +35,7 @@ use stampede_guard::keys::{KeySpace, Scope};
 use stampede_guard::leader::{Leadership, Term, Tick};
 use stampede_guard::lease::LeaseClient;
 use stampede_guard::postgres::tokio_postgres::{self, Client, NoTls};
-use stampede_guard::postgres::{FenceError, execute_guarded, to_bigint};
+use stampede_guard::postgres::{FenceError, FencedTable, execute_guarded, to_bigint};
 use stampede_guard::store::RedisStore;
 
 const JOB: &str = "quote-expiry";
@@ -256,6 +256,7 @@ async fn job(
     batch: i64,
 ) -> Result<Option<usize>, FenceError> {
     let token = to_bigint(term.token())?;
+    let claims = FencedTable::new("sched_job_state", "job", "fencing_token")?;
     match execute_guarded(
         &*db,
         "UPDATE sched_job_state SET last_tick = $2, fencing_token = $3
@@ -284,34 +285,25 @@ async fn job(
             break; // another instance may lead now
         }
         let tx = db.transaction().await.map_err(FenceError::Database)?;
-        match execute_guarded(
-            &tx,
-            // The claim's row locked for share: a new claim waits for this item.
-            "UPDATE sched_items SET status = 'done', done_by = $2, done_tick = $3
-              WHERE id = $1 AND status = 'pending'
-                AND EXISTS (SELECT 1 FROM sched_job_state
-                             WHERE job = $5 AND fencing_token <= $4 FOR SHARE)",
-            &[&id, &instance, &tick, &token, &JOB],
-        )
-        .await
+        match claims
+            .execute_fenced(
+                &tx,
+                // The claim's row locked for share: a new claim waits for this item.
+                "UPDATE sched_items SET status = 'done', done_by = $2, done_tick = $3
+                  WHERE id = $1 AND status = 'pending'
+                    AND EXISTS (SELECT 1 FROM sched_job_state
+                                 WHERE job = $5 AND fencing_token <= $4 FOR SHARE)",
+                &[&id, &instance, &tick, &token, &JOB],
+                &JOB,
+                term.token(),
+            )
+            .await
         {
             Ok(_) => {}
-            Err(FenceError::GuardRefused) => {
-                // Which guard said no: a newer claim (stop: another instance leads), or
-                // the item was done already (go on).
-                let newest: i64 = tx
-                    .query_one(
-                        "SELECT fencing_token FROM sched_job_state WHERE job = $1",
-                        &[&JOB],
-                    )
-                    .await
-                    .map_err(FenceError::Database)?
-                    .get(0);
-                if newest > token {
-                    break;
-                }
-                continue;
-            }
+            // A newer claim: another instance leads now. Stop here.
+            Err(FenceError::StaleOwner { .. }) => break,
+            // Done already (a duplicate run got there first): the next one.
+            Err(FenceError::GuardRefused) => continue,
             Err(other) => return Err(other),
         }
         // ... the item's real work goes here, in the same transaction ...

@@ -18,9 +18,10 @@
 //! that is every earlier holder, is refused.
 //!
 //! An update count of zero means the caller is stale. That count is never left to the
-//! caller to look at: [`FencedTable::update`] and [`execute_guarded`] turn it into an
-//! error ([`FenceError::StaleOwner`], [`FenceError::GuardRefused`]), and a count other
-//! than one into [`FenceError::NotOneRow`]. The `Ok` value, [`Written`], and the `Result`
+//! caller to look at: [`FencedTable::update`], [`FencedTable::execute_fenced`] (a
+//! statement of the caller's, fenced by a row's token) and [`execute_guarded`] turn it
+//! into an error ([`FenceError::StaleOwner`], [`FenceError::GuardRefused`]), and a
+//! count other than one into [`FenceError::NotOneRow`]. The `Ok` value, [`Written`], and the `Result`
 //! are both `#[must_use]`; there is no `bool` to forget.
 //!
 //! ```no_run
@@ -182,6 +183,43 @@ impl FencedTable {
         }
     }
 
+    /// Runs a caller's own statement fenced by this table's row `id`: any statement
+    /// (on this table or another) whose guard compares `token` with that row's token,
+    /// with a state or version guard besides, such as an item of a batch fenced by the
+    /// job's claim:
+    ///
+    /// ```sql
+    /// UPDATE items SET status = 'done'
+    ///  WHERE id = $1 AND status = 'pending'
+    ///    AND EXISTS (SELECT 1 FROM job_state
+    ///                 WHERE job = $3 AND fencing_token <= $2 FOR SHARE)
+    /// ```
+    ///
+    /// Exactly one row changed is `Ok`; when none did, the row `id`'s token is read back
+    /// to say which guard refused: a higher token is [`FenceError::StaleOwner`] (a newer
+    /// holder wrote: stop), no row is [`FenceError::NoSuchRow`], and otherwise the
+    /// caller's own guard said no, [`FenceError::GuardRefused`] (the item was done
+    /// already: go on). More than one row is [`FenceError::NotOneRow`].
+    pub async fn execute_fenced<C: GenericClient>(
+        &self,
+        client: &C,
+        statement: &str,
+        params: &[Param<'_>],
+        id: Param<'_>,
+        token: FencingToken,
+    ) -> Result<Written, FenceError> {
+        to_bigint(token)?;
+        match execute_guarded(client, statement, params).await {
+            Ok(_) => Ok(Written { token: Some(token) }),
+            Err(FenceError::GuardRefused) => match self.current(client, id).await? {
+                Some(current) if current > token => Err(FenceError::StaleOwner { token, current }),
+                Some(_) => Err(FenceError::GuardRefused),
+                None => Err(FenceError::NoSuchRow),
+            },
+            Err(other) => Err(other),
+        }
+    }
+
     /// The token the row `id` holds, or `None` when there is no such row.
     pub async fn current<C: GenericClient>(
         &self,
@@ -306,7 +344,7 @@ pub enum FenceError {
     TokenOutOfRange(FencingToken),
     /// A name or argument was refused before anything was sent.
     #[error(transparent)]
-    Invalid(ConfigError),
+    Invalid(#[from] ConfigError),
     /// PostgreSQL failed, or refused the statement.
     #[error("postgres: {0}")]
     Database(#[source] tokio_postgres::Error),

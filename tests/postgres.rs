@@ -332,6 +332,35 @@ async fn every_rejection_path_is_a_typed_error_and_the_count_is_always_checked()
     .await
     .unwrap();
     assert_eq!(one.token(), None);
+    // A caller's statement fenced by a row's token: which guard refused is read back.
+    let fenced = |token: u64, status: &'static str, id: &'static str| {
+        let table = &table;
+        let db = &db;
+        async move {
+            table
+                .execute_fenced(
+                    db,
+                    "UPDATE quote_recalc_state SET status = $3, fencing_token = $2
+                      WHERE quote_id = $1 AND fencing_token <= $2 AND status = 'CHECKED'",
+                    &[&id, &(token as i64), &status],
+                    &id,
+                    FencingToken::new(token),
+                )
+                .await
+        }
+    };
+    let stale = fenced(4, "LATE", "q-123").await;
+    assert!(
+        matches!(stale, Err(FenceError::StaleOwner { current, .. }) if current == token),
+        "{stale:?}"
+    );
+    let nobody = fenced(9, "X", "q-999").await;
+    assert!(matches!(nobody, Err(FenceError::NoSuchRow)), "{nobody:?}");
+    let written = fenced(9, "FINAL", "q-123").await.unwrap();
+    assert_eq!(written.token(), Some(FencingToken::new(9)));
+    // The token guard lets it through now; the state guard does not (not `CHECKED`).
+    let state = fenced(10, "AGAIN", "q-123").await;
+    assert!(matches!(state, Err(FenceError::GuardRefused)), "{state:?}");
     // Messages say what happened.
     let message = FenceError::StaleOwner {
         token: FencingToken::new(1),
@@ -408,7 +437,9 @@ where
     F: FnMut(Step) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    let fencing = token;
     let token = to_bigint(token).unwrap();
+    let claims = FencedTable::new("job_state", "job", "fencing_token").unwrap();
     let claim = execute_guarded(
         &*db,
         "UPDATE job_state SET last_tick = $2, fencing_token = $3
@@ -446,33 +477,24 @@ where
         }
         hook(Step::BeforeItem(done + 1)).await;
         let tx = db.transaction().await.unwrap();
-        let item = execute_guarded(
-            &tx,
-            "UPDATE items SET status = 'done', done_by = $2, done_tick = $3
-              WHERE id = $1 AND status = 'pending'
-                AND EXISTS (SELECT 1 FROM job_state
-                             WHERE job = $5 AND fencing_token <= $4 FOR SHARE)",
-            &[&id, &instance, &tick, &token, &JOB],
-        )
-        .await;
+        let item = claims
+            .execute_fenced(
+                &tx,
+                "UPDATE items SET status = 'done', done_by = $2, done_tick = $3
+                  WHERE id = $1 AND status = 'pending'
+                    AND EXISTS (SELECT 1 FROM job_state
+                                 WHERE job = $5 AND fencing_token <= $4 FOR SHARE)",
+                &[&id, &instance, &tick, &token, &JOB],
+                &JOB,
+                fencing,
+            )
+            .await;
         match item {
             Ok(_) => {}
-            Err(FenceError::GuardRefused) => {
-                // Which guard said no: a newer claim (stop), or the item was done by
-                // someone else (go on to the next).
-                let newest: i64 = tx
-                    .query_one(
-                        "SELECT fencing_token FROM job_state WHERE job = $1",
-                        &[&JOB],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                if newest > token {
-                    return Run::Stale { items: done };
-                }
-                continue;
-            }
+            // A newer claim: another instance leads; stop.
+            Err(FenceError::StaleOwner { .. }) => return Run::Stale { items: done },
+            // Done by someone else already: the next one.
+            Err(FenceError::GuardRefused) => continue,
             Err(other) => panic!("item {id}: {other}"),
         }
         hook(Step::InItem(done + 1)).await;

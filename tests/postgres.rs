@@ -1422,3 +1422,63 @@ async fn a_stalled_leader_that_resumes_after_a_new_claim_is_refused_by_postgres_
         "{log:?}"
     );
 }
+
+#[tokio::test]
+async fn a_term_that_ends_releases_its_lease_and_one_that_panics_leaves_it_to_its_ttl() {
+    let redis = RedisServer::start();
+    let name = scheduler_lease();
+    let leadership = Leadership::builder(leases(&redis, "pod-a"), name.clone())
+        .lease_ttl(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+
+    // A term that ends: released, and a clone of its Term kept past it is not held.
+    let (kept_tx, kept_rx) = std::sync::mpsc::channel::<Term>();
+    let tick = leadership
+        .run_once(|term| async move {
+            assert!(term.is_held());
+            kept_tx.send(term.clone()).unwrap();
+            term.token()
+        })
+        .await;
+    let Tick::Led {
+        output,
+        token,
+        released,
+    } = tick
+    else {
+        panic!("{tick:?}");
+    };
+    assert_eq!(output, token);
+    assert!(matches!(
+        released,
+        stampede_guard::lease::ReleaseOutcome::Released
+    ));
+    assert_eq!(pttl(&redis, name.key()).await, -2);
+    let kept = kept_rx.recv().unwrap();
+    assert!(!kept.is_held(), "a term that ended still says it leads");
+
+    // A term whose work panics: the panic goes to the caller; renewals stop, nothing
+    // is released, and the lease ends by its TTL.
+    let (kept_tx, kept_rx) = std::sync::mpsc::channel::<Term>();
+    let panicked = tokio::spawn({
+        let leadership = leadership.clone();
+        async move {
+            let _ = leadership
+                .run_once(|term| async move {
+                    kept_tx.send(term.clone()).unwrap();
+                    panic!("the job failed");
+                })
+                .await;
+        }
+    })
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+    assert!(!kept_rx.recv().unwrap().is_held());
+    let left = pttl(&redis, name.key()).await;
+    assert!(left > 0, "the panicked term's lease: {left}");
+    let expired = eventually(HANG, || async { pttl(&redis, name.key()).await == -2 }).await;
+    assert!(expired);
+    let next = leadership.run_once(|_| async {}).await;
+    assert!(matches!(next, Tick::Led { .. }), "{next:?}");
+}

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use stampede_guard::postgres::tokio_postgres::{self, Client, NoTls};
 use tempfile::TempDir;
 
-use super::server::{find_on_path, free_port, setpriv};
+use super::server::{find_on_path, free_port, print_log_tail, setpriv};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -205,15 +205,7 @@ impl PgServer {
 impl Drop for PgServer {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let log = self.log();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            eprintln!(
-                "--- postgres on port {} (last lines of its log) ---",
-                self.port
-            );
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
+            print_log_tail("postgres", self.port, &self.log());
         }
         self.kill();
     }

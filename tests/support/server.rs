@@ -322,15 +322,7 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let log = self.log();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            eprintln!(
-                "--- redis-server on port {} (last lines of its log) ---",
-                self.port
-            );
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
+            print_log_tail("redis-server", self.port, &self.log());
         }
         self.kill();
     }
@@ -378,6 +370,15 @@ fn answers_as(addr: SocketAddr, pid: u32) -> bool {
     text.lines()
         .find_map(|line| line.strip_prefix("process_id:"))
         .is_some_and(|found| found.trim() == pid.to_string())
+}
+
+/// Prints the last lines of a server's log, for a test that failed.
+pub(crate) fn print_log_tail(server: &str, port: u16, log: &str) {
+    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+    eprintln!("--- {server} on port {port} (last lines of its log) ---");
+    for line in tail.iter().rev() {
+        eprintln!("{line}");
+    }
 }
 
 pub(crate) fn free_port() -> u16 {

@@ -95,7 +95,9 @@ impl LeaseClient {
     /// Takes the lease `name` for `ttl` if nobody holds it, in one Lua script that also
     /// issues its fencing token. Never waits for a holder.
     ///
-    /// Every attempt has a new owner value.
+    /// Every attempt has a new owner value. Once acquired, the gauge
+    /// [`LEASE_TTL_SECONDS`](crate::metrics::LEASE_TTL_SECONDS) of the name's operation
+    /// shows `ttl`, for comparing the lease's hold time against.
     pub async fn try_acquire(&self, name: &LeaseName, ttl: Duration) -> AcquireOutcome {
         let span = tracing::debug_span!("stampede_guard.lease.acquire", lease = name.key());
         match self
@@ -206,7 +208,8 @@ impl LeaseClient {
     }
 
     /// Extends `lease` to `ttl` from now, if it is still ours. On success the lease's
-    /// [`valid_until`](Lease::valid_until) moves forward.
+    /// [`valid_until`](Lease::valid_until) moves forward, and the gauge of its
+    /// operation's TTL shows `ttl` (as after [`try_acquire`](Self::try_acquire)).
     pub async fn renew(&self, lease: &mut Lease, ttl: Duration) -> RenewOutcome {
         let span =
             tracing::debug_span!("stampede_guard.lease.renew", lease = lease.key().to_owned());

@@ -332,7 +332,7 @@ fn bucket_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
     } else {
         (buckets[b - 1].0, counts[b - 1])
     };
-    Some(start + (end - start) * ((rank - below) / (counts[b] - below)))
+    Some((end - start).mul_add((rank - below) / (counts[b] - below), start))
 }
 
 /// A bucket's upper bound (`le`).

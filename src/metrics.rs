@@ -71,8 +71,9 @@ names! {
     LEASE_ACQUISITIONS: Counter = "stampede_guard_lease_acquisitions_total", "Lease acquisitions by operation and result.";
     /// How long acquires take, by operation.
     LEASE_ACQUIRE_SECONDS: Histogram = "stampede_guard_lease_acquire_seconds", "Lease acquire latency.";
-    /// How long leases are held, from acquire to release, by operation.
-    LEASE_HOLD_SECONDS: Histogram = "stampede_guard_lease_hold_seconds", "How long leases are held.";
+    /// How long leases are held, from acquire to release, by operation and, for the
+    /// guard's cache leases, route.
+    LEASE_HOLD_SECONDS: Histogram = "stampede_guard_lease_hold_seconds", "How long leases are held, by operation (and route, for the guard's leases).";
     /// Lease renewals by operation and result (renewed, not_owner, error).
     LEASE_RENEWALS: Counter = "stampede_guard_lease_renewals_total", "Lease renewals by result.";
     /// Lease releases by operation and result (released, not_owner, error).
@@ -83,8 +84,12 @@ names! {
     REFRESH_SECONDS: Histogram = "stampede_guard_refresh_seconds", "How long refreshes take.";
     /// How long callers wait for another instance's fill, by route.
     COLD_WAIT_SECONDS: Histogram = "stampede_guard_cold_wait_seconds", "How long callers wait for another instance's fill.";
-    /// The lease TTL of each route, for comparing hold times against.
-    LEASE_TTL_SECONDS: Gauge = "stampede_guard_lease_ttl_seconds", "The lease TTL of each route.";
+    /// The lease TTL, for comparing [`LEASE_HOLD_SECONDS`] against, with the same labels:
+    /// `route` and `operation="fill"` for each route's cache leases (the TTL it takes them
+    /// with now); `operation` alone for leases taken on their own through a
+    /// [`LeaseClient`](crate::lease::LeaseClient) (the TTL of the last successful acquire
+    /// or renewal of that operation in this process).
+    LEASE_TTL_SECONDS: Gauge = "stampede_guard_lease_ttl_seconds", "The lease TTL, by route and operation: each route's for its fills; for leases used on their own, the last one taken or renewed with.";
     /// Entries in L1.
     L1_ENTRIES: Gauge = "stampede_guard_l1_entries", "Entries in L1.";
     /// Bytes of entries in L1 (weighed).
@@ -249,6 +254,7 @@ fn index(event: Event) -> usize {
 }
 
 /// Lease metrics, by operation (the lease client's; the fenced write releases too).
+/// Acquires and renewals carry `operation` only.
 pub(crate) fn lease_acquired(operation: SharedString, result: &'static str, took: Duration) {
     counter!(LEASE_ACQUISITIONS, "operation" => operation.clone(), "result" => result).increment(1);
     histogram!(LEASE_ACQUIRE_SECONDS, "operation" => operation).record(took);
@@ -261,12 +267,34 @@ pub(crate) fn lease_renewed(operation: SharedString, result: &'static str) {
     counter!(LEASE_RENEWALS, "operation" => operation, "result" => result).increment(1);
 }
 
-pub(crate) fn lease_released(operation: SharedString, result: &'static str, held: Duration) {
+/// A lease ended (`result`: released, held_off, not_owner, error): the release is
+/// counted by operation, and how long it was held by operation and, for the guard's
+/// leases, route (the labels [`LEASE_TTL_SECONDS`] carries too, so that the two compare).
+pub(crate) fn lease_released(lease: &crate::lease::Lease, result: &'static str) {
+    let operation = lease.name().operation_label();
     if result == "not_owner" {
         counter!(LEASE_OWNER_MISMATCHES, "operation" => operation.clone()).increment(1);
     }
     counter!(LEASE_RELEASES, "operation" => operation.clone(), "result" => result).increment(1);
-    histogram!(LEASE_HOLD_SECONDS, "operation" => operation).record(held);
+    let held = lease.held_for();
+    match &lease.route {
+        Some(route) => {
+            histogram!(LEASE_HOLD_SECONDS, "route" => route.clone(), "operation" => operation)
+                .record(held);
+        }
+        None => histogram!(LEASE_HOLD_SECONDS, "operation" => operation).record(held),
+    }
+}
+
+/// The TTL a route takes its cache leases with now (labels `route`, `operation="fill"`).
+pub(crate) fn route_lease_ttl(route: SharedString, ttl: Duration) {
+    metrics::gauge!(LEASE_TTL_SECONDS, "route" => route, "operation" => "fill")
+        .set(ttl.as_secs_f64());
+}
+
+/// The TTL a lease used on its own was just taken or renewed with (label `operation`).
+pub(crate) fn lease_ttl(operation: SharedString, ttl: Duration) {
+    metrics::gauge!(LEASE_TTL_SECONDS, "operation" => operation).set(ttl.as_secs_f64());
 }
 
 /// A tick of a periodic job.

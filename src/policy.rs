@@ -625,7 +625,8 @@ impl PolicyBuilder {
     /// must outlast: the refresh timeout (unless there is a [`watchdog`](Self::watchdog)),
     /// and, checked when the layer is made, four Redis command timeouts. What the route
     /// uses now: [`GuardLayer::lease_ttl`](crate::GuardLayer::lease_ttl), and the
-    /// `stampede_guard_lease_ttl_seconds` gauge.
+    /// `stampede_guard_lease_ttl_seconds{route, operation="fill"}` gauge (the labels of
+    /// the route's hold times).
     pub fn adaptive_lease_ttl(mut self, factor: f64, floor: Duration, ceiling: Duration) -> Self {
         self.policy.adaptive = Some(crate::guard::Adaptive {
             factor,

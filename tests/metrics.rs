@@ -7,7 +7,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use stampede_guard::lease::{AcquireOutcome, LeaseClient};
+use stampede_guard::inspect::{self, LeaseHolds};
+use stampede_guard::keys::Scope;
+use stampede_guard::lease::{AcquireOutcome, LeaseClient, ReleaseOutcome, RenewOutcome};
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::web::{Origin, get, instance, keys, send};
@@ -121,6 +123,19 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
             .is_some_and(|&n| n == 3.0)
     });
     assert!(refreshes_over.await, "the refused refresh did not end");
+    // A lease used on its own: taken for 1 s, renewed for 1.5 s, released.
+    let scheduler = keys()
+        .lease(&[Scope::label("nightly")], "scheduler")
+        .unwrap();
+    let mut job = match other.try_acquire(&scheduler, Duration::from_secs(1)).await {
+        AcquireOutcome::Acquired(lease) => lease,
+        outcome => panic!("{outcome:?}"),
+    };
+    assert!(matches!(
+        other.renew(&mut job, Duration::from_millis(1500)).await,
+        RenewOutcome::Renewed
+    ));
+    assert!(matches!(other.release(job).await, ReleaseOutcome::Released));
     // Redis killed: a cold key is served by the origin, without Redis.
     server.kill();
     assert_eq!(send(&i.service, get("/items/2")).await.x_cache(), "miss");
@@ -175,6 +190,34 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
             5.0,
         ),
         ("stampede_guard_origin_calls_total{route=\"items\"}", 4.0),
+        // Hold times and TTLs, labelled alike: the guard's three holds by route and
+        // operation, the other client's one (a lease on the same name, taken on its own)
+        // by operation only; the scheduler's lease by its operation, at its last TTL.
+        (
+            "stampede_guard_lease_hold_seconds_count{operation=\"fill\",route=\"items\"}",
+            3.0,
+        ),
+        (
+            "stampede_guard_lease_ttl_seconds{operation=\"fill\",route=\"items\"}",
+            2.0,
+        ),
+        (
+            "stampede_guard_lease_hold_seconds_count{operation=\"fill\"}",
+            1.0,
+        ),
+        ("stampede_guard_lease_ttl_seconds{operation=\"fill\"}", 0.6),
+        (
+            "stampede_guard_lease_hold_seconds_count{operation=\"scheduler\"}",
+            1.0,
+        ),
+        (
+            "stampede_guard_lease_ttl_seconds{operation=\"scheduler\"}",
+            1.5,
+        ),
+        (
+            "stampede_guard_lease_acquisitions_total{operation=\"scheduler\",result=\"acquired\"}",
+            1.0,
+        ),
         ("stampede_guard_redis_circuit_open", 0.0),
     ];
     let mut wrong = Vec::new();
@@ -205,6 +248,49 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
         rendered.contains("# HELP stampede_guard_requests_total"),
         "{rendered}"
     );
+    assert!(
+        rendered.contains(
+            "stampede_guard_lease_hold_seconds_bucket{route=\"items\",operation=\"fill\",le=\"+Inf\"} 3"
+        ),
+        "{rendered}"
+    );
+    // The hold series have no labels but these (never a key or an owner).
+    let hold_labels: Vec<&str> = got
+        .keys()
+        .filter(|k| k.starts_with("stampede_guard_lease_hold_seconds_count{"))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        hold_labels,
+        [
+            "stampede_guard_lease_hold_seconds_count{operation=\"fill\",route=\"items\"}",
+            "stampede_guard_lease_hold_seconds_count{operation=\"fill\"}",
+            "stampede_guard_lease_hold_seconds_count{operation=\"scheduler\"}",
+        ],
+    );
+    // The inspection tool reads them back: counts and TTLs, and quantiles within the
+    // buckets (each hold took more than nothing and less than its TTL).
+    let rows = inspect::lease_holds(&[&rendered]);
+    let row = |route: Option<&str>, operation: &str| -> &LeaseHolds {
+        rows.iter()
+            .find(|r| r.route.as_deref() == route && r.operation == operation)
+            .unwrap_or_else(|| panic!("no row {route:?} {operation}: {rows:#?}"))
+    };
+    let items = row(Some("items"), "fill");
+    assert_eq!((items.count, items.ttl), (3, Some(2.0)), "{items:?}");
+    assert!(
+        items.p99.is_some_and(|p99| p99 > 0.0 && p99 < 2.0),
+        "{items:?}"
+    );
+    assert!(
+        items.p50 <= items.p95 && items.p95 <= items.p99,
+        "{items:?}"
+    );
+    let alone = row(None, "fill");
+    assert_eq!((alone.count, alone.ttl), (1, Some(0.6)), "{alone:?}");
+    let job = row(None, "scheduler");
+    assert_eq!((job.count, job.ttl), (1, Some(1.5)), "{job:?}");
+    assert_eq!(rows.len(), 3, "{rows:#?}");
     eprintln!("{rendered}");
     assert!(wrong.is_empty(), "{wrong:#?}\n{rendered}");
 }

@@ -331,7 +331,7 @@ where
         let acquired = route
             .shared
             .leases
-            .try_acquire_fill(&keys, route.lease_ttl(), local_token)
+            .try_acquire_fill(&keys, route.label(), route.lease_ttl(), local_token)
             .await;
         let outcome = match acquired {
             Acquire::Outcome(outcome) => outcome,
@@ -348,7 +348,12 @@ where
                 None => match route
                     .shared
                     .leases
-                    .try_acquire_fill(&keys, route.lease_ttl(), FencingToken::new(u64::MAX))
+                    .try_acquire_fill(
+                        &keys,
+                        route.label(),
+                        route.lease_ttl(),
+                        FencingToken::new(u64::MAX),
+                    )
                     .await
                 {
                     Acquire::Outcome(outcome) => outcome,

@@ -35,8 +35,8 @@ impl fmt::Debug for GuardLayer {
 impl GuardLayer {
     pub(super) fn new(shared: Arc<Shared>, policy: Policy, learned: Arc<Learned>) -> Self {
         let stats = RouteStats::new(&policy.route);
-        metrics::gauge!(crate::metrics::LEASE_TTL_SECONDS, "route" => policy.route.clone())
-            .set(policy.lease_ttl.as_secs_f64());
+        let label = metrics::SharedString::from(std::sync::Arc::<str>::from(policy.route.as_str()));
+        crate::metrics::route_lease_ttl(label.clone(), policy.lease_ttl);
         let hashers = shared.keys.local_hashers(&policy.route);
         let policy_tags = policy.tags.iter().map(|t| shared.keys.tag_id(t)).collect();
         let (policy_ttl, policy_adaptive) = (policy.lease_ttl, policy.adaptive);
@@ -51,6 +51,7 @@ impl GuardLayer {
                 recompute: Default::default(),
                 tag_ids: policy_tags,
                 lease_ttl: LeaseTtl::new(policy_ttl, policy_adaptive),
+                label,
             }),
         }
     }

@@ -354,7 +354,7 @@ pub(crate) async fn keep(
             match route
                 .shared
                 .leases
-                .try_acquire_fill(&own, route.lease_ttl(), FencingToken::new(0))
+                .try_acquire_fill(&own, route.label(), route.lease_ttl(), FencingToken::new(0))
                 .await
             {
                 Acquire::Outcome(AcquireOutcome::Acquired(own_lease)) => Claim::Leased(own_lease),
@@ -596,11 +596,7 @@ async fn put(
                 route.stats.record(Event::RedisError);
                 let gone = Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO);
                 let _ = shared.notices.publish(&shared.store, &gone).await;
-                crate::metrics::lease_released(
-                    lease.name().operation_label(),
-                    "error",
-                    lease.held_for(),
-                );
+                crate::metrics::lease_released(&lease, "error");
             }
         }
     }
@@ -694,9 +690,5 @@ pub(crate) async fn end(route: &Route, keys: &CacheKeys, claim: Claim, ending: E
 
 /// The fenced write released the lease (or found it gone): counted as a release.
 pub(crate) fn written_release(lease: &Lease, released: bool) {
-    crate::metrics::lease_released(
-        lease.name().operation_label(),
-        if released { "released" } else { "not_owner" },
-        lease.held_for(),
-    );
+    crate::metrics::lease_released(lease, if released { "released" } else { "not_owner" });
 }

@@ -212,7 +212,7 @@ where
         let acquired = route
             .shared
             .leases
-            .try_acquire_fill(&keys, route.lease_ttl(), seen)
+            .try_acquire_fill(&keys, route.label(), route.lease_ttl(), seen)
             .await;
         let outcome = match acquired {
             Acquire::Outcome(outcome) => outcome,

@@ -45,6 +45,8 @@ pub(crate) struct Route {
     pub(crate) tag_ids: Box<[String]>,
     /// The TTL its leases are taken with: the policy's, or from measured hold times.
     pub(crate) lease_ttl: LeaseTtl,
+    /// Its name as a metric label, shared (its leases carry it, to label their holds).
+    pub(crate) label: metrics::SharedString,
 }
 
 impl Route {
@@ -106,6 +108,11 @@ impl Route {
             .ok()
     }
 
+    /// The route's name as a metric label (a cheap clone).
+    pub(crate) fn label(&self) -> metrics::SharedString {
+        self.label.clone()
+    }
+
     /// The TTL to take the route's leases with now.
     pub(crate) fn lease_ttl(&self) -> Duration {
         self.lease_ttl.get()
@@ -115,8 +122,7 @@ impl Route {
     /// a route whose lease TTL adapts, taken in, and the gauge follows.
     pub(crate) fn held(&self, held: Duration) {
         if let Some(ttl) = self.lease_ttl.record(held) {
-            metrics::gauge!(crate::metrics::LEASE_TTL_SECONDS, "route" => self.policy.route.clone())
-                .set(ttl.as_secs_f64());
+            crate::metrics::route_lease_ttl(self.label(), ttl);
         }
     }
 

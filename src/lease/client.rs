@@ -95,10 +95,16 @@ impl LeaseClient {
     /// Takes the lease `name` for `ttl` if nobody holds it, in one Lua script that also
     /// issues its fencing token. Never waits for a holder.
     ///
-    /// Every attempt has a new owner value.
+    /// Every attempt has a new owner value. Once acquired, the gauge
+    /// [`LEASE_TTL_SECONDS`](crate::metrics::LEASE_TTL_SECONDS) of the name's operation
+    /// shows `ttl`, for comparing the lease's hold time against.
     pub async fn try_acquire(&self, name: &LeaseName, ttl: Duration) -> AcquireOutcome {
         let span = tracing::debug_span!("stampede_guard.lease.acquire", lease = name.key());
-        match self.acquire_inner(name, ttl, None).instrument(span).await {
+        match self
+            .acquire_inner(name, ttl, None, None)
+            .instrument(span)
+            .await
+        {
             Acquire::Outcome(outcome) => outcome,
             Acquire::Written => unreachable!("no entry was given to look at"),
         }
@@ -107,21 +113,31 @@ impl LeaseClient {
     /// [`try_acquire`](Self::try_acquire) for the fill of a cache entry, in the same
     /// script: the lease is not taken when the entry was written since its caller looked
     /// (a token newer than `seen`), and the token is ordered against the invalidations
-    /// of the entry's response (see `acquire.lua`).
+    /// of the entry's response (see `acquire.lua`). The lease's hold time is labelled
+    /// with `route` (the name of the route whose entry it fills).
     pub(crate) async fn try_acquire_fill(
         &self,
         keys: &CacheKeys,
+        route: metrics::SharedString,
         ttl: Duration,
         seen: FencingToken,
     ) -> Acquire {
         let name = keys.lease();
         let span = tracing::debug_span!("stampede_guard.lease.acquire", lease = name.key());
-        self.acquire_inner(name, ttl, Some((keys, seen)))
+        self.acquire_inner(name, ttl, Some((keys, seen)), Some(route))
             .instrument(span)
             .await
     }
 
-    async fn acquire_inner(&self, name: &LeaseName, ttl: Duration, fill: ForFill<'_>) -> Acquire {
+    /// Takes the lease; `fill` and `route` are given together, for a fill, and a lease
+    /// taken on its own sets the TTL gauge of its operation.
+    async fn acquire_inner(
+        &self,
+        name: &LeaseName,
+        ttl: Duration,
+        fill: ForFill<'_>,
+        route: Option<metrics::SharedString>,
+    ) -> Acquire {
         if let Err(error) = self.check_ttl("lease_ttl", ttl) {
             return Acquire::Outcome(AcquireOutcome::Invalid(error));
         }
@@ -140,14 +156,20 @@ impl LeaseClient {
                 );
                 return Acquire::Written;
             }
-            Ok(AcquireReply::Taken(token)) => AcquireOutcome::Acquired(Lease {
-                name: name.clone(),
-                owner,
-                token: FencingToken::new(token),
-                acquired_at: sent_at,
-                ttl,
-                valid_until: sent_at + ttl,
-            }),
+            Ok(AcquireReply::Taken(token)) => {
+                if route.is_none() {
+                    crate::metrics::lease_ttl(name.operation_label(), ttl);
+                }
+                AcquireOutcome::Acquired(Lease {
+                    name: name.clone(),
+                    owner,
+                    token: FencingToken::new(token),
+                    acquired_at: sent_at,
+                    ttl,
+                    valid_until: sent_at + ttl,
+                    route,
+                })
+            }
             Ok(AcquireReply::Busy { pttl, held_off }) => AcquireOutcome::Busy {
                 retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
                 held_off,
@@ -186,7 +208,8 @@ impl LeaseClient {
     }
 
     /// Extends `lease` to `ttl` from now, if it is still ours. On success the lease's
-    /// [`valid_until`](Lease::valid_until) moves forward.
+    /// [`valid_until`](Lease::valid_until) moves forward, and the gauge of its
+    /// operation's TTL shows `ttl` (as after [`try_acquire`](Self::try_acquire)).
     pub async fn renew(&self, lease: &mut Lease, ttl: Duration) -> RenewOutcome {
         let span =
             tracing::debug_span!("stampede_guard.lease.renew", lease = lease.key().to_owned());
@@ -203,6 +226,10 @@ impl LeaseClient {
             Ok(true) => {
                 lease.ttl = ttl;
                 lease.valid_until = sent_at + ttl;
+                // A fill's TTL is its route's (that gauge is set by the route).
+                if lease.route.is_none() {
+                    crate::metrics::lease_ttl(lease.name.operation_label(), ttl);
+                }
                 RenewOutcome::Renewed
             }
             Ok(false) => RenewOutcome::NotOwner,
@@ -228,11 +255,7 @@ impl LeaseClient {
             .release_owned(&lease.name, &lease.owner)
             .instrument(span)
             .await;
-        crate::metrics::lease_released(
-            lease.name.operation_label(),
-            outcome.as_str(),
-            lease.held_for(),
-        );
+        crate::metrics::lease_released(&lease, outcome.as_str());
         tracing::debug!(
             lease = lease.key(),
             token = lease.token.get(),
@@ -262,12 +285,11 @@ impl LeaseClient {
             Err(error) => ReleaseOutcome::Failed(error),
         };
         crate::metrics::lease_released(
-            lease.name.operation_label(),
+            &lease,
             match outcome {
                 ReleaseOutcome::Released => "held_off",
                 _ => outcome.as_str(),
             },
-            lease.held_for(),
         );
         tracing::debug!(
             lease = lease.key(),

@@ -45,6 +45,9 @@ pub struct Lease {
     pub(crate) acquired_at: Instant,
     pub(crate) ttl: Duration,
     pub(crate) valid_until: Instant,
+    /// The route whose cache entry the lease fills, for the label of its hold time
+    /// (`None` for a lease taken on its own through the client).
+    pub(crate) route: Option<metrics::SharedString>,
 }
 
 impl Lease {

@@ -350,13 +350,17 @@ pub(crate) async fn keep(
     let claim = match claim {
         Claim::Local(token) => Claim::Local(token),
         leased @ Claim::Leased(_) => {
-            end(route, keys, leased, Ending::Gone).await;
-            match route
+            // The answer's own lease first, then the caller's given back: the caller's
+            // waiters elsewhere, woken by its end, find the variant being filled and
+            // wait for it, rather than racing this instance to fill it again. Never
+            // waits, so holding both for a moment cannot deadlock.
+            let acquired = route
                 .shared
                 .leases
                 .try_acquire_fill(&own, route.label(), route.lease_ttl(), FencingToken::new(0))
-                .await
-            {
+                .await;
+            end(route, keys, leased, Ending::Gone).await;
+            match acquired {
                 Acquire::Outcome(AcquireOutcome::Acquired(own_lease)) => Claim::Leased(own_lease),
                 // Someone stored that variant meanwhile.
                 Acquire::Written => {

@@ -142,23 +142,13 @@ async fn two_holders_racing_inside_transactions_leave_the_higher_token_whichever
 
     // The higher token locks the row first and holds its transaction open; the lower
     // one's update waits for the lock, then checks its guard against the committed row.
-    let tx_high = high.transaction().await.unwrap();
-    let written = table
-        .update(&tx_high, &"q-123", t_high, &[("total", &2i64)])
-        .await
-        .unwrap();
-    assert_eq!(written.token(), Some(t_high));
-    let tx_low = low.transaction().await.unwrap();
-    let waiting = async {
-        table
-            .update(&tx_low, &"q-123", t_low, &[("total", &1i64)])
-            .await
-    };
-    let commit = async {
-        waits_for_a_row_lock(&observer).await;
-        tx_high.commit().await.unwrap();
-    };
-    let (refused, ()) = within(HANG, async { tokio::join!(waiting, commit) }, "race").await;
+    let (tx_low, refused) = race(
+        &table,
+        &observer,
+        (&mut high, t_high, 2),
+        (&mut low, t_low, 1),
+    )
+    .await;
     assert!(
         matches!(refused, Err(FenceError::StaleOwner { current, .. }) if current == t_high),
         "{refused:?}"
@@ -169,26 +159,48 @@ async fn two_holders_racing_inside_transactions_leave_the_higher_token_whichever
     // The other order: the lower token locks first and commits while the higher one
     // waits; the higher one then writes over it (it is the newer holder).
     let (t_low, t_high) = (FencingToken::new(30), FencingToken::new(40));
-    let tx_low = low.transaction().await.unwrap();
-    let written = table
-        .update(&tx_low, &"q-123", t_low, &[("total", &3i64)])
-        .await
-        .unwrap();
-    assert_eq!(written.token(), Some(t_low));
-    let tx_high = high.transaction().await.unwrap();
-    let waiting = async {
-        table
-            .update(&tx_high, &"q-123", t_high, &[("total", &4i64)])
-            .await
-    };
-    let commit = async {
-        waits_for_a_row_lock(&observer).await;
-        tx_low.commit().await.unwrap();
-    };
-    let (written, ()) = within(HANG, async { tokio::join!(waiting, commit) }, "race").await;
+    let (tx_high, written) = race(
+        &table,
+        &observer,
+        (&mut low, t_low, 3),
+        (&mut high, t_high, 4),
+    )
+    .await;
     assert_eq!(written.unwrap().token(), Some(t_high));
     tx_high.commit().await.unwrap();
     assert_eq!(row(&high, "q-123").await, ("PENDING".to_owned(), 4, 40));
+}
+
+/// Two holders set `total` of the same row, each in a transaction: `first` writes and
+/// holds its transaction open, `second`'s update waits for the row's lock, and `first`
+/// commits once it does. Returns `second`'s transaction, still open, and its result.
+async fn race<'a>(
+    table: &FencedTable,
+    observer: &Client,
+    first: (&mut Client, FencingToken, i64),
+    second: (&'a mut Client, FencingToken, i64),
+) -> (
+    stampede_guard::postgres::tokio_postgres::Transaction<'a>,
+    Result<stampede_guard::postgres::Written, FenceError>,
+) {
+    let tx_first = first.0.transaction().await.unwrap();
+    let written = table
+        .update(&tx_first, &"q-123", first.1, &[("total", &first.2)])
+        .await
+        .unwrap();
+    assert_eq!(written.token(), Some(first.1));
+    let tx_second = second.0.transaction().await.unwrap();
+    let waiting = async {
+        table
+            .update(&tx_second, &"q-123", second.1, &[("total", &second.2)])
+            .await
+    };
+    let commit = async {
+        waits_for_a_row_lock(observer).await;
+        tx_first.commit().await.unwrap();
+    };
+    let (result, ()) = within(HANG, async { tokio::join!(waiting, commit) }, "race").await;
+    (tx_second, result)
 }
 
 /// Waits until a statement of another connection waits for a lock (so that a race is

@@ -65,8 +65,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .fresh_ttl(Duration::from_secs(2))
             .grace(Duration::from_secs(30))
             .key_host(false)
-            // `item` extracts `Path`: axum keeps path parameters in request extensions.
-            .forward_extensions(true)
+            // `item` extracts `Path`: axum keeps path parameters in request extensions,
+            // which fills carry as the handler would see them without the guard.
             .build()?,
     )?;
     let reports = guard.layer(

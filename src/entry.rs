@@ -143,7 +143,9 @@ pub(crate) fn compact(headers: &HeaderMap) -> HeaderMap {
             )
         })
         .collect();
-    compact_from(pairs.len(), pairs.iter().copied()).expect("valid headers stay valid")
+    // Valid names and values stay valid; were the map to refuse them (more than it can
+    // hold), the headers are kept as they came.
+    compact_from(pairs.len(), pairs.iter().copied()).unwrap_or_else(|| headers.clone())
 }
 
 /// Builds a compact header map (see [`compact`]) from names and values; `None` when one

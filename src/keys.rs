@@ -236,7 +236,7 @@ impl KeySpace {
             primary,
             lease: std::sync::OnceLock::new(),
             local: LocalKey::default(),
-            learned: 0,
+            names: None,
         })
     }
 
@@ -271,7 +271,7 @@ impl KeySpace {
             primary,
             lease: std::sync::OnceLock::new(),
             local: LocalKey::default(),
-            learned: 0,
+            names: None,
         })
     }
 
@@ -438,9 +438,10 @@ pub struct CacheKeys {
     /// The same response's key in L1 (set by the guard, which hashes what this was made
     /// of; see [`LocalKey`]).
     pub(crate) local: LocalKey,
-    /// The version of the headers the route had learned to vary on when the keys were
-    /// made (see `guard::vary`); 0 until it learns one.
-    pub(crate) learned: u64,
+    /// The names of the headers the response's URL was known to vary on when the keys
+    /// were made, and whose values they were made with (see `guard::vary`); `None` while
+    /// it is known to vary on none.
+    pub(crate) names: Option<Arc<[http::HeaderName]>>,
 }
 
 impl PartialEq for CacheKeys {
@@ -462,6 +463,13 @@ impl CacheKeys {
     /// variants.
     pub fn invalidated_key(&self) -> String {
         format!("{}:inval", self.primary())
+    }
+
+    /// Where the names of the headers the response varies on are kept (see
+    /// `guard::vary`): one record for the response and all its variants, in their hash
+    /// slot.
+    pub fn vary_key(&self) -> String {
+        format!("{}:vary", self.primary())
     }
 
     /// The fence counter of the response (its invalidations issue from it); the lease's
@@ -515,7 +523,8 @@ impl fmt::Debug for LocalHashers {
 
 /// The key of a cached response in this process's L1: a keyed 128-bit hash of the
 /// response's identity (route, host, path, keyed query and headers), and a 64-bit one of
-/// the values of the headers its route learned it varies on (0 while none).
+/// the values of the headers its URL learned it varies on (0 for a request with none of
+/// them: the response's own entry).
 ///
 /// An L1 hit computes this and nothing else: no HMAC, no key string. The hash is keyed
 /// with keys derived from the key space's secret, so every instance computes the same

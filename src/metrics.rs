@@ -96,6 +96,9 @@ names! {
     L1_BYTES: Gauge = "stampede_guard_l1_bytes", "Bytes of entries in L1.";
     /// Calls the layer made to the origin (fills, refreshes and pass-throughs).
     ORIGIN_CALLS: Counter = "stampede_guard_origin_calls_total", "Calls the layer made to the origin.";
+    /// Calls to the origin that failed without an answer, by reason (`timeout`, `error`,
+    /// `panic`).
+    ORIGIN_FAILURES: Counter = "stampede_guard_origin_failures_total", "Calls to the origin that failed without an answer, by reason: timeout, error, panic.";
     /// Refreshes and cold fills at work, out of the guard's refresh budget.
     BUDGET_IN_USE: Gauge = "stampede_guard_refresh_budget_in_use", "Refreshes and cold fills at work, out of the refresh budget.";
     /// Header names a route learned from its responses' `Vary`.
@@ -150,7 +153,6 @@ events! {
     Bypass => (REQUESTS, "outcome" => "bypass"), "Not cacheable (method, credentials, a never-cached route): straight to the origin.";
     Pass => (REQUESTS, "outcome" => "pass"), "The origin's answer could not be stored (private, uncacheable, too large): passed on as it came.";
     HitForPass => (REQUESTS, "outcome" => "hit_for_pass"), "The key's last answer could not be stored: straight to the origin, without waiting for a fill.";
-    Passthrough => (REQUESTS, "outcome" => "passthrough"), "A cold wait ended without an entry: the origin was called, uncached.";
     Rejected => (REQUESTS, "outcome" => "rejected"), "A cold wait ended without an entry: 503.";
     L1Hit => (L1_LOOKUPS, "result" => "hit"), "Found in L1.";
     L1Miss => (L1_LOOKUPS, "result" => "miss"), "Not in L1.";
@@ -182,6 +184,10 @@ events! {
     RedisError => (REDIS_FALLBACKS), "A Redis operation failed and the route went on without it.";
     LocalOnly => (LOCAL_ONLY), "A fill or refresh went ahead without Redis.";
     OriginCall => (ORIGIN_CALLS), "The layer called the origin.";
+    OriginTimeout => (ORIGIN_FAILURES, "reason" => "timeout"), "A call to the origin (a fill, a refresh or a pass-through) did not answer within its timeout (or the watchdog's maximum), and was cut.";
+    OriginError => (ORIGIN_FAILURES, "reason" => "error"), "A call to the origin failed without an answer (the inner service's error, or its body failed mid-read).";
+    FillPanicked => (ORIGIN_FAILURES, "reason" => "panic"), "A cold fill panicked; its callers were answered, and the fleet backs off.";
+    OriginFailed => (REQUESTS, "outcome" => "origin_failed"), "The origin failed and nothing could stand in: the guard's own 502 or 504 (never stored).";
     ExpiredWhileWorking => (EXPIRED_WHILE_WORKING), "A lease was lost (or reached its maximum) while its holder worked.";
     UncertainAcquire => (UNCERTAIN_ACQUIRES), "An acquire timed out; it was treated as not acquired.";
     SoftTimeout => (SOFT_TIMEOUTS), "A fill took longer than the soft timeout; an expired entry was served.";

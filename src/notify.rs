@@ -42,8 +42,9 @@ pub(crate) trait Hears: Send + Sync + 'static {
     fn invalidated(&self, local: Option<LocalKey>, token: FencingToken);
     /// A fill's lease ended without a write, and what to make of the key for `lasting`.
     fn ended(&self, key: &str, ending: Ending, lasting: Duration);
-    /// Route `route` learned that its responses vary on `names`.
-    fn learned(&self, route: &str, names: &[&str]);
+    /// A URL of route `route` (the response with local key `response`) learned that its
+    /// responses vary on `names`.
+    fn learned(&self, route: &str, response: u128, names: &[&str]);
     /// Tags (by id) were purged, at `at` µs of the Redis server's clock.
     fn purged(&self, how: Purge, at: u64, ids: &[&str]);
     /// The purges recorded in Redis, read back when the subscription came up (`{id}:h`
@@ -328,7 +329,11 @@ fn deliver(guard: &dyn Hears, waiters: &Waiters, payload: &[u8]) {
             guard.ended(key, ending, lasting);
             waiters.wake(key);
         }
-        Some(Notice::Learned(route, names)) => guard.learned(route, &names),
+        Some(Notice::Learned(route, Some(response), names)) => {
+            guard.learned(route, response, &names);
+        }
+        // From a version that learned per route: each URL learns from its own entries.
+        Some(Notice::Learned(_, None, _)) => {}
         Some(Notice::Purged(how, at, ids)) => guard.purged(how, at, &ids),
         None => {}
     }
@@ -353,7 +358,9 @@ pub(crate) enum Ending {
 ///   tombstone's token (sent by the invalidation script);
 /// * `e {pass|error|gone} {ms} {entry key}`: a fill's lease ended without a write, and
 ///   what to make of the key for the next `ms`;
-/// * `v {route} {name,name,...}`: a route learned the headers its responses vary on;
+/// * `v {route} {response} {name,name,...}`: a URL learned the headers its responses vary
+///   on (`response`: its local key, in hex; versions that learned per route sent
+///   `v {route} {name,name,...}`, read here without one);
 /// * `p {h|s} {µs} {tag id} {tag id}...`: tags were purged, hard or soft, at that time
 ///   of the server's clock (sent by the purge script).
 ///
@@ -367,7 +374,7 @@ pub(crate) enum Notice<'a> {
     Filled(&'a str, Option<LocalKey>),
     Invalidated(&'a str, FencingToken, Option<LocalKey>),
     Ended(&'a str, Ending, Duration),
-    Learned(&'a str, Vec<&'a str>),
+    Learned(&'a str, Option<u128>, Vec<&'a str>),
     Purged(Purge, u64, Vec<&'a str>),
 }
 
@@ -407,7 +414,10 @@ impl std::fmt::Display for Notice<'_> {
                 };
                 write!(f, "e {how} {} {key}", lasting.as_millis())
             }
-            Self::Learned(route, names) => write!(f, "v {route} {}", names.join(",")),
+            Self::Learned(route, Some(response), names) => {
+                write!(f, "v {route} {response:032x} {}", names.join(","))
+            }
+            Self::Learned(route, None, names) => write!(f, "v {route} {}", names.join(",")),
             Self::Purged(how, at, ids) => {
                 let how = match how {
                     Purge::Hard => "h",
@@ -465,9 +475,16 @@ impl<'a> Notice<'a> {
                 ))
             }
             "v" => {
-                let (route, names) = rest.split_once(' ')?;
+                let (route, rest) = rest.split_once(' ')?;
+                let (response, names) = match rest.split_once(' ') {
+                    Some((response, names)) => {
+                        (Some(u128::from_str_radix(response, 16).ok()?), names)
+                    }
+                    None => (None, rest),
+                };
                 Some(Self::Learned(
                     route,
+                    response,
                     names.split(',').filter(|n| !n.is_empty()).collect(),
                 ))
             }
@@ -495,7 +512,8 @@ mod tests {
             Notice::Ended("sg:k:entry", Ending::Pass, Duration::from_millis(1500)),
             Notice::Ended("sg:k:entry", Ending::Error, Duration::from_millis(400)),
             Notice::Ended("sg:k:entry", Ending::Gone, Duration::ZERO),
-            Notice::Learned("items", vec!["accept-language", "x-tenant"]),
+            Notice::Learned("items", Some(7), vec!["accept-language", "x-tenant"]),
+            Notice::Learned("items", None, vec!["accept-language"]),
             Notice::Purged(Purge::Hard, 1_700_000_000_000_000, vec!["tag_ab", "tag_cd"]),
             Notice::Purged(Purge::Soft, 1, vec!["tag_ab"]),
         ];

@@ -24,12 +24,19 @@ use http::{HeaderName, StatusCode};
 use crate::error::ConfigError;
 pub use crate::rules::POISONING_HEADERS;
 
-/// What a caller that finds no entry at all does while someone else fills it, once the
-/// route's [`cold_wait`](PolicyBuilder::cold_wait) is over.
+/// What the callers of a key with no entry at all do when the fill they wait for cannot
+/// call the origin under the fleet's lease: another instance holds it and its entry did
+/// not come within the route's [`cold_wait`](PolicyBuilder::cold_wait), the fleet backs
+/// off after an origin failure, or the refresh budget is spent.
+///
+/// Either way, an entry that may stand in for a failed origin (stale-if-error) is served
+/// if there is one; and never does each caller go to the origin on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ColdMiss {
-    /// Call the origin itself, and do not cache what it gets (`x-cache: bypass`).
+    /// The fill goes to the origin itself, without the lease: one call of this process
+    /// for all its callers of the key, whose answer they share (and that this process's
+    /// L1 keeps, if it may be stored).
     Passthrough,
     /// Answer `503 Service Unavailable` with `Retry-After` (in whole seconds, at least 1).
     Reject {
@@ -59,6 +66,7 @@ pub struct Policy {
     pub(crate) grace: Duration,
     pub(crate) lease_ttl: Duration,
     pub(crate) refresh_timeout: Duration,
+    pub(crate) pass_timeout: Duration,
     pub(crate) cold_wait: Duration,
     pub(crate) cold_miss: ColdMiss,
     pub(crate) stale_if_error: Duration,
@@ -73,7 +81,9 @@ pub struct Policy {
     pub(crate) key_host: bool,
     pub(crate) allow_authorization: bool,
     pub(crate) allow_cookies: bool,
-    pub(crate) forward_extensions: bool,
+    /// Whether fill requests carry the caller's extensions (unset: unless the route
+    /// forwards strictly).
+    pub(crate) forward_extensions: Option<bool>,
     pub(crate) strict_forwarding: bool,
     pub(crate) hit_for_pass: Duration,
     pub(crate) fresh_jitter: Duration,
@@ -106,6 +116,7 @@ impl fmt::Debug for Policy {
             .field("grace", &self.grace)
             .field("lease_ttl", &self.lease_ttl)
             .field("refresh_timeout", &self.refresh_timeout)
+            .field("pass_timeout", &self.pass_timeout)
             .field("cold_wait", &self.cold_wait)
             .field("cold_miss", &self.cold_miss)
             .field("stale_if_error", &self.stale_if_error)
@@ -120,7 +131,7 @@ impl fmt::Debug for Policy {
             .field("key_host", &self.key_host)
             .field("allow_authorization", &self.allow_authorization)
             .field("allow_cookies", &self.allow_cookies)
-            .field("forward_extensions", &self.forward_extensions)
+            .field("forward_extensions", &self.forward_extensions())
             .field("strict_forwarding", &self.strict_forwarding)
             .field("hit_for_pass", &self.hit_for_pass)
             .field("fresh_jitter", &self.fresh_jitter)
@@ -150,6 +161,9 @@ pub mod defaults {
     pub const LEASE_TTL: Duration = Duration::from_secs(5);
     /// How long a refresh may call the origin.
     pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(4);
+    /// How long a call that passes through to the origin may wait for its answer's head
+    /// (as nginx's `proxy_read_timeout` and Varnish's `first_byte_timeout`).
+    pub const PASS_TIMEOUT: Duration = Duration::from_secs(60);
     /// How long a caller with nothing to serve waits for a fill another instance is
     /// doing: unless set, as long as that fill may take, the refresh timeout plus
     /// [`COLD_WAIT_MARGIN`].
@@ -180,6 +194,7 @@ impl Policy {
                 grace: defaults::GRACE,
                 lease_ttl: defaults::LEASE_TTL,
                 refresh_timeout: defaults::REFRESH_TIMEOUT,
+                pass_timeout: defaults::PASS_TIMEOUT,
                 cold_wait: defaults::COLD_WAIT,
                 cold_miss: ColdMiss::Passthrough,
                 stale_if_error: defaults::STALE_IF_ERROR,
@@ -194,7 +209,7 @@ impl Policy {
                 key_host: true,
                 allow_authorization: false,
                 allow_cookies: false,
-                forward_extensions: false,
+                forward_extensions: None,
                 strict_forwarding: false,
                 hit_for_pass: defaults::HIT_FOR_PASS,
                 fresh_jitter: Duration::ZERO,
@@ -216,6 +231,11 @@ impl Policy {
     /// The route's name.
     pub fn route(&self) -> &str {
         &self.route
+    }
+
+    /// Whether the requests that fill and refresh entries carry the caller's extensions.
+    pub fn forward_extensions(&self) -> bool {
+        self.forward_extensions.unwrap_or(!self.strict_forwarding)
     }
 
     /// Whether a successful unsafe request invalidates the entries of its URI.
@@ -322,10 +342,22 @@ impl PolicyBuilder {
         self
     }
 
-    /// How long a refresh or a cold fill may wait on the origin (default 4 s). It must
-    /// end within the lease: at most the lease TTL.
+    /// How long a refresh or a cold fill may wait on the origin, its whole answer read
+    /// (default 4 s). It must end within the lease: at most the lease TTL. A call that
+    /// runs past it is cut and counted (`origin_failures_total{reason="timeout"}`); the
+    /// callers that waited for it get an entry that may stand in, or `504`.
     pub fn refresh_timeout(mut self, timeout: Duration) -> Self {
         self.policy.refresh_timeout = timeout;
+        self
+    }
+
+    /// How long a call that passes through to the origin may wait for its answer's head
+    /// (default 60 s): requests the route does not cache (`x-cache: bypass`), the
+    /// callers of a key whose answers are not stored (`pass`), and those of an answer
+    /// private to another caller. The body then streams on as it comes. A call whose
+    /// head does not come in time is cut and counted, and its caller gets `504`.
+    pub fn pass_timeout(mut self, timeout: Duration) -> Self {
+        self.policy.pass_timeout = timeout;
         self
     }
 
@@ -334,18 +366,19 @@ impl PolicyBuilder {
     /// [`cold_miss`](Self::cold_miss). Zero: not at all.
     ///
     /// Default: the refresh timeout plus one second, as long as the other instance's
-    /// fill may take with its write. A shorter wait trades origin calls for latency: with an origin slower than the
-    /// wait, every caller on every other instance calls the origin itself
-    /// ([`ColdMiss::Passthrough`]) or gets a 503 ([`ColdMiss::Reject`]). Callers of the
-    /// instance that fills wait for its fill, however long it takes (up to the refresh
-    /// timeout).
+    /// fill may take with its write. A shorter wait trades origin calls for latency:
+    /// with an origin slower than the wait, each other instance makes one call of its
+    /// own for all its callers ([`ColdMiss::Passthrough`]), or they get a 503
+    /// ([`ColdMiss::Reject`]). Callers of the instance that fills wait for its fill,
+    /// however long it takes (up to the refresh timeout).
     pub fn cold_wait(mut self, wait: Duration) -> Self {
         self.policy.cold_wait = wait;
         self.cold_wait_set = true;
         self
     }
 
-    /// What a caller does when its cold wait is over (default [`ColdMiss::Passthrough`]).
+    /// What the callers of a cold key do when their fill cannot call the origin under the
+    /// lease (default [`ColdMiss::Passthrough`]; see [`ColdMiss`]).
     pub fn cold_miss(mut self, behaviour: ColdMiss) -> Self {
         self.policy.cold_miss = behaviour;
         self
@@ -482,15 +515,20 @@ impl PolicyBuilder {
         self
     }
 
-    /// Copy the request's extensions into the requests that fill and refresh entries
-    /// (default false: fill requests carry no extensions).
+    /// Whether the requests that fill and refresh entries carry the caller's extensions
+    /// (default true, unless [`strict_forwarding`](Self::strict_forwarding) is on): the
+    /// wrapped handler sees the request it would see without the guard.
     ///
-    /// Routers put path parameters there: an axum handler that extracts `Path` needs
-    /// this. It also forwards whatever outer middleware put there (a user, a tenant), and
-    /// what reaches the origin shapes what every client is served: turn it on only when
-    /// no extension can change the response, or when what can is part of the key.
+    /// Routers and outer layers put things there that handlers read: axum's path
+    /// parameters (`Path`) and matched route, `State` set by a layer, tracing spans and
+    /// request ids. The trade: an extension that changes the answer (a user, a tenant,
+    /// set by an authentication layer) changes it for every client served from the
+    /// entry. A handler that reads per-user data from an extension must be keyed on it
+    /// (a [`key_headers`](Self::key_headers) entry carrying the same identity), or not
+    /// be cached (a route without this layer, or [`never_cache`](Self::never_cache));
+    /// else turn this off, and the handler sees no extension at all on a fill.
     pub fn forward_extensions(mut self, forward: bool) -> Self {
-        self.policy.forward_extensions = forward;
+        self.policy.forward_extensions = Some(forward);
         self
     }
 
@@ -502,7 +540,8 @@ impl PolicyBuilder {
     /// headers and without the [`POISONING_HEADERS`]
     /// (unless keyed). An origin that changes its response on a header it does not name
     /// in `Vary` would then store one client's variant for everyone; strict forwarding
-    /// makes that impossible, at the price of those headers.
+    /// makes that impossible, at the price of those headers. It drops the request's
+    /// extensions too, unless [`forward_extensions`](Self::forward_extensions) is set.
     pub fn strict_forwarding(mut self, strict: bool) -> Self {
         self.policy.strict_forwarding = strict;
         self
@@ -659,6 +698,10 @@ impl PolicyBuilder {
         ConfigError::nonzero("fresh_ttl", p.fresh_ttl)?;
         ConfigError::nonzero("lease_ttl", p.lease_ttl)?;
         ConfigError::nonzero("refresh_timeout", p.refresh_timeout)?;
+        ConfigError::nonzero("pass_timeout", p.pass_timeout)?;
+        if p.pass_timeout > Duration::from_secs(3600) {
+            return Err(ConfigError::invalid("pass_timeout", "at most 1 hour"));
+        }
         ConfigError::nonzero("error_backoff", p.error_backoff)?;
         match p.watchdog {
             None if p.refresh_timeout > p.lease_ttl => {

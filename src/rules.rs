@@ -96,19 +96,17 @@ pub(crate) fn identity_into<B>(policy: &Policy, request: &Request<B>, out: &mut 
     headers_into(&policy.key_headers, request, out);
 }
 
-/// Whether the request has any of the headers a route learned to vary on. Without
-/// them it asks for the response's own entry (variant 0), as before the route learned
-/// any: learning a header from one URL's `Vary` does not move the entries of requests
-/// that do not send it, on the route's other URLs. (Such an entry was filled by a
-/// request without the headers, or before the route learned them by an answer that did
-/// not vary on them: were it varying, the route would have learned the header from it
-/// then, and stored it as a variant.)
+/// Whether the request has any of the headers its URL learned to vary on. Without
+/// them it asks for the response's own entry (variant 0), as before the URL learned
+/// any. (Such an entry was filled by a request without the headers, or before the URL
+/// learned them by an answer that did not vary on them: were it varying, the URL would
+/// have learned the header from it then, and stored it as a variant.)
 pub(crate) fn names_any<B>(learned: &[HeaderName], request: &Request<B>) -> bool {
     let headers = request.headers();
     learned.iter().any(|name| headers.contains_key(name))
 }
 
-/// Which variant of a response a request asks for: its values of the headers the route
+/// Which variant of a response a request asks for: its values of the headers its URL
 /// learned its responses vary on (`learned`, sorted), as bytes to be hashed.
 pub(crate) fn variant<B>(learned: &[HeaderName], request: &Request<B>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
@@ -284,7 +282,7 @@ pub const POISONING_HEADERS: &[&str] = &[
 /// `strict_forwarding`, only the keyed
 /// headers and the route's `forward_headers`. Keyed and learned headers are always
 /// forwarded, `Authorization` and `Cookie` only where the route allows them. Extensions
-/// are copied only where the route says so.
+/// are copied unless the route says otherwise (by default, unless it forwards strictly).
 pub(crate) fn fill_request<B, F: Default>(
     policy: &Policy,
     learned: &[HeaderName],
@@ -356,7 +354,7 @@ pub(crate) fn fill_request<B, F: Default>(
     *fill.uri_mut() = new_uri;
     *fill.version_mut() = request.version();
     *fill.headers_mut() = headers;
-    if policy.forward_extensions {
+    if policy.forward_extensions() {
         *fill.extensions_mut() = request.extensions().clone();
     }
     fill

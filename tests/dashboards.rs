@@ -93,6 +93,7 @@ fn the_dashboard_uses_only_emitted_metrics_and_has_the_panels_users_ask_for() {
         "Redis timeouts",
         "Stale served",
         "Origin calls saved",
+        "Origin failures",
     ] {
         assert!(titles.contains(&wanted), "no panel {wanted:?}");
     }

@@ -159,7 +159,11 @@ async fn stale_entry_refreshed_once(server: Redis) {
         "{} origin calls, {windows_since} windows after v2",
         origin.calls()
     );
-    assert_eq!(total(&layers, Event::Passthrough), 0);
+    assert_eq!(
+        total(&layers, Event::LocalOnly),
+        0,
+        "fills and refreshes without the lease"
+    );
 }
 
 /// 3 instances, a cold key, 300 concurrent requests: one origin call; the other
@@ -217,7 +221,11 @@ async fn cold_key_filled_once(server: Redis) {
     // One fill task per other instance waited, and each was ended by the entry.
     assert_eq!(total(&layers, Event::ColdWaitNotified), 2);
     assert_eq!(total(&layers, Event::ColdWaitTimedOut), 0);
-    assert_eq!(total(&layers, Event::Passthrough), 0);
+    assert_eq!(
+        total(&layers, Event::LocalOnly),
+        0,
+        "fills without the lease"
+    );
     assert_eq!(total(&layers, Event::Miss), 300);
 }
 

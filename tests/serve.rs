@@ -100,6 +100,36 @@ async fn the_readme_shape_fills_a_cold_key_once_with_redis_up_and_a_slow_origin(
     );
 }
 
+/// The README's shape with a handler that reads its path parameter (axum keeps it in
+/// the request's extensions) and the route's default settings: the wrapped handler sees
+/// the request it would see without the guard. 200 requests at once on a cold key, each
+/// on its own connection: 200 answers `200`, one handler call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_that_reads_its_path_works_with_the_default_settings() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let calls = Arc::new(AtomicU64::new(0));
+    let items = guard
+        .layer(Policy::builder("items").build().unwrap())
+        .unwrap();
+    let counted = calls.clone();
+    let handler = move |axum::extract::Path(id): axum::extract::Path<u32>| {
+        let calls = counted.clone();
+        async move {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            format!("item {id} (call {n})")
+        }
+    };
+    let addr = serve(Router::new().route("/items/{id}", get(handler).layer(items))).await;
+    let responses = cold_burst(addr).await;
+    for got in &responses {
+        assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+        assert_eq!(got.body, "item 1 (call 1)");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "handler calls");
+}
+
 /// A gate the slow handler waits at, and a signal that it got there.
 #[derive(Clone, Default)]
 struct Gate {

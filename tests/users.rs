@@ -463,10 +463,11 @@ async fn fills_forward_headers_as_a_proxy_does_but_not_poisoning_ones() {
     assert_eq!(names, ["accept-language", "host"]);
 }
 
-/// Extensions set by middleware outside the guard (a user, here) do not reach the
-/// request that fills the entry everyone is served, unless the route says so.
+/// Extensions set by middleware outside the guard (a user, here) reach the request that
+/// fills the entry, as the handler would see them without the guard, unless the route
+/// turns that off or forwards strictly.
 #[tokio::test]
-async fn extensions_reach_fills_only_where_the_route_says_so() {
+async fn extensions_reach_fills_unless_the_route_says_otherwise() {
     #[derive(Clone)]
     struct User(&'static str);
     let server = RedisServer::start();
@@ -478,12 +479,26 @@ async fn extensions_reach_fills_only_where_the_route_says_so() {
     within(HANG, guard.ready(), "the guard's readiness")
         .await
         .unwrap();
-    for (route, forward, expected) in [
-        ("plain", false, "user=none"),
-        ("params", true, "user=alice"),
-    ] {
+    // By default the handler sees what it would see without the guard; strict
+    // forwarding drops extensions unless they are asked for.
+    let cases: [(
+        &str,
+        fn(stampede_guard::policy::PolicyBuilder) -> stampede_guard::policy::PolicyBuilder,
+        &str,
+    ); 5] = [
+        ("default", |p| p, "user=alice"),
+        ("off", |p| p.forward_extensions(false), "user=none"),
+        ("on", |p| p.forward_extensions(true), "user=alice"),
+        ("strict", |p| p.strict_forwarding(true), "user=none"),
+        (
+            "strict-on",
+            |p| p.strict_forwarding(true).forward_extensions(true),
+            "user=alice",
+        ),
+    ];
+    for (route, configure, expected) in cases {
         let layer = guard
-            .layer(policy(route).forward_extensions(forward).build().unwrap())
+            .layer(configure(policy(route)).build().unwrap())
             .unwrap();
         let service = tower::Layer::layer(&layer, origin.service());
         let mut request = get(&format!("/{route}"));

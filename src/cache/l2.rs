@@ -28,19 +28,47 @@ pub(crate) async fn l2_read(
     keys: &CacheKeys,
     max_size: usize,
 ) -> Result<L2Read, StoreError> {
-    Ok(match scripts::read(store, keys, max_size).await? {
-        ReadReply::Miss => L2Read::Miss,
-        ReadReply::NotOurs => L2Read::Garbage("not an entry"),
-        ReadReply::Entry { pttl, .. } if pttl < 0 => L2Read::Garbage("no ttl"),
-        ReadReply::Entry { pttl, data, meta } => match decode(&data, meta.as_deref()) {
+    Ok(l2_read_with_names(store, keys, max_size).await?.0)
+}
+
+/// [`l2_read`], and for the response's own entry (not one of its variants) the names
+/// of the headers the response varies on, as kept beside it (see `guard::vary`), in the
+/// same round trip.
+pub(crate) async fn l2_read_with_names(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    max_size: usize,
+) -> Result<(L2Read, Option<String>), StoreError> {
+    let reply = scripts::read(store, keys, max_size, !keys.is_variant()).await?;
+    Ok(match reply {
+        ReadReply::Miss { names } => (L2Read::Miss, names),
+        ReadReply::NotOurs => (L2Read::Garbage("not an entry"), None),
+        ReadReply::Entry { pttl, names, .. } if pttl < 0 => (L2Read::Garbage("no ttl"), names),
+        ReadReply::Entry {
+            pttl,
+            data,
+            meta,
+            names,
+        } => match decode(&data, meta.as_deref()) {
             Ok(response) => {
                 let left = Duration::from_millis(pttl as u64);
                 let age = response.keep.saturating_sub(left);
-                L2Read::Found(Arc::new(Stored::aged(response, age)))
+                (L2Read::Found(Arc::new(Stored::aged(response, age))), names)
             }
-            Err(error) => L2Read::Garbage(decode_reason(error)),
+            Err(error) => (L2Read::Garbage(decode_reason(error)), names),
         },
     })
+}
+
+/// Keeps `names` as what the response of `keys` varies on, with what was kept already,
+/// for at least `keep` (see `scripts/vary.lua`).
+pub(crate) async fn l2_keep_names(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    names: &[&str],
+    keep: Duration,
+) -> Result<(), StoreError> {
+    scripts::keep_names(store, keys, names, keep).await
 }
 
 /// An entry from its encoding, and the metadata a `304` renewed it with if any: that

@@ -22,59 +22,86 @@ static WRITE: LazyLock<Script> =
 static REVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/revalidate.lua"))));
 static PURGE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/purge.lua")));
+static VARY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/vary.lua")));
 static INVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/invalidate.lua"))));
 
 /// What `read.lua` found at an entry's key.
 #[derive(Debug)]
 pub(crate) enum ReadReply {
-    /// Nothing, a tombstone, or an entry older than its response's invalidation.
-    Miss,
+    /// Nothing, a tombstone, or an entry older than its response's invalidation; and
+    /// the names the response varies on, if they were asked for and are kept.
+    Miss { names: Option<String> },
     /// Something that is not an entry of ours (another type, a hash without data).
     NotOurs,
-    /// An entry's encoding, its remaining TTL in milliseconds, and the metadata that a
-    /// `304` renewed it with, if one did.
+    /// An entry's encoding, its remaining TTL in milliseconds, the metadata that a
+    /// `304` renewed it with, if one did, and the names the response varies on, if they
+    /// were asked for and are kept.
     Entry {
         pttl: i64,
         data: Vec<u8>,
         meta: Option<Vec<u8>>,
+        names: Option<String>,
     },
 }
 
-/// Reads an entry; the deadline grows with `max_size`, what the entry may weigh.
+/// Reads an entry (and, for the response's own entry, with `names`, the names it varies
+/// on); the deadline grows with `max_size`, what the entry may weigh.
 pub(crate) async fn read(
     store: &RedisStore,
     keys: &CacheKeys,
     max_size: usize,
+    names: bool,
 ) -> Result<ReadReply, StoreError> {
     let mut invocation = READ.prepare_invoke();
     invocation.key(keys.entry()).key(keys.invalidated_key());
+    if names {
+        invocation.key(keys.vary_key());
+    }
     let value: Value = store
         .run_sized(Operation::Read, Request::Script(&invocation), max_size)
         .await?;
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).ok();
     Ok(match value {
         // (Nil and false: what older versions of the script and RESP3 would send.)
-        Value::Nil | Value::Boolean(false) => ReadReply::Miss,
-        Value::Array(items) => match <[Value; 0]>::try_from(items) {
-            Ok([]) => ReadReply::Miss,
-            Err(items) => match items.as_slice() {
-                [Value::Int(_), Value::BulkString(_)]
-                | [Value::Int(_), Value::BulkString(_), Value::BulkString(_)] => {
-                    let mut items = items.into_iter();
-                    let (Some(Value::Int(pttl)), Some(Value::BulkString(data))) =
-                        (items.next(), items.next())
-                    else {
-                        unreachable!("matched above")
-                    };
-                    let meta = match items.next() {
+        Value::Nil | Value::Boolean(false) => ReadReply::Miss { names: None },
+        Value::Array(items) => {
+            let mut items = items.into_iter();
+            match (
+                items.next(),
+                items.next(),
+                items.next(),
+                items.next(),
+                items.next(),
+            ) {
+                (None, ..) => ReadReply::Miss { names: None },
+                (Some(Value::Int(-4)), Some(Value::BulkString(names)), None, ..) => {
+                    ReadReply::Miss { names: text(names) }
+                }
+                (Some(Value::Int(pttl)), Some(Value::BulkString(data)), meta, names, None)
+                    if pttl != -3 && pttl != -4 =>
+                {
+                    let meta = match meta {
+                        None => None,
+                        Some(Value::BulkString(meta)) if meta.is_empty() && names.is_some() => None,
                         Some(Value::BulkString(meta)) => Some(meta),
-                        _ => None,
+                        Some(_) => return Ok(ReadReply::NotOurs),
                     };
-                    ReadReply::Entry { pttl, data, meta }
+                    let names = match names {
+                        None => None,
+                        Some(Value::BulkString(names)) => text(names),
+                        Some(_) => return Ok(ReadReply::NotOurs),
+                    };
+                    ReadReply::Entry {
+                        pttl,
+                        data,
+                        meta,
+                        names,
+                    }
                 }
                 _ => ReadReply::NotOurs,
-            },
-        },
+            }
+        }
         _ => {
             return Err(StoreError::new(
                 Operation::Read,
@@ -83,6 +110,27 @@ pub(crate) async fn read(
             ));
         }
     })
+}
+
+/// Keeps `names` with those kept for the response of `keys`, for at least `keep` (see
+/// `vary.lua`).
+pub(crate) async fn keep_names(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    names: &[&str],
+    keep: Duration,
+) -> Result<(), StoreError> {
+    let mut invocation = VARY.prepare_invoke();
+    invocation
+        .key(keys.vary_key())
+        .arg(millis(keep.max(Duration::from_millis(1))));
+    for name in names {
+        invocation.arg(*name);
+    }
+    let _kept: i64 = store
+        .run(Operation::Write, Request::Script(&invocation))
+        .await?;
+    Ok(())
 }
 
 /// What `write.lua` did.

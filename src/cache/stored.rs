@@ -30,6 +30,9 @@ pub(crate) struct Stored {
     created: u64,
     /// The ids of its tags (see `guard::purge`), made when first needed.
     pub(crate) tag_ids: std::sync::OnceLock<Box<[String]>>,
+    /// The names in its `Vary` that its route does not key on anyway (see
+    /// `guard::vary`), made when first needed: most entries vary on none.
+    pub(crate) vary: std::sync::OnceLock<Box<[http::HeaderName]>>,
     /// Filled without Redis: its token is borrowed (the entry it replaced had it), so
     /// Redis may hold another body under that token.
     local: bool,
@@ -88,6 +91,7 @@ impl Stored {
             epoch: AtomicU64::new(0),
             created,
             tag_ids: std::sync::OnceLock::new(),
+            vary: std::sync::OnceLock::new(),
             local: false,
         }
     }

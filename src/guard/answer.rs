@@ -1,33 +1,29 @@
 //! Answering a caller: from an entry (a hit, or a stale entry while its refresh
-//! starts), from the origin straight (a pass-through), or by the route's cold-miss
-//! behaviour; and the `x-cache`, `cache-status` and `age` each answer carries.
+//! starts), from the origin straight (a pass-through, bounded by the route's pass
+//! timeout), from an entry that may stand in for a failed origin, or with the guard's
+//! own answer when nothing may (`502`, `504`, or the route's `503`). Each answer's
+//! `x-cache` and `cache-status` come from one [`XCache`].
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::Body;
-use tower::ServiceExt;
 
 use super::body::ResponseBody;
 use super::conditional::{NOT_MODIFIED_HEADERS, not_modified};
-use super::origin::{Buffered, FillBody, Inner, OriginBody};
+use super::flight::Failure;
+use super::origin::{Buffered, FillBody, Inner, OriginBody, call_through};
+use super::outcome::{XCache, age_value, concat_status};
 use super::refresh::spawn_refresh;
 use super::route::Route;
-use crate::CACHE_NAME;
 use crate::cache::{CACHE_STATUS_NAME, Freshness, Stored, X_CACHE_NAME};
 use crate::keys::{CacheKeys, LocalKey};
 use crate::metrics::Event;
 use crate::policy::ColdMiss;
 use crate::rules::{Asked, Kind};
 
-/// `stampede-guard; ` and a `cache-status` parameter list, as a `&'static str`.
-macro_rules! concat_status {
-    ($params:literal) => {
-        concat!("stampede-guard; ", $params)
-    };
-}
 /// An entry found for a request, and what answering from it needs.
 pub(crate) struct Found<'a> {
     pub(crate) stored: &'a Arc<Stored>,
@@ -70,12 +66,12 @@ where
             if early && spawn_refresh(route, local, keys, stored.clone(), request, inner) {
                 route.stats.record(Event::EarlyRefresh);
             }
-            "hit"
+            XCache::Hit
         }
         Freshness::Stale => {
             route.stats.record(Event::Stale);
             spawn_refresh(route, local, keys, stored.clone(), request, inner);
-            "stale"
+            XCache::Stale
         }
         Freshness::Expired => return None,
     };
@@ -95,7 +91,7 @@ pub(crate) fn answer_fresh<B: Body>(
     kind: Kind,
 ) -> Option<Response<ResponseBody<B>>> {
     (freshness(route, stored, age) == Freshness::Fresh)
-        .then(|| serve_aged(stored, age, kind, "hit"))
+        .then(|| serve_aged(stored, age, kind, XCache::Hit))
 }
 
 /// Where an entry `age` old is in its life, for this process.
@@ -129,9 +125,23 @@ fn freshness(route: &Route, stored: &Stored, age: Duration) -> Freshness {
 pub(crate) fn serve<B: Body>(
     stored: &Stored,
     kind: Kind,
-    x_cache: &'static str,
+    x_cache: XCache,
 ) -> Response<ResponseBody<B>> {
     serve_aged(stored, stored.age(), kind, x_cache)
+}
+
+/// The answer from the entry a fill came to: `kept` when it is in the caches (else it
+/// is the fill's own answer, after its write was refused).
+pub(crate) fn serve_filled<B: Body>(stored: &Stored, kept: bool) -> Response<ResponseBody<B>> {
+    let age = stored.age();
+    let mut response = Response::new(ResponseBody::full(stored.response.body.clone()));
+    *response.status_mut() = stored.response.status;
+    *response.headers_mut() = stored.answer_headers(
+        age_value(age.as_secs()),
+        XCache::Miss.value(),
+        XCache::Miss.of_entry(ttl(stored, age), kept),
+    );
+    response
 }
 
 /// [`serve`], for an entry known to be `age` old.
@@ -139,7 +149,7 @@ pub(crate) fn serve_aged<B: Body>(
     stored: &Stored,
     age: Duration,
     kind: Kind,
-    x_cache: &'static str,
+    x_cache: XCache,
 ) -> Response<ResponseBody<B>> {
     let cached = &stored.response;
     let body = match kind {
@@ -150,8 +160,8 @@ pub(crate) fn serve_aged<B: Body>(
     *response.status_mut() = cached.status;
     *response.headers_mut() = stored.answer_headers(
         age_value(age.as_secs()),
-        HeaderValue::from_static(x_cache),
-        cache_status(x_cache, ttl(stored, age)),
+        x_cache.value(),
+        x_cache.of_entry(ttl(stored, age), true),
     );
     response
 }
@@ -161,7 +171,7 @@ pub(crate) fn serve_aged<B: Body>(
 fn serve_not_modified<B: Body>(
     stored: &Stored,
     age: Duration,
-    x_cache: &'static str,
+    x_cache: XCache,
 ) -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::empty());
     *response.status_mut() = StatusCode::NOT_MODIFIED;
@@ -172,8 +182,8 @@ fn serve_not_modified<B: Body>(
         }
     }
     headers.insert(http::header::AGE, age_value(age.as_secs()));
-    headers.insert(X_CACHE_NAME, HeaderValue::from_static(x_cache));
-    headers.insert(CACHE_STATUS_NAME, cache_status(x_cache, ttl(stored, age)));
+    headers.insert(X_CACHE_NAME, x_cache.value());
+    headers.insert(CACHE_STATUS_NAME, x_cache.of_entry(ttl(stored, age), true));
     response
 }
 
@@ -189,91 +199,42 @@ fn ttl(stored: &Stored, age: Duration) -> i64 {
     }
 }
 
-/// The `cache-status` of an answer from an entry: `hit` with the `ttl` left for a hit
-/// or a stale answer, `fwd=uri-miss; stored` for a fill. Hits and stale answers within an
-/// hour of their freshness take a value from a table made once; others, the value this
-/// thread made last, if it is the same: a hit does not format a number.
-fn cache_status(x_cache: &'static str, ttl: i64) -> HeaderValue {
-    const HOUR: i64 = 3600;
-    static HITS: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
-        (-HOUR..=HOUR)
-            .map(|n| leaked(format!("{CACHE_NAME}; hit; ttl={n}")))
-            .collect()
-    });
-    thread_local! {
-        static LAST: std::cell::RefCell<Option<(i64, HeaderValue)>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    match x_cache {
-        "hit" | "stale" if (-HOUR..=HOUR).contains(&ttl) => HITS[(ttl + HOUR) as usize].clone(),
-        "hit" | "stale" => LAST.with_borrow_mut(|last| match last {
-            Some((at, value)) if *at == ttl => value.clone(),
-            _ => {
-                let value = value(format!("{CACHE_NAME}; hit; ttl={ttl}"));
-                *last = Some((ttl, value.clone()));
-                value
-            }
-        }),
-        _ => value(format!("{CACHE_NAME}; fwd=uri-miss; stored; ttl={ttl}")),
-    }
-}
-
-fn leaked(text: String) -> HeaderValue {
-    HeaderValue::from_static(Box::leak(text.into_boxed_str()))
-}
-
-fn value(text: String) -> HeaderValue {
-    HeaderValue::try_from(text).expect("an ASCII header value")
-}
-
-/// An `age` header value: from a table made once for the first hour, so that a hit does
-/// not format a number (and allocate for it).
-fn age_value(seconds: u64) -> HeaderValue {
-    static AGES: LazyLock<Vec<HeaderValue>> =
-        LazyLock::new(|| (0..3600u64).map(|n| leaked(n.to_string())).collect());
-    match AGES.get(seconds as usize) {
-        Some(value) => value.clone(),
-        None => HeaderValue::from(seconds),
-    }
-}
-
 /// An answer of the origin that was not stored, for one more of its waiters.
 pub(crate) fn serve_buffered<B: Body>(buffered: &Buffered) -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::full(buffered.body.clone()));
     *response.status_mut() = buffered.status;
     *response.headers_mut() = buffered.headers.clone();
-    set_x_cache(response.headers_mut(), "pass");
+    mark_forwarded(response.headers_mut(), XCache::Pass);
     response
 }
 
 /// Marks an answer that is not from an entry: `x-cache`, and this cache's member of
 /// `cache-status`, after those of the caches the origin's answer came through.
-pub(crate) fn set_x_cache(headers: &mut http::HeaderMap, value: &'static str) {
-    headers.insert(X_CACHE_NAME, HeaderValue::from_static(value));
-    let status = match value {
-        "bypass" => concat_status!("fwd=bypass"),
-        "miss" => concat_status!("fwd=uri-miss; stored"),
-        _ => concat_status!("fwd=uri-miss"),
-    };
-    headers.append(CACHE_STATUS_NAME, HeaderValue::from_static(status));
+pub(crate) fn mark_forwarded(headers: &mut http::HeaderMap, x_cache: XCache) {
+    headers.insert(X_CACHE_NAME, x_cache.value());
+    headers.append(CACHE_STATUS_NAME, x_cache.forwarded());
 }
 
+/// Passes a request through to the origin: its answer as it comes, not stored, marked
+/// `x_cache`; the guard's `504` when its head did not come within the route's pass
+/// timeout.
 pub(crate) async fn passthrough<S, ReqBody, ResBody>(
     route: &Route,
     inner: S,
     request: Request<ReqBody>,
-    x_cache: &'static str,
+    x_cache: XCache,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Inner<ReqBody, ResBody>,
-    ReqBody: FillBody,
+    ReqBody: Send + 'static,
     ResBody: OriginBody,
 {
-    route.stats.record(Event::OriginCall);
-    // A clone that has not been polled: `oneshot` waits for it to be ready.
-    let response = inner.oneshot(request).await?;
+    let Some(response) = call_through(route, inner, request).await? else {
+        route.stats.record(Event::OriginFailed);
+        return Ok(own_answer(route, Failure::Timeout));
+    };
     let mut response = response.map(ResponseBody::stream);
-    set_x_cache(response.headers_mut(), x_cache);
+    mark_forwarded(response.headers_mut(), x_cache);
     Ok(response)
 }
 
@@ -288,44 +249,70 @@ pub(crate) fn usable_on_error<B: Body>(
     }
     route.stats.record(Event::StaleIfError);
     route.stats.record(Event::Stale);
-    Some(serve(stored, Kind::Get, "stale"))
+    Some(serve(stored, Kind::Get, XCache::Stale))
 }
 
-/// The cold wait is over with nothing to serve: the route's cold-miss behaviour.
-pub(crate) async fn cold_miss<S, ReqBody, ResBody>(
+/// The origin failed with nothing of its to share: the entry that may stand in, or the
+/// guard's own answer (`502`, `504`), never stored.
+pub(crate) fn failed<B: Body>(
     route: &Route,
-    inner: S,
-    request: Request<ReqBody>,
-    fallback: Option<Arc<Stored>>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: FillBody,
-    ResBody: OriginBody,
-{
-    if let Some(stale) = usable_on_error(route, &fallback) {
-        return Ok(stale);
+    fallback: &Option<Arc<Stored>>,
+    failure: Failure,
+) -> Response<ResponseBody<B>> {
+    if let Some(stale) = usable_on_error(route, fallback) {
+        return stale;
     }
-    match route.policy.cold_miss {
-        ColdMiss::Reject { retry_after } => {
-            route.stats.record(Event::Rejected);
-            let mut response = Response::new(ResponseBody::empty());
-            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(seconds));
-            let headers = response.headers_mut();
-            headers.insert(X_CACHE_NAME, HeaderValue::from_static("miss"));
-            headers.insert(
-                CACHE_STATUS_NAME,
-                HeaderValue::from_static(concat_status!("detail=cold-wait")),
-            );
-            Ok(response)
-        }
-        _ => {
-            route.stats.record(Event::Passthrough);
-            passthrough(route, inner, request, "pass").await
-        }
+    route.stats.record(Event::OriginFailed);
+    own_answer(route, failure)
+}
+
+/// The guard's own answer to a failed origin: empty, `Retry-After` the route's error
+/// back-off (the fleet leaves the origin alone that long), `x-cache: miss` and a
+/// `cache-status` that says why.
+fn own_answer<B: Body>(route: &Route, failure: Failure) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::empty());
+    *response.status_mut() = failure.status();
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, whole_seconds(route.policy.error_backoff));
+    headers.insert(X_CACHE_NAME, XCache::Miss.value());
+    let status = match failure {
+        Failure::Error => concat_status!("fwd=uri-miss; detail=origin-error"),
+        Failure::Timeout => concat_status!("fwd=uri-miss; detail=origin-timeout"),
+        Failure::Panicked => concat_status!("fwd=uri-miss; detail=origin-panicked"),
+        Failure::Cancelled => concat_status!("fwd=uri-miss; detail=fill-cancelled"),
+    };
+    headers.insert(CACHE_STATUS_NAME, HeaderValue::from_static(status));
+    response
+}
+
+/// A duration as a `Retry-After`: whole seconds, rounded up, at least 1.
+fn whole_seconds(duration: Duration) -> HeaderValue {
+    HeaderValue::from(duration.as_secs_f64().ceil().max(1.0) as u64)
+}
+
+/// The origin is left alone and the caller need not wait: the entry that may stand in,
+/// or `503` with the route's `Retry-After` (on a route that passes cold misses through,
+/// the back-off's).
+pub(crate) fn stood_aside<B: Body>(
+    route: &Route,
+    fallback: &Option<Arc<Stored>>,
+) -> Response<ResponseBody<B>> {
+    if let Some(stale) = usable_on_error(route, fallback) {
+        return stale;
     }
+    route.stats.record(Event::Rejected);
+    let retry_after = match route.policy.cold_miss {
+        ColdMiss::Reject { retry_after } => retry_after,
+        _ => route.policy.error_backoff,
+    };
+    let mut response = Response::new(ResponseBody::empty());
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, whole_seconds(retry_after));
+    headers.insert(X_CACHE_NAME, XCache::Miss.value());
+    headers.insert(
+        CACHE_STATUS_NAME,
+        HeaderValue::from_static(concat_status!("detail=cold-wait")),
+    );
+    response
 }

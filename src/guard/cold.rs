@@ -1,31 +1,39 @@
 //! The cold path: nothing servable is cached for a key.
 //!
-//! One fill per key per process ([single-flight](super::flight)): the first caller leads and
-//! starts the fill in a task of its own, every caller of the process awaits its outcome.
-//! Across the fleet, the fill takes the key's lease; if another instance holds it, the
-//! fill waits for that instance's entry, woken by its notices, at most the route's cold
-//! wait, and stops waiting as soon as the holder's lease ends without a write. Then each
-//! caller turns the outcome into its answer: the entry, a response it may share, the
-//! origin itself, or the route's cold-miss behaviour.
+//! One fill per key per process ([single-flight](super::flight)): the first caller
+//! leads and starts the fill in a task of its own, and every caller of the process for
+//! that key awaits how it lands. The fill first [claims](claim) the key: the fleet's
+//! lease, or, when the origin must be called without it, this process's single-flight
+//! alone; a claim may also find that an entry landed meanwhile (here, or from the
+//! instance that holds the lease, whose notice wakes it), or that there is nothing to
+//! call the origin for. With a claim it calls the origin once, and what the call comes
+//! to is one [`Landed`] for all its callers (see [`flight`](super::flight) for each
+//! ending and what the callers get). Each caller then turns it into its answer.
 
-use std::sync::{Arc, Mutex};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use futures_util::FutureExt;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
+use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use super::answer::{serve, serve_buffered, set_x_cache, usable_on_error};
+use super::answer::{
+    failed, mark_forwarded, serve, serve_buffered, serve_filled, stood_aside, usable_on_error,
+};
 use super::body::ResponseBody;
 use super::conditional;
-use super::flight;
+use super::fill::{Answered, Fill, Kept, lease_unavailable, not_stored};
+use super::flight::{Failure, Joined, Landed, Lead, Own, Waiting};
 use super::marks::Mark;
 use super::origin::{
-    Buffered, Called, Claim, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease,
-    counted_revalidation, end, keep, lease_unavailable, local_floor, not_stored, renew,
+    Buffered, Called, FillBody, Inner, OriginBody, Read, asked, counted_revalidation,
 };
+use super::outcome::XCache;
 use super::route::Route;
+use super::vary::Check;
 use crate::cache::{Freshness, L2Read, Stored, invalidated, l2_read};
 use crate::keys::CacheKeys;
 use crate::lease::{Acquire, AcquireOutcome, FencingToken};
@@ -37,116 +45,151 @@ use crate::rules::{self, Kind, NotStored};
 /// What a caller does after a cold fill.
 pub(crate) enum Next<B: Body, E> {
     Answer(Response<ResponseBody<B>>),
-    /// The origin's error, handed to the caller whose fill got it.
+    /// The origin's error, for the caller whose fill got it.
     Error(E),
     /// Ask the origin itself; what it gets is not stored.
     PassThrough,
-    /// Nothing to serve: the route's cold-miss behaviour.
-    ColdMiss,
-    /// Look again: the route learned a `Vary` header, and the caller's key changed.
+    /// Look again: the key's names changed, and the caller's key with them.
     Rekey,
 }
 
+/// Whether the caller's request could use Redis: a request waits on Redis at most
+/// once, so when its read failed, its fill does not also wait on the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Redis {
+    Usable,
+    Failed,
+}
+
+/// What a caller found, and brings to the cold path.
+pub(crate) struct Caller<'a, ReqBody> {
+    pub(crate) request: &'a Request<ReqBody>,
+    pub(crate) keys: &'a CacheKeys,
+    /// An entry past its grace (or kept only to be revalidated), if any.
+    pub(crate) fallback: &'a Option<Arc<Stored>>,
+    pub(crate) redis: Redis,
+    /// Registered before the caller looked in L2: a notice of another instance's fill
+    /// cannot slip by.
+    pub(crate) wait: Wait,
+}
+
+/// A caller's place in the flight of its key.
+pub(crate) struct Flight<B: Body, E> {
+    waiting: Waiting,
+    /// What only this caller may have, if it leads.
+    own: Option<oneshot::Receiver<Own<B, E>>>,
+}
+
 /// Nothing servable is cached: joins the key's fill, or leads it (starts its task).
-/// Returns the fill's outcome to come, and whether this caller leads.
-pub(crate) fn join_fill<S, ReqBody, ResBody>(
+pub(crate) fn join<S, ReqBody, ResBody>(
     route: &Arc<Route>,
     inner: &S,
-    request: &Request<ReqBody>,
-    keys: &CacheKeys,
-    fallback: &Option<Arc<Stored>>,
-    redis: Redis,
-    wait: Wait,
-) -> (flight::Slot, bool)
+    caller: Caller<'_, ReqBody>,
+) -> Flight<ResBody, S::Error>
 where
     S: Inner<ReqBody, ResBody>,
     ReqBody: FillBody,
     ResBody: OriginBody,
 {
+    let Caller {
+        request,
+        keys,
+        fallback,
+        redis,
+        wait,
+    } = caller;
     let key: Arc<str> = keys.entry().into();
-    let (slot, lead) = route.flights.join(&key);
-    let is_leader = lead.is_some();
-    if let Some(lead) = lead {
-        let fill = ColdFill {
-            route: route.clone(),
-            keys: keys.clone(),
-            request: route.fill_request(request),
-            inner: inner.clone(),
-            wait,
-            found: fallback
-                .as_ref()
-                .map_or(FencingToken::new(1), |f| f.response.token),
-            stand_in: fallback.as_ref().is_some_and(|f| route.serves_on_error(f)),
-            revalidate: fallback.clone(),
-            redis,
-        };
-        // In a task of its own: a caller that goes away does not cancel the fill that
-        // every other caller of the key awaits.
-        let span = tracing::info_span!("stampede_guard.fill", route = %route.policy.route, entry = keys.entry());
-        tokio::spawn(fill_task::<S, ReqBody, ResBody>(fill, lead).instrument(span));
+    match route.flights.join::<ResBody, S::Error>(&key) {
+        Joined::Lead(lead, waiting, own_tx, own_rx) => {
+            let fill = ColdFill {
+                route: route.clone(),
+                keys: keys.clone(),
+                request: route.fill_request(request),
+                inner: inner.clone(),
+                wait,
+                found: fallback
+                    .as_ref()
+                    .map_or(FencingToken::new(1), |f| f.response.token),
+                stand_aside: fallback.as_ref().is_some_and(|f| route.serves_on_error(f))
+                    || matches!(route.policy.cold_miss, ColdMiss::Reject { .. }),
+                revalidate: fallback.clone(),
+                redis,
+            };
+            // In a task of its own: a caller that goes away does not cancel the fill
+            // that every other caller of the key awaits.
+            let span = tracing::info_span!("stampede_guard.fill", route = %route.policy.route, entry = keys.entry());
+            tokio::spawn(fill_task(fill, lead, own_tx).instrument(span));
+            Flight {
+                waiting,
+                own: Some(own_rx),
+            }
+        }
+        Joined::Follow(waiting) => Flight { waiting, own: None },
     }
-    (slot, is_leader)
 }
 
-/// Waits for the key's fill and turns its outcome into what this caller does.
-pub(crate) async fn cold<B, E>(
+/// Waits for the key's fill and turns how it landed into what this caller (with
+/// request `headers`, and `fallback`) does.
+pub(crate) async fn landed<B: OriginBody, E>(
     route: &Arc<Route>,
-    slot: flight::Slot,
-    is_leader: bool,
+    flight: Flight<B, E>,
+    keys: &CacheKeys,
     headers: &http::HeaderMap,
     fallback: &Option<Arc<Stored>>,
-) -> Next<B, E>
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Send + 'static,
-    E: Send + 'static,
-{
+) -> Next<B, E> {
+    let Flight { waiting, own } = flight;
+    let is_leader = own.is_some();
     let policy = &route.policy;
-    // The fill's own waits: a budget slot and another instance's fill (each at most the
-    // cold wait), the origin, and its Redis round trips (the write's deadline grows with
-    // the entry's size).
-    let bound = policy.refresh_timeout
-        + policy.cold_wait * 2
-        + route.shared.store.command_timeout() * 8
-        + Duration::from_micros(policy.max_body as u64 / 32) * 2
-        + Duration::from_millis(100);
-    let waited = match (policy.soft_timeout, fallback) {
+    let landed = match (policy.soft_timeout, fallback) {
         // Something may be served instead: wait only the soft timeout; the fill goes on.
         (Some(soft), Some(stale)) if route.serves_on_error(stale) => {
-            match tokio::time::timeout(soft, flight::wait(slot)).await {
-                Ok(outcome) => outcome,
+            match tokio::time::timeout(soft, waiting.landed()).await {
+                Ok(landed) => landed,
                 Err(_) => {
                     route.stats.record(Event::SoftTimeout);
                     route.stats.record(Event::Stale);
-                    return Next::Answer(serve(stale, Kind::Get, "stale"));
+                    return Next::Answer(serve(stale, Kind::Get, XCache::Stale));
                 }
             }
         }
-        _ => tokio::time::timeout(bound, flight::wait(slot))
-            .await
-            .ok()
-            .flatten(),
+        _ => match tokio::time::timeout(longest_fill(route), waiting.landed()).await {
+            Ok(landed) => landed,
+            // Far past what the fill can take: it is stuck somewhere.
+            Err(_) => return Next::Answer(failed(route, fallback, Failure::Timeout)),
+        },
     };
-    let outcome = waited.and_then(|o| o.downcast::<FillOutcome<B, E>>().ok());
-    let Some(outcome) = outcome else {
-        return Next::ColdMiss;
-    };
-    // What stands in when the fill failed, if anything may.
-    let on_error = || usable_on_error(route, fallback).map_or(Next::ColdMiss, Next::Answer);
-    match &*outcome {
-        FillOutcome::Stored { stored, variant_of } => {
+    // What only this caller may have, if it led: sent before the flight ended.
+    let mut own = own.and_then(|mut own| own.try_recv().ok());
+    match &*landed {
+        Landed::Entry {
+            stored,
+            kept,
+            variant_of,
+        } => {
             // Stored under another key (it varies on a header the caller's key did not
-            // include): only for callers of that variant.
-            let other_variant = variant_of.as_ref().is_some_and(|asked| {
-                !rules::same_variant(&stored.response.headers, asked.headers(), headers)
-            });
-            if other_variant && !is_leader {
+            // include): only for callers of that variant. Else at the caller's key: for
+            // callers its own `Vary` lets it answer (it may have come from elsewhere).
+            let serves = match variant_of {
+                // (The leader's request is the one the origin saw.)
+                Some(asked) => {
+                    is_leader
+                        || rules::same_variant(&stored.response.headers, asked.headers(), headers)
+                }
+                None => match route.check(stored, keys, headers) {
+                    Check::Serves => true,
+                    Check::Learn(names) => {
+                        let _ = route.learn(keys, &names);
+                        false
+                    }
+                },
+            };
+            if !serves {
                 return Next::Rekey;
             }
             route.stats.record(Event::Miss);
-            Next::Answer(serve(stored, Kind::Get, "miss"))
+            Next::Answer(serve_filled(stored, *kept))
         }
-        FillOutcome::Shared {
+        Landed::Shared {
             response,
             failure,
             origin_saw,
@@ -161,116 +204,116 @@ where
             route.stats.record(Event::Pass);
             Next::Answer(serve_buffered(response))
         }
-        FillOutcome::Handoff { slot, failure } => {
-            if *failure && let Some(stale) = usable_on_error(route, fallback) {
+        Landed::Pass => match own.take() {
+            Some(own) => answer_own(route, own),
+            // Private to the caller that made it: this one asks the origin itself.
+            None => Next::PassThrough,
+        },
+        Landed::Failed(failure) => {
+            if let Some(stale) = usable_on_error(route, fallback) {
                 return Next::Answer(stale);
             }
-            // Private (or the origin's error): only for the caller whose request made it.
-            let taken = if is_leader {
-                slot.lock().expect("handoff lock").take()
-            } else {
-                None
-            };
-            match taken {
-                Some(Ok(mut response)) => {
-                    route.stats.record(Event::Pass);
-                    set_x_cache(response.headers_mut(), "pass");
-                    Next::Answer(response)
-                }
-                Some(Err(error)) => Next::Error(error),
-                // Private to the caller that made it: this one asks the origin itself.
-                None => Next::PassThrough,
+            match own.take() {
+                Some(own) => answer_own(route, own),
+                None => Next::Answer(failed(route, fallback, *failure)),
             }
         }
-        FillOutcome::Pass => Next::PassThrough,
-        FillOutcome::Rekey => Next::Rekey,
-        FillOutcome::NoEntry => Next::ColdMiss,
-        FillOutcome::TimedOut | FillOutcome::BackedOff | FillOutcome::OverBudget => on_error(),
+        Landed::StoodAside => Next::Answer(stood_aside(route, fallback)),
+        Landed::Rekey => Next::Rekey,
     }
 }
 
-/// The task of a fill that callers await: its outcome goes to all of them.
-pub(crate) async fn fill_task<S, ReqBody, ResBody>(fill: ColdFill<S, ReqBody>, lead: flight::Lead)
-where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: FillBody,
-    ResBody: OriginBody,
-{
-    let outcome: FillOutcome<ResBody, S::Error> = cold_fill(fill).await;
-    lead.finish(Arc::new(outcome));
+/// The answer only the caller that led may have, as its answer.
+fn answer_own<B: Body, E>(route: &Route, own: Own<B, E>) -> Next<B, E> {
+    match own {
+        Ok(mut response) => {
+            route.stats.record(Event::Pass);
+            mark_forwarded(response.headers_mut(), XCache::Pass);
+            Next::Answer(response)
+        }
+        Err(error) => Next::Error(error),
+    }
 }
 
-/// What a cold fill ended with; every caller waiting for the key turns it into its
-/// response.
-pub(crate) enum FillOutcome<B: Body, E> {
-    /// The entry is in the caches. `variant_of`: when it was stored under another key
-    /// than its callers' (the route learned a `Vary` header from it), the request the
-    /// origin saw; only callers whose headers match it on those headers may have it.
-    Stored {
-        stored: Arc<Stored>,
-        variant_of: Option<Arc<Request<()>>>,
-    },
-    /// A response that may not be stored but may be given to every waiter whose headers
-    /// match the request the origin saw on what it varies on (an uncacheable status, not
-    /// private). `failure` when it is a 5xx.
-    Shared {
-        response: Arc<Buffered>,
-        failure: bool,
-        origin_saw: Arc<Request<()>>,
-    },
-    /// A response for one caller only (private, too large to buffer) or the origin's
-    /// error: the first waiter takes it, the others call the origin themselves.
-    Handoff {
-        slot: Mutex<Option<Result<Response<ResponseBody<B>>, E>>>,
-        failure: bool,
-    },
-    /// The origin did not answer within the refresh timeout.
-    TimedOut,
-    /// Another instance held the lease and its entry did not come within the cold wait.
-    NoEntry,
-    /// The key's answers may not be stored (this fill's, or another instance's): its
-    /// callers go to the origin themselves.
-    Pass,
-    /// The origin failed (here or on another instance) and the fleet backs off: callers
-    /// get what may stand in, or the route's 503.
-    BackedOff,
-    /// No slot of the refresh budget came free within the cold wait.
-    OverBudget,
-    /// The route learned a `Vary` header while this fill waited: its callers look again
-    /// under their new key.
-    Rekey,
-}
-
-/// Whether the caller's request could use Redis: a request waits on Redis at most
-/// once, so when its read failed, its fill does not also wait on the lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Redis {
-    Usable,
-    Failed,
+/// The longest a cold fill can take: a budget slot and another instance's fill (each
+/// at most the cold wait), the origin, and its Redis round trips (the write's deadline
+/// grows with the entry's size). A wait past it is a fill stuck somewhere.
+fn longest_fill(route: &Route) -> Duration {
+    let policy = &route.policy;
+    policy.refresh_timeout
+        + policy.cold_wait * 2
+        + route.shared.store.command_timeout() * 8
+        + Duration::from_micros(policy.max_body as u64 / 32) * 2
+        + Duration::from_millis(100)
 }
 
 /// What a cold fill starts from.
-pub(crate) struct ColdFill<S, ReqBody> {
-    pub(crate) route: Arc<Route>,
-    pub(crate) keys: CacheKeys,
+struct ColdFill<S, ReqBody> {
+    route: Arc<Route>,
+    keys: CacheKeys,
     /// The request the origin gets (see `Route::fill_request`).
-    pub(crate) request: Request<ReqBody>,
-    pub(crate) inner: S,
-    /// Registered before the caller looked in L2: a notice of another instance's fill
-    /// cannot slip by.
-    pub(crate) wait: Wait,
+    request: Request<ReqBody>,
+    inner: S,
+    wait: Wait,
     /// The token of what the caller found: an expired entry, or nothing (1).
-    pub(crate) found: FencingToken,
-    /// Whether what it found may stand in for a failed origin.
-    pub(crate) stand_in: bool,
+    found: FencingToken,
+    /// Whether its callers need not wait for a fill when the origin is to be left alone:
+    /// what the caller found may stand in for a failed origin, or the route rejects.
+    stand_aside: bool,
     /// What it found, expired (or kept only to be revalidated): the origin is asked
     /// whether it changed, if it has a validator.
-    pub(crate) revalidate: Option<Arc<Stored>>,
-    pub(crate) redis: Redis,
+    revalidate: Option<Arc<Stored>>,
+    redis: Redis,
 }
 
-/// Fills a key that nothing is cached for.
-pub(crate) async fn cold_fill<S, ReqBody, B>(fill: ColdFill<S, ReqBody>) -> FillOutcome<B, S::Error>
+/// The task of a fill that callers await: how it lands goes to all of them, and what
+/// only its leader may have, to that caller. A panic in it is caught: its callers are
+/// told, and the fleet backs off as after an origin failure.
+async fn fill_task<S, ReqBody, B>(
+    fill: ColdFill<S, ReqBody>,
+    lead: Lead,
+    own: oneshot::Sender<Own<B, S::Error>>,
+) where
+    S: Inner<ReqBody, B>,
+    ReqBody: FillBody,
+    B: OriginBody,
+{
+    let (route, key) = (fill.route.clone(), fill.keys.entry().to_owned());
+    let landed = match AssertUnwindSafe(cold_fill(fill)).catch_unwind().await {
+        Ok((landed, mine)) => {
+            if let Some(mine) = mine {
+                // Gone if its caller went away: nobody else may have it.
+                let _ = own.send(mine);
+            }
+            landed
+        }
+        Err(_) => {
+            route.stats.record(Event::FillPanicked);
+            tracing::error!(route = route.policy.route, "a cold fill panicked");
+            let backoff = route.policy.error_backoff;
+            route.shared.marks.set(&key, Mark::BackOff, backoff);
+            Landed::Failed(Failure::Panicked)
+        }
+    };
+    lead.finish(landed);
+}
+
+/// What a claim on a key comes to.
+// Returned once per fill and taken apart at once: boxing the fill would allocate for
+// nothing.
+#[allow(clippy::large_enum_variant)]
+enum Claimed {
+    /// Call the origin, under the lease or without it.
+    Fill(Fill),
+    /// An entry landed meanwhile (here, or from another instance's fill).
+    Landed(Arc<Stored>),
+    /// Nothing to call the origin for: how the fill lands.
+    Done(Landed),
+}
+
+/// Fills a key that nothing is cached for: how it lands, and what only the caller
+/// that led may have.
+async fn cold_fill<S, ReqBody, B>(fill: ColdFill<S, ReqBody>) -> (Landed, Option<Own<B, S::Error>>)
 where
     S: Inner<ReqBody, B>,
     ReqBody: FillBody,
@@ -282,172 +325,30 @@ where
         request,
         inner,
         mut wait,
-        found: local_token,
-        stand_in,
+        found,
+        stand_aside,
         revalidate,
         redis,
     } = fill;
-    let policy = &route.policy;
-    // The caller looked in the caches before this fill began; another fill may have
-    // landed since (here, or elsewhere: its notice then came). Take that instead.
-    if let Some(stored) = landed_meanwhile(&route, &keys, local_token, false).await {
-        return FillOutcome::Stored {
-            stored,
-            variant_of: None,
-        };
-    }
-    // The names its key was made with: when the route learns more, the key is not its
-    // callers' any more.
-    let version = keys.learned;
-    let deadline = tokio::time::Instant::now() + policy.cold_wait;
-    // Since when this fill waits for another instance's (for the metric).
-    let mut waiting_since = None;
-    // What to do when the origin must be left alone (the fleet backs off after a
-    // failure, or the budget is spent): callers that have an entry to stand in get it,
-    // and on a route that answers 503 rather than pass through, so do the others. Else
-    // this fill goes ahead on its own (without the lease, or without a slot): still one
-    // call for all its callers, where each would otherwise call the origin.
-    let stand_aside = stand_in || matches!(policy.cold_miss, ColdMiss::Reject { .. });
-    // A slot of the budget first, then the lease: a lease held while waiting for a slot
-    // could run out before the origin is even called.
-    let mut over_budget = false;
-    let (slot, lease) = loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let slot = route.shared.budget.take_within(left).await;
-        if slot.is_none() {
-            if !over_budget {
-                route.stats.record(Event::FillOverBudget);
-                over_budget = true;
-            }
-            if stand_aside {
-                return FillOutcome::OverBudget;
-            }
-        }
-        // A request waits on Redis at most once: if its cache read failed, it does not
-        // also wait on the lease.
-        if let Redis::Failed = redis {
-            break (slot, None);
-        }
-        let acquired = route
-            .shared
-            .leases
-            .try_acquire_fill(&keys, route.label(), route.lease_ttl(), local_token)
-            .await;
-        let outcome = match acquired {
-            Acquire::Outcome(outcome) => outcome,
-            // Another instance's fill landed since the caller looked (its notice may
-            // still be on its way).
-            Acquire::Written => match landed_meanwhile(&route, &keys, local_token, true).await {
-                Some(stored) => {
-                    return FillOutcome::Stored {
-                        stored,
-                        variant_of: None,
-                    };
-                }
-                // Not an entry that serves (garbage, say): take the lease as usual.
-                None => match route
-                    .shared
-                    .leases
-                    .try_acquire_fill(
-                        &keys,
-                        route.label(),
-                        route.lease_ttl(),
-                        FencingToken::new(u64::MAX),
-                    )
-                    .await
-                {
-                    Acquire::Outcome(outcome) => outcome,
-                    Acquire::Written => unreachable!("no entry is newer than the newest"),
-                },
-            },
-        };
-        match outcome {
-            AcquireOutcome::Acquired(lease) if route.learned.version() != version => {
-                // The route learned a `Vary` header since this fill's key was made: the
-                // key is not its callers' any more.
-                end(&route, &keys, Claim::Leased(lease), Ending::Gone).await;
-                return FillOutcome::Rekey;
-            }
-            AcquireOutcome::Acquired(lease) => {
-                let notified = waiting_since.is_some() || wait.has_notice();
-                if let Some(stored) = landed_meanwhile(&route, &keys, local_token, notified).await {
-                    end(&route, &keys, Claim::Leased(lease), Ending::Gone).await;
-                    return FillOutcome::Stored {
-                        stored,
-                        variant_of: None,
-                    };
-                }
-                break (slot, Some(lease));
-            }
-            AcquireOutcome::Busy {
-                held_off: true,
-                retry_after,
-            } => {
-                // The last holder failed and keeps the fleet away: no fill to wait for.
-                let left = retry_after.unwrap_or(policy.error_backoff);
-                route.shared.marks.set(keys.entry(), Mark::BackOff, left);
-                if stand_aside {
-                    return FillOutcome::BackedOff;
-                }
-                // Counted as a fill without Redis (`LocalOnly`), which it is.
-                break (slot, None);
-            }
-            AcquireOutcome::Busy { .. } => {
-                drop(slot);
-                let since = *waiting_since.get_or_insert_with(|| {
-                    route.stats.record(Event::ColdWaitStarted);
-                    tokio::time::Instant::now()
-                });
-                let woke = wait_for_remote(&route, &keys, &mut wait, deadline, version).await;
-                let event = match &woke {
-                    Woke::Entry(_) => Event::ColdWaitNotified,
-                    Woke::Ended(_) => Event::ColdWaitEnded,
-                    Woke::TimedOut => Event::ColdWaitTimedOut,
-                    // The holder may be gone: try the lease again.
-                    Woke::Look => continue,
-                };
-                route.stats.record(event);
-                route.stats.cold_wait_seconds.record(since.elapsed());
-                return match woke {
-                    Woke::Entry(stored) => FillOutcome::Stored {
-                        stored,
-                        variant_of: None,
-                    },
-                    Woke::Ended(Ended::Pass) => FillOutcome::Pass,
-                    // The lease is held off now: the next look decides.
-                    Woke::Ended(Ended::BackedOff) if !stand_aside => continue,
-                    Woke::Ended(Ended::BackedOff) => FillOutcome::BackedOff,
-                    Woke::Ended(Ended::Rekey) => FillOutcome::Rekey,
-                    Woke::TimedOut | Woke::Look => FillOutcome::NoEntry,
-                };
-            }
-            other => {
-                lease_unavailable(&route, other);
-                break (slot, None);
-            }
-        }
-    };
-    let mut claim = match lease {
-        Some(lease) => Claim::Leased(lease),
-        None => {
-            route.stats.record(Event::LocalOnly);
-            // Taken before the origin is called: an invalidation that comes during the
-            // call then has a higher token than this fill's local entry, and refuses it.
-            Claim::Local(local_floor(&route, &keys, local_token).await)
-        }
+    let claimed = claim(&route, &keys, &mut wait, found, stand_aside, redis).await;
+    drop(wait);
+    let fill = match claimed {
+        Claimed::Fill(fill) => fill,
+        Claimed::Landed(stored) => return (Landed::entry(stored), None),
+        Claimed::Done(landed) => return (landed, None),
     };
     route.stats.record(Event::ColdFill);
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
     let revalidate =
         revalidate.filter(|current| conditional::ask_if_changed(&mut request, &current.response));
-    let calling = std::time::Instant::now();
-    let origin = call_under_lease(&route, &keys, inner, request, &mut claim).await;
-    route.recompute.record(calling.elapsed());
-    drop(slot);
-    let Some(origin) = origin else {
-        return FillOutcome::TimedOut;
+    let (fill, origin) = match fill.call(inner, request).await {
+        Answered::Called(fill, origin) => (fill, origin),
+        Answered::Stopped => return (Landed::Failed(Failure::Timeout), None),
     };
+    if revalidate.is_some() {
+        counted_revalidation(&route, &origin);
+    }
     // The answer to a conditional request: a 304 about the entry asked about renews it;
     // one about another is no answer for the callers, who did not ask it.
     let renews = match (&origin, &revalidate) {
@@ -458,74 +359,78 @@ where
         }
         _ => None,
     };
-    if revalidate.is_some() {
-        counted_revalidation(&route, &origin);
-    }
-    match (origin, revalidate) {
-        (Called::Read(Read::Whole { head, .. }), Some(current)) if renews == Some(true) => {
-            match renew(&route, &keys, &current, head, claim).await {
-                Some((stored, _)) => FillOutcome::Stored {
-                    stored,
-                    variant_of: None,
-                },
-                // Ended with the lease: the callers ask the origin themselves.
-                None => FillOutcome::Pass,
+    match (origin, revalidate, renews) {
+        (Called::Read(Read::Whole { head, .. }), Some(current), Some(true)) => {
+            match fill.renew(&current, head).await {
+                Some(put) => {
+                    let renewed = Landed::Entry {
+                        stored: put.entry().clone(),
+                        kept: put.is_kept(),
+                        variant_of: None,
+                    };
+                    (renewed, None)
+                }
+                // Ended already: the callers ask the origin themselves.
+                None => (Landed::Pass, None),
             }
         }
-        (Called::Read(Read::Whole { .. }), _) if renews == Some(false) => {
-            end(&route, &keys, claim, Ending::Error).await;
-            FillOutcome::BackedOff
+        (_, _, Some(_)) => {
+            fill.end(Ending::Error).await;
+            (Landed::Failed(Failure::Error), None)
         }
-        (origin, _) => answered(&route, &keys, claim, origin, asked, policy).await,
+        (origin, _, None) => answered(&route, fill, origin, asked).await,
     }
 }
 
 /// What a fill's origin call (not a `304` to its conditional request) comes to.
 async fn answered<B: OriginBody, E>(
     route: &Route,
-    keys: &CacheKeys,
-    claim: Claim,
+    fill: Fill,
     origin: Called<B, E>,
     asked: Arc<Request<()>>,
-    policy: &crate::Policy,
-) -> FillOutcome<B, E> {
+) -> (Landed, Option<Own<B, E>>) {
     match origin {
         Called::TimedOut => {
-            end(route, keys, claim, Ending::Error).await;
-            FillOutcome::TimedOut
+            fill.end(Ending::Error).await;
+            (Landed::Failed(Failure::Timeout), None)
         }
         Called::Error(error) => {
-            end(route, keys, claim, Ending::Error).await;
-            FillOutcome::Handoff {
-                slot: Mutex::new(Some(Err(error))),
-                failure: true,
-            }
+            route.stats.record(Event::OriginError);
+            fill.end(Ending::Error).await;
+            (Landed::Failed(Failure::Error), Some(Err(error)))
         }
         Called::Read(Read::Whole { head, body }) => {
-            let why = match rules::storable(policy, &head) {
-                Ok(()) => match keep(route, keys, &asked, head, body, claim).await {
-                    Kept::Stored {
-                        stored, rekeyed, ..
-                    } => {
-                        // Whenever the answer varies: its waiters may have asked for
-                        // another variant (sent a header the route learned only from
-                        // this answer), and are checked against it.
-                        let varies = stored.response.headers.contains_key(http::header::VARY);
-                        return FillOutcome::Stored {
-                            stored,
-                            variant_of: (rekeyed || varies).then_some(asked),
-                        };
-                    }
-                    Kept::NotStored { head, body, why } => {
-                        return not_kept(route, head, body, why, false, asked);
-                    }
-                },
+            let why = match rules::storable(&route.policy, &head) {
+                Ok(()) => {
+                    return match fill.keep(&asked, head, body).await {
+                        Kept::Stored { put, rekeyed } => {
+                            let stored = put.entry().clone();
+                            // Whenever the answer varies: its waiters may have asked for
+                            // another variant (sent a header the URL learned only from
+                            // this answer), and are checked against it.
+                            let varies = stored.response.headers.contains_key(http::header::VARY);
+                            let variant_of = (rekeyed || varies).then_some(asked);
+                            let kept = put.is_kept();
+                            (
+                                Landed::Entry {
+                                    stored,
+                                    kept,
+                                    variant_of,
+                                },
+                                None,
+                            )
+                        }
+                        Kept::NotStored { head, body, why } => {
+                            not_kept(route, head, body, why, false, asked)
+                        }
+                    };
+                }
                 Err(why) => why,
             };
             not_stored(route, why);
             let failure = rules::is_failure(head.status());
-            let ending = if failure { Ending::Error } else { Ending::Pass };
-            end(route, keys, claim, ending).await;
+            fill.end(if failure { Ending::Error } else { Ending::Pass })
+                .await;
             not_kept(route, head, body, why, failure, asked)
         }
         Called::Read(Read::Partial {
@@ -537,40 +442,41 @@ async fn answered<B: OriginBody, E>(
         }) => {
             not_stored(route, why);
             let failure = error.is_some();
-            let ending = if failure { Ending::Error } else { Ending::Pass };
-            end(route, keys, claim, ending).await;
+            fill.end(if failure { Ending::Error } else { Ending::Pass })
+                .await;
             let (parts, ()) = head.into_parts();
             let response = Response::from_parts(parts, ResponseBody::resume(prefix, error, rest));
-            FillOutcome::Handoff {
-                slot: Mutex::new(Some(Ok(response))),
-                failure,
+            if failure {
+                // Its body failed: the others are not given the answer as far as it came.
+                route.stats.record(Event::OriginError);
+                (Landed::Failed(Failure::Error), Some(Ok(response)))
+            } else {
+                // Too large to buffer (or with trailers): it streams to its caller.
+                (Landed::Pass, Some(Ok(response)))
             }
         }
     }
 }
 
-/// The outcome of a whole answer that was not stored: for its caller alone when it is
+/// How a whole answer that was not stored lands: for its caller alone when it is
 /// private (or the route sends credentials), for every caller of its variant otherwise.
-pub(crate) fn not_kept<B: Body, E>(
+fn not_kept<B: Body, E>(
     route: &Route,
     head: Response<()>,
-    body: Bytes,
+    body: bytes::Bytes,
     why: NotStored,
     failure: bool,
     origin_saw: Arc<Request<()>>,
-) -> FillOutcome<B, E> {
+) -> (Landed, Option<Own<B, E>>) {
     let (parts, ()) = head.into_parts();
     // With credentials in fill requests, whatever is not stored (a 401 for the leader's
     // token, say) is the leader's alone.
     let credentials = route.policy.allow_authorization || route.policy.allow_cookies;
     if why.is_private() || credentials {
         let response = Response::from_parts(parts, ResponseBody::full(body));
-        FillOutcome::Handoff {
-            slot: Mutex::new(Some(Ok(response))),
-            failure,
-        }
+        (Landed::Pass, Some(Ok(response)))
     } else {
-        FillOutcome::Shared {
+        let shared = Landed::Shared {
             response: Arc::new(Buffered {
                 status: parts.status,
                 headers: parts.headers,
@@ -578,6 +484,156 @@ pub(crate) fn not_kept<B: Body, E>(
             }),
             failure,
             origin_saw,
+        };
+        (shared, None)
+    }
+}
+
+impl Landed {
+    /// An entry that landed meanwhile, in the caches already.
+    fn entry(stored: Arc<Stored>) -> Self {
+        Self::Entry {
+            stored,
+            kept: true,
+            variant_of: None,
+        }
+    }
+}
+
+/// Claims the key for a fill: its lease (waiting for the instance that holds it, at
+/// most the cold wait, woken by its notices), or this process's single-flight alone
+/// when Redis cannot be used, the fleet backs off, or the holder's entry did not come;
+/// or finds that there is nothing to call the origin for. `stand_aside`: the callers
+/// need not wait when the origin is to be left alone (see [`ColdFill`]); else the fill
+/// goes ahead on its own (without the lease, or without a budget slot): still one call
+/// for all its callers, where each would otherwise call the origin.
+async fn claim(
+    route: &Arc<Route>,
+    keys: &CacheKeys,
+    wait: &mut Wait,
+    found: FencingToken,
+    stand_aside: bool,
+    redis: Redis,
+) -> Claimed {
+    let policy = &route.policy;
+    // The caller looked in the caches before this fill began; another fill may have
+    // landed since (here, or elsewhere: its notice then came). Take that instead.
+    if let Some(stored) = landed_meanwhile(route, keys, found, false).await {
+        return Claimed::Landed(stored);
+    }
+    let local = |slot| Claimed::Fill(Fill::local(route, keys.clone(), found, slot));
+    let deadline = tokio::time::Instant::now() + policy.cold_wait;
+    // Since when this fill waits for another instance's (for the metric).
+    let mut waiting_since = None;
+    let mut over_budget = false;
+    loop {
+        // A slot of the budget first, then the lease: a lease held while waiting for a
+        // slot could run out before the origin is even called.
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let slot = route.shared.budget.take_within(left).await;
+        if slot.is_none() {
+            if !over_budget {
+                route.stats.record(Event::FillOverBudget);
+                over_budget = true;
+            }
+            if stand_aside {
+                return Claimed::Done(Landed::StoodAside);
+            }
+        }
+        // A request waits on Redis at most once: if its cache read failed, it does not
+        // also wait on the lease.
+        if redis == Redis::Failed {
+            return local(slot);
+        }
+        let leases = &route.shared.leases;
+        let acquired = leases
+            .try_acquire_fill(keys, route.label(), route.lease_ttl(), found)
+            .await;
+        let outcome = match acquired {
+            Acquire::Outcome(outcome) => outcome,
+            // Another instance's fill landed since the caller looked (its notice may
+            // still be on its way).
+            Acquire::Written => match landed_meanwhile(route, keys, found, true).await {
+                Some(stored) => return Claimed::Landed(stored),
+                // Not an entry that serves (garbage, say): take the lease as usual.
+                None => {
+                    let newest = FencingToken::new(u64::MAX);
+                    match leases
+                        .try_acquire_fill(keys, route.label(), route.lease_ttl(), newest)
+                        .await
+                    {
+                        Acquire::Outcome(outcome) => outcome,
+                        // Said written again, and still nothing that serves: the fill goes
+                        // ahead on its own.
+                        Acquire::Written => return local(slot),
+                    }
+                }
+            },
+        };
+        match outcome {
+            AcquireOutcome::Acquired(lease) if !route.same_names(keys) => {
+                // The URL learned a `Vary` header since this fill's key was made: the
+                // key is not its callers' any more.
+                Fill::leased(route, keys.clone(), lease, None)
+                    .end(Ending::Gone)
+                    .await;
+                return Claimed::Done(Landed::Rekey);
+            }
+            AcquireOutcome::Acquired(lease) => {
+                let notified = waiting_since.is_some() || wait.has_notice();
+                let fill = Fill::leased(route, keys.clone(), lease, slot);
+                if let Some(stored) = landed_meanwhile(route, keys, found, notified).await {
+                    fill.end(Ending::Gone).await;
+                    return Claimed::Landed(stored);
+                }
+                return Claimed::Fill(fill);
+            }
+            AcquireOutcome::Busy {
+                held_off: true,
+                retry_after,
+            } => {
+                // The last holder failed and keeps the fleet away: no fill to wait for.
+                let left = retry_after.unwrap_or(policy.error_backoff);
+                route.shared.marks.set(keys.entry(), Mark::BackOff, left);
+                if stand_aside {
+                    return Claimed::Done(Landed::StoodAside);
+                }
+                // Counted as a fill without Redis (`LocalOnly`), which it is.
+                return local(slot);
+            }
+            AcquireOutcome::Busy { .. } => {
+                drop(slot);
+                let since = *waiting_since.get_or_insert_with(|| {
+                    route.stats.record(Event::ColdWaitStarted);
+                    tokio::time::Instant::now()
+                });
+                let woke = wait_for_remote(route, keys, wait, deadline).await;
+                let event = match &woke {
+                    Woke::Entry(_) => Event::ColdWaitNotified,
+                    Woke::Ended(_) => Event::ColdWaitEnded,
+                    Woke::TimedOut => Event::ColdWaitTimedOut,
+                    // The holder may be gone: try the lease again.
+                    Woke::Look => continue,
+                };
+                route.stats.record(event);
+                route.stats.cold_wait_seconds.record(since.elapsed());
+                return match woke {
+                    Woke::Entry(stored) => Claimed::Landed(stored),
+                    Woke::Ended(Ended::Pass) => Claimed::Done(Landed::Pass),
+                    // The lease is held off now: the next look decides.
+                    Woke::Ended(Ended::BackedOff) if !stand_aside => continue,
+                    Woke::Ended(Ended::BackedOff) => Claimed::Done(Landed::StoodAside),
+                    Woke::Ended(Ended::Rekey) => Claimed::Done(Landed::Rekey),
+                    // The holder's entry did not come in time.
+                    Woke::TimedOut | Woke::Look if stand_aside => Claimed::Done(Landed::StoodAside),
+                    // One call of this process for all its callers, without the lease.
+                    Woke::TimedOut | Woke::Look => local(route.shared.budget.try_take()),
+                };
+            }
+            other => {
+                lease_unavailable(route, other);
+                return local(slot);
+            }
         }
     }
 }
@@ -586,7 +642,7 @@ pub(crate) fn not_kept<B: Body, E>(
 /// `notified` says another instance wrote one. Servable, and at least as new as what the
 /// caller found (`seen`: the expired entry it may fall back on, or nothing), and so newer
 /// than it: a fill without Redis stores the entry it replaces under that entry's token.
-pub(crate) async fn landed_meanwhile(
+async fn landed_meanwhile(
     route: &Route,
     keys: &CacheKeys,
     seen: FencingToken,
@@ -616,7 +672,7 @@ pub(crate) async fn landed_meanwhile(
 }
 
 /// How a wait for another instance's fill ended.
-pub(crate) enum Woke {
+enum Woke {
     /// Its entry.
     Entry(Arc<Stored>),
     /// Its lease ended without an entry, and what that means for the key.
@@ -628,7 +684,7 @@ pub(crate) enum Woke {
     TimedOut,
 }
 
-pub(crate) enum Ended {
+enum Ended {
     Pass,
     BackedOff,
     Rekey,
@@ -636,19 +692,18 @@ pub(crate) enum Ended {
 
 /// Another instance holds the lease: wait for its entry, woken by its notices, until
 /// `deadline`. A notice that its lease ended without an entry ends the wait at once.
-pub(crate) async fn wait_for_remote(
+async fn wait_for_remote(
     route: &Route,
     keys: &CacheKeys,
     wait: &mut Wait,
     deadline: tokio::time::Instant,
-    version: u64,
 ) -> Woke {
     let mut woken = false;
     let mut last_look = false;
     loop {
         if woken {
             // What the holder's notices said (see `notify`).
-            if route.learned.version() != version {
+            if !route.same_names(keys) {
                 return Woke::Ended(Ended::Rekey);
             }
             match route.shared.marks.get(keys.entry()) {

@@ -1,41 +1,138 @@
-//! The local single-flight of cold fills: one fill task per key per process, whose
-//! outcome every caller for that key awaits.
+//! The local single-flight of cold fills: one fill per key per process, and how every
+//! one of its endings reaches the callers that waited for it.
 //!
-//! The map holds a receiver per key in flight. The fill task holds the [`Lead`]; when it
-//! ends, normally or by panic, the `Lead` is dropped, which removes the key from the map
-//! and, if no outcome was sent, closes the channel: waiters then wake with nothing
-//! instead of hanging.
+//! The map holds a receiver per key in flight. The fill's task holds the [`Lead`]; when
+//! it ends, normally or not, the `Lead` is dropped, which removes the key from the map
+//! and, if no outcome was sent, closes the channel: the waiters then wake with nothing
+//! (the fill was cancelled) instead of hanging.
+//!
+//! The outcome every waiter gets is a [`Landed`]: the same type whatever service the
+//! waiter reached the key through, so callers of one layer on services of different
+//! types share one fill of a key (what is shared is an entry, or an answer buffered
+//! whole), and nothing is downcast. What only the caller that led may have (an answer
+//! private to it, a body streamed through, the inner service's error, all typed by its
+//! service) goes to that caller alone, on a channel of its own ([`Own`]).
+//!
+//! Every way a fill ends, and what the caller that led it and every other waiter get,
+//! is the table "Every way a fill ends" in the [guard's docs](super).
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
+use http::{Request, Response};
+use http_body::Body;
+use tokio::sync::{oneshot, watch};
 
-/// A fill's outcome, typed by the service that made it (see `fill::FillOutcome`).
-pub(crate) type Outcome = Arc<dyn Any + Send + Sync>;
+use super::body::ResponseBody;
+use super::origin::Buffered;
+use crate::cache::Stored;
 
-pub(crate) type Slot = watch::Receiver<Option<Outcome>>;
+/// What a fill came to, for every caller that waited for it (see the
+/// [module docs](self) for each ending).
+pub(crate) enum Landed {
+    /// An entry for the key: stored by this fill (`kept`), or one that landed meanwhile;
+    /// or, not kept, the fill's own answer after its write was refused. `variant_of`:
+    /// when its key is not its callers' (the answer varies on a header their key did
+    /// not include), the request the origin saw; only callers whose headers match it on
+    /// those headers may have it.
+    Entry {
+        stored: Arc<Stored>,
+        kept: bool,
+        variant_of: Option<Arc<Request<()>>>,
+    },
+    /// A whole answer that may not be stored but may be given to every waiter whose
+    /// headers match the request the origin saw on what it varies on. `failure` when it
+    /// is a 5xx.
+    Shared {
+        response: Arc<Buffered>,
+        failure: bool,
+        origin_saw: Arc<Request<()>>,
+    },
+    /// The caller that led has an answer of its own ([`Own`]), which no other may have;
+    /// the others ask the origin themselves. Also what another instance's notice that the
+    /// key's answers may not be stored comes to.
+    Pass,
+    /// The origin failed without an answer to share: an entry that may stand in, or the
+    /// guard's own answer. The caller that led may have the inner service's error, or the
+    /// answer as far as it came ([`Own`]).
+    Failed(Failure),
+    /// The origin is left alone for now, and the callers need not wait: an entry that may
+    /// stand in, or the route's `503`.
+    StoodAside,
+    /// The key's names changed meanwhile (a `Vary` header was learned): look again.
+    Rekey,
+}
 
+/// How the origin failed, when its callers have no answer of its to share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The inner service's error, or its body failed mid-read: `502`.
+    Error,
+    /// No answer within the refresh timeout (or the watchdog's maximum), or the lease was
+    /// lost while calling: `504`.
+    Timeout,
+    /// The fill panicked: `502`.
+    Panicked,
+    /// The fill's task was cancelled (its runtime went away): `503`.
+    Cancelled,
+}
+
+impl Failure {
+    /// The status of the guard's own answer.
+    pub(crate) fn status(self) -> http::StatusCode {
+        match self {
+            Self::Error | Self::Panicked => http::StatusCode::BAD_GATEWAY,
+            Self::Timeout => http::StatusCode::GATEWAY_TIMEOUT,
+            Self::Cancelled => http::StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+/// What only the caller that led a fill may have: its answer (private to it, or
+/// streamed through), or the inner service's error.
+pub(crate) type Own<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+type Slot = watch::Receiver<Option<Arc<Landed>>>;
+
+/// The cold fills in flight in one route, one per key.
 #[derive(Default)]
 pub(crate) struct Flights {
     map: Mutex<HashMap<Arc<str>, Slot>>,
 }
 
+/// A caller's place in the flight of a key.
+pub(crate) enum Joined<B: Body, E> {
+    /// It started the flight: the fill's task is its to spawn, with the [`Lead`] and the
+    /// sender of its own answer.
+    Lead(
+        Lead,
+        Waiting,
+        oneshot::Sender<Own<B, E>>,
+        oneshot::Receiver<Own<B, E>>,
+    ),
+    /// It waits for the flight another caller started.
+    Follow(Waiting),
+}
+
+/// A wait for the outcome of a flight.
+pub(crate) struct Waiting(Slot);
+
 /// The right, and the duty, to run the fill of a key.
 pub(crate) struct Lead {
-    tx: watch::Sender<Option<Outcome>>,
+    tx: watch::Sender<Option<Arc<Landed>>>,
     key: Arc<str>,
     flights: Arc<Flights>,
 }
 
 impl Flights {
-    /// Joins the flight of `key`: a receiver of its outcome, and the lead if there was
-    /// no flight yet.
-    pub(crate) fn join(self: &Arc<Self>, key: &Arc<str>) -> (Slot, Option<Lead>) {
-        let mut map = self.map.lock().expect("flights lock");
+    /// Joins the flight of `key`, or starts it.
+    pub(crate) fn join<B: Body, E>(self: &Arc<Self>, key: &Arc<str>) -> Joined<B, E> {
+        let mut map = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(slot) = map.get(key) {
-            return (slot.clone(), None);
+            return Joined::Follow(Waiting(slot.clone()));
         }
         let (tx, rx) = watch::channel(None);
         map.insert(key.clone(), rx.clone());
@@ -44,7 +141,8 @@ impl Flights {
             key: key.clone(),
             flights: self.clone(),
         };
-        (rx, Some(lead))
+        let (own_tx, own_rx) = oneshot::channel();
+        Joined::Lead(lead, Waiting(rx), own_tx, own_rx)
     }
 
     #[cfg(test)]
@@ -54,14 +152,19 @@ impl Flights {
 }
 
 impl Lead {
-    pub(crate) fn finish(self, outcome: Outcome) {
-        self.tx.send_replace(Some(outcome));
+    /// Gives every waiter the fill's outcome.
+    pub(crate) fn finish(self, landed: Landed) {
+        self.tx.send_replace(Some(Arc::new(landed)));
     }
 }
 
 impl Drop for Lead {
     fn drop(&mut self) {
-        let mut map = self.flights.map.lock().expect("flights lock");
+        let mut map = self
+            .flights
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if map
             .get(&self.key)
             .is_some_and(|slot| slot.same_channel(&self.tx.subscribe()))
@@ -71,11 +174,16 @@ impl Drop for Lead {
     }
 }
 
-/// Waits for the outcome; `None` when the fill ended without one.
-pub(crate) async fn wait(mut slot: Slot) -> Option<Outcome> {
-    match slot.wait_for(Option::is_some).await {
-        Ok(outcome) => outcome.clone(),
-        Err(_) => None,
+impl Waiting {
+    /// The outcome; [`Failure::Cancelled`] when the fill ended without one.
+    pub(crate) async fn landed(mut self) -> Arc<Landed> {
+        match self.0.wait_for(Option::is_some).await {
+            Ok(landed) => match &*landed {
+                Some(landed) => landed.clone(),
+                None => Arc::new(Landed::Failed(Failure::Cancelled)),
+            },
+            Err(_) => Arc::new(Landed::Failed(Failure::Cancelled)),
+        }
     }
 }
 
@@ -83,38 +191,44 @@ pub(crate) async fn wait(mut slot: Slot) -> Option<Outcome> {
 mod tests {
     use super::*;
 
+    type Joined = super::Joined<http_body_util::Empty<bytes::Bytes>, ()>;
+
     #[tokio::test]
     async fn followers_get_the_leaders_outcome_and_the_flight_ends() {
         let flights = Arc::new(Flights::default());
         let key: Arc<str> = Arc::from("k");
-        let (leader_slot, lead) = flights.join(&key);
-        let lead = lead.expect("first is the leader");
-        let (follower_slot, none) = flights.join(&key);
-        assert!(none.is_none());
-        let follower = tokio::spawn(wait(follower_slot));
-        lead.finish(Arc::new(7u32));
-        let got = follower.await.unwrap().unwrap();
-        assert_eq!(got.downcast_ref::<u32>(), Some(&7));
-        assert!(wait(leader_slot).await.is_some());
+        let Joined::Lead(lead, leader, _, _) = flights.join(&key) else {
+            panic!("the first is the leader");
+        };
+        let Joined::Follow(follower) = flights.join(&key) else {
+            panic!("the second follows");
+        };
+        let follower = tokio::spawn(follower.landed());
+        lead.finish(Landed::Pass);
+        assert!(matches!(*follower.await.unwrap(), Landed::Pass));
+        assert!(matches!(*leader.landed().await, Landed::Pass));
         assert_eq!(flights.len(), 0);
         // A new flight can start.
-        assert!(flights.join(&key).1.is_some());
+        assert!(matches!(flights.join(&key), Joined::Lead(..)));
     }
 
     #[tokio::test]
-    async fn a_lead_dropped_without_outcome_wakes_waiters_with_nothing() {
+    async fn a_lead_dropped_without_outcome_wakes_waiters_with_cancelled() {
         let flights = Arc::new(Flights::default());
         let key: Arc<str> = Arc::from("k");
-        let (_, lead) = flights.join(&key);
-        let (slot, _) = flights.join(&key);
-        let waiter = tokio::spawn(wait(slot));
-        // As when the fill task panics.
-        let task = tokio::spawn(async move {
-            let _lead = lead;
-            panic!("origin panicked");
-        });
-        assert!(task.await.is_err());
-        assert!(waiter.await.unwrap().is_none());
+        let Joined::Lead(lead, _, _, _) = flights.join(&key) else {
+            panic!("the first is the leader");
+        };
+        let Joined::Follow(waiting) = flights.join(&key) else {
+            panic!("the second follows");
+        };
+        let waiter = tokio::spawn(waiting.landed());
+        // As when the fill's task is aborted.
+        drop(lead);
+        assert!(matches!(
+            *waiter.await.unwrap(),
+            Landed::Failed(Failure::Cancelled)
+        ));
         assert_eq!(flights.len(), 0);
     }
 }

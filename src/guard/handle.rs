@@ -230,20 +230,20 @@ impl StampedeGuard {
 }
 
 impl Shared {
-    /// The headers route `route` has learned to vary on (for notices from other
+    /// What the URLs of route `route` have learned to vary on (for notices from other
     /// instances).
     pub(crate) fn learned(&self, route: &str) -> Option<Arc<Learned>> {
         self.routes.lock().expect("routes lock").get(route).cloned()
     }
 
-    /// Whether L1 may hold variants of a response: only a route that learned `Vary`
-    /// headers here puts them, and what a route learned it never forgets.
+    /// Whether L1 may hold variants of a response: only a route one of whose URLs
+    /// learned `Vary` headers here puts them, and what is learned is never forgotten.
     fn keeps_variants(&self) -> bool {
         self.routes
             .lock()
             .expect("routes lock")
             .values()
-            .any(|learned| learned.version() > 0)
+            .any(|learned| learned.any())
     }
 
     /// Starts the notice subscription on first use, and again if it ended (see
@@ -308,13 +308,13 @@ impl Hears for Shared {
         self.purges.load(records);
     }
 
-    fn learned(&self, route: &str, names: &[&str]) {
+    fn learned(&self, route: &str, response: u128, names: &[&str]) {
         if let Some(learned) = Shared::learned(self, route) {
             let names: Vec<http::HeaderName> = names
                 .iter()
                 .filter_map(|n| http::HeaderName::from_bytes(n.as_bytes()).ok())
                 .collect();
-            let _ = learned.learn(&names);
+            let _ = learned.learn(response, &names);
         }
     }
 

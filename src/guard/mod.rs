@@ -63,15 +63,44 @@
 //!   (soft) or gone (hard); on a route that follows the origin, each entry's lifetimes
 //!   are the origin's (`guard::directives`).
 //!
+//! # Every way a fill ends
+//!
+//! No ending turns the callers that waited into concurrent calls to the origin, but one:
+//! an answer private to the caller that led, since each other caller needs one of its
+//! own.
+//!
+//! | ending | the caller that led | every other waiter |
+//! | --- | --- | --- |
+//! | stored (by this fill, or landed meanwhile here or from another instance) | the entry (`miss`) | the entry, if its headers ask for that variant; else it looks again under its own key |
+//! | not storable, not private (a status that is not cached, `no-store`, a 5xx) | the answer (`pass`) | the same answer, if its variant; a 5xx is an origin error: an entry that may stand in is served instead |
+//! | private to its caller (`private`, `Set-Cookie`, credentials forwarded) or too large to buffer | its own answer (`pass`) | asks the origin itself (`pass`); later callers pass at once for the route's hit-for-pass time |
+//! | origin error (the inner service's error, or its body failed mid-read) | the error, or the answer as far as it came | an entry that may stand in, else `502` (the guard's own) |
+//! | origin timeout (the refresh timeout; the watchdog's maximum) | an entry that may stand in, else `504` | the same |
+//! | write refused (a newer lease or entry exists) | the newer entry if it may serve (newer than the fill's, unexpired, not purged), else the fill's own answer, not stored | the same |
+//! | lease lost while calling (the watchdog found another owner) | an entry that may stand in, else `504` | the same |
+//! | backed off (the origin just failed, here or elsewhere), over budget, or another instance's fill did not land within the cold wait | with an entry that may stand in, or on a route that rejects, that entry or `503`; else the fill goes to the origin itself (without the lease or a budget slot): one call for all its callers, whose answer ends the fill as above | the same |
+//! | the URL learned a `Vary` header meanwhile | looks again under its new key | the same |
+//! | the key's answers may not be stored (another instance's fill said so) | asks the origin itself | the same |
+//! | panicked (the origin's future, or the fill) | an entry that may stand in, else `502`; the lease is held off as after a failure | the same |
+//! | cancelled (the runtime went away) | an entry that may stand in, else `503` | the same |
+//!
+//! After a failure the fleet backs off for the route's error back-off: callers that
+//! come later get an entry that may stand in at once, and otherwise share the next fill,
+//! one at a time per process.
+//!
 //! # What reaches the origin
 //!
 //! A fill is a GET of the keyed path and query. It carries the caller's headers as a
 //! proxy forwards them, without hop-by-hop headers and without the headers known to
 //! poison caches ([`POISONING_HEADERS`]) unless keyed, or only the keyed headers on a
-//! route with strict forwarding; it carries the caller's extensions only where the
-//! route says so. A route learns the headers its responses name in `Vary` and keys on
-//! them from then on, so that no caller is ever served a variant its headers did not ask
-//! for; callers who waited for a fill of another variant fill their own.
+//! route with strict forwarding; it carries the caller's extensions (axum's path
+//! parameters among them), unless the route turns that off or forwards strictly: the
+//! wrapped handler sees the request it would see without the guard.
+//!
+//! Each URL learns the headers its responses name in `Vary`, and its requests are keyed
+//! on them from then on, on every instance (see `guard::vary`), so that no caller is
+//! ever served a variant its headers did not ask for; callers who waited for a fill of
+//! another variant fill their own.
 //!
 //! # Readiness
 //!
@@ -97,7 +126,8 @@
 //!
 //! Fills and refreshes run in tasks of their own: a caller dropping its request does not
 //! stop them, and every other caller waiting for the same fill still gets its result.
-//! A fill that panics wakes its waiters, who then follow the route's cold-miss setting.
+//! A fill that panics is caught: its waiters get an entry that may stand in, or `502`,
+//! and the fleet backs off as after an origin failure.
 //!
 //! # Memory
 //!
@@ -116,6 +146,7 @@ mod cold;
 mod conditional;
 mod directives;
 mod early;
+mod fill;
 mod flight;
 mod future;
 mod handle;
@@ -123,6 +154,7 @@ mod hold;
 mod layer;
 mod marks;
 mod origin;
+mod outcome;
 mod purge;
 mod refresh;
 mod route;

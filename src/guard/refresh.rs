@@ -15,11 +15,9 @@ use http::{Request, StatusCode};
 use tracing::Instrument;
 
 use super::conditional;
+use super::fill::{Answered, Fill, Kept, Put, lease_unavailable, not_stored};
 use super::handle::Shared;
-use super::origin::{
-    Called, Claim, FillBody, Inner, Kept, OriginBody, Read, asked, call_under_lease,
-    counted_revalidation, end, keep, lease_unavailable, local_floor, not_stored, renew,
-};
+use super::origin::{Called, FillBody, Inner, OriginBody, Read, asked, counted_revalidation};
 use super::route::Route;
 use crate::cache::{Freshness, L2Read, Stored, l2_read};
 use crate::keys::{CacheKeys, LocalKey};
@@ -91,7 +89,7 @@ where
         return false;
     };
     if keys.local != local {
-        // The route learned a `Vary` header since `local` was made: the entry is not
+        // The URL learned a `Vary` header since `local` was made: the entry is not
         // the variant the request asks for now; the next caller refreshes its own.
         return false;
     }
@@ -243,35 +241,34 @@ where
     } else {
         None
     };
-    let mut claim = match lease {
-        Some(lease) => Claim::Leased(lease),
-        None => {
-            route.stats.record(Event::LocalOnly);
-            Claim::Local(local_floor(&route, &keys, current.response.token).await)
-        }
+    let fill = match lease {
+        Some(lease) => Fill::leased(&route, keys, lease, None),
+        None => Fill::local(&route, keys, current.response.token, None),
     };
     let failed = Some(policy.error_backoff);
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
     let conditional = conditional::ask_if_changed(&mut request, &current.response);
-    let calling = Instant::now();
-    let Some(origin) = call_under_lease(&route, &keys, inner, request, &mut claim).await else {
-        return failed;
+    let (fill, origin) = match fill.call(inner, request).await {
+        Answered::Called(fill, origin) => (fill, origin),
+        Answered::Stopped => return failed,
     };
-    route.recompute.record(calling.elapsed());
     if conditional {
         counted_revalidation(&route, &origin);
     }
     let (event, why) = match origin {
         Called::TimedOut => (Event::RefreshTimeout, None),
-        Called::Error(_) => (Event::RefreshOriginError, None),
+        Called::Error(_) => {
+            route.stats.record(Event::OriginError);
+            (Event::RefreshOriginError, None)
+        }
         // Unchanged: the entry is renewed with the body it has.
         Called::Read(Read::Whole { head, .. })
             if conditional && head.status() == StatusCode::NOT_MODIFIED =>
         {
             if conditional::is_about(&current.response, head.headers()) {
-                if renew(&route, &keys, &current, head, claim).await.is_none() {
-                    // Ended with the lease already.
+                if fill.renew(&current, head).await.is_none() {
+                    // Ended already.
                     route.stats.record(Event::RefreshNotStored);
                     return failed;
                 }
@@ -282,14 +279,14 @@ where
             (Event::RefreshOriginError, None)
         }
         Called::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
-            Ok(()) => match keep(&route, &keys, &asked, head, body, claim).await {
-                Kept::Stored { written, .. } => {
-                    if written {
+            Ok(()) => match fill.keep(&asked, head, body).await {
+                Kept::Stored { put, .. } => {
+                    if matches!(put, Put::Written { to_l2: true, .. }) {
                         route.stats.record(Event::RefreshWritten);
                     }
                     return None;
                 }
-                // Ended with the lease already.
+                // Ended already.
                 Kept::NotStored { .. } => {
                     route.stats.record(Event::RefreshNotStored);
                     return failed;
@@ -298,7 +295,10 @@ where
             Err(_) if rules::is_failure(head.status()) => (Event::RefreshOriginError, None),
             Err(why) => (Event::RefreshNotStored, Some(why)),
         },
-        Called::Read(Read::Partial { error: Some(_), .. }) => (Event::RefreshOriginError, None),
+        Called::Read(Read::Partial { error: Some(_), .. }) => {
+            route.stats.record(Event::OriginError);
+            (Event::RefreshOriginError, None)
+        }
         Called::Read(Read::Partial { why, .. }) => (Event::RefreshNotStored, Some(why)),
     };
     if let Some(why) = why {
@@ -306,7 +306,7 @@ where
     }
     // An answer that may not be stored is no better than a failure here: the stale entry
     // stays, and the fleet leaves the origin alone for the back-off.
-    end(&route, &keys, claim, Ending::Error).await;
+    fill.end(Ending::Error).await;
     route.stats.record(event);
     failed
 }

@@ -5,16 +5,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Request;
+use http::{HeaderName, Request};
 
 use super::early::Recompute;
 use super::flight::Flights;
 use super::handle::Shared;
 use super::hold::LeaseTtl;
 use super::purge::Purge;
-use super::vary::Learned;
-use crate::cache::{L1, Stored, l2_invalidate};
+use super::vary::{self, Check, Learned, Names, TooMany};
+use crate::cache::{L1, Stored, l2_invalidate, l2_keep_names};
 use crate::metrics::Event;
+use crate::notify::Notice;
 use std::hash::Hasher;
 
 use siphasher::sip128::Hasher128;
@@ -35,7 +36,7 @@ pub(crate) struct Route {
     /// `layer()` makes: frameworks apply a route's layer again for each connection
     /// (axum does), and single-flight must hold across all of them.
     pub(crate) flights: Arc<Flights>,
-    /// The headers this route's responses vary on, learned from them.
+    /// The headers each of its URLs' responses vary on, learned from them.
     pub(crate) learned: Arc<Learned>,
     /// The hashers of its keys in L1, keyed and fed the route's name once.
     pub(crate) hashers: LocalHashers,
@@ -50,62 +51,175 @@ pub(crate) struct Route {
 }
 
 impl Route {
-    /// The key of a request's entry in L1: what a hit computes, and all it computes (see
-    /// [`LocalKey`]). The same bytes as [`keys_for`](Self::keys_for) hashes, written
-    /// into the hashers piece by piece.
-    pub(crate) fn local_key<B>(&self, request: &Request<B>) -> LocalKey {
-        let LocalHashers {
-            mut response,
-            mut variant,
-        } = self.hashers;
+    /// The hash of a request's identity: its URL's own key in L1 (variant 0), and what
+    /// the names its URL varies on are kept under. The same bytes as
+    /// [`keys_for`](Self::keys_for) hashes, written into the hasher piece by piece.
+    fn response_key<B>(&self, request: &Request<B>) -> u128 {
+        let mut response = self.hashers.response;
         let mut gather = Gather::new(&mut response);
         rules::identity_into(&self.policy, request, &mut |bytes| gather.push(bytes));
         gather.flush();
-        let variant = self.learned.with_names(|learned, _| {
-            if !rules::names_any(learned, request) {
-                return 0;
+        response.finish128().as_u128()
+    }
+
+    /// The key in L1 of a request for URL `response`, which varies on `names`: the URL's
+    /// own entry for a request with none of them.
+    fn local_key_with<B>(
+        &self,
+        request: &Request<B>,
+        response: u128,
+        names: Option<&[HeaderName]>,
+    ) -> LocalKey {
+        let variant = match names {
+            Some(names) if rules::names_any(names, request) => {
+                let mut variant = self.hashers.variant;
+                let mut gather = Gather::new(&mut variant);
+                rules::variant_into(names, request, &mut |bytes| gather.push(bytes));
+                gather.flush();
+                // Never 0: that is the response's own key.
+                variant.finish() | 1
             }
-            let mut gather = Gather::new(&mut variant);
-            rules::variant_into(learned, request, &mut |bytes| gather.push(bytes));
-            gather.flush();
-            // Never 0: that is the response's own key.
-            variant.finish() | 1
-        });
-        LocalKey {
-            response: response.finish128().as_u128(),
-            variant,
+            _ => 0,
+        };
+        LocalKey { response, variant }
+    }
+
+    /// The request's entry in L1 and its key there: what a hit computes, and all it
+    /// computes (see [`LocalKey`]).
+    ///
+    /// The URL's own entry (variant 0) is looked at first: one that varies on nothing
+    /// the request sends answers it (a URL that never varied costs nothing more). Else
+    /// the URL varies, and the request is keyed on the names it varies on.
+    pub(crate) fn find_l1<B>(
+        &self,
+        request: &Request<B>,
+        now: crate::cache::Instant,
+    ) -> (LocalKey, Option<Arc<Stored>>) {
+        let response = self.response_key(request);
+        let own = LocalKey::of_response(response);
+        let at_own = self.l1().get(&own, now);
+        let names = match &at_own {
+            Some(stored) => {
+                let vary = self.vary_of(stored);
+                if vary.is_empty() || !rules::names_any(vary, request) {
+                    return (own, at_own);
+                }
+                // It varies on a header the request sends: known here already, unless
+                // the entry came from another instance's fill.
+                let _ = self.learned.learn(response, vary);
+                self.learned.names(response)
+            }
+            None if !self.learned.any() => return (own, None),
+            None => self.learned.names(response),
+        };
+        let local = self.local_key_with(request, response, names.as_deref());
+        if local == own {
+            // (What is there, if anything, does not answer it.)
+            return (own, None);
+        }
+        (local, self.l1().get(&local, now))
+    }
+
+    /// The keys of a request (in Redis, and in L1), made with the names its URL is known
+    /// to vary on. Fails only for a key space whose key would be too long.
+    pub(crate) fn keys_for<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
+        let identity = rules::identity(&self.policy, request);
+        let mut response = self.hashers.response;
+        response.write(&identity);
+        let response = response.finish128().as_u128();
+        let names = self.learned.names(response);
+        let keys = &self.shared.keys;
+        let route = &self.policy.route;
+        let mut local = LocalKey::of_response(response);
+        let made = match &names {
+            Some(learned) if rules::names_any(learned, request) => {
+                let variant = rules::variant(learned, request);
+                let mut variant_hash = self.hashers.variant;
+                variant_hash.write(&variant);
+                local.variant = variant_hash.finish() | 1;
+                keys.cache_variant(route, &identity, &variant)
+            }
+            _ => keys.cache(route, &identity),
+        };
+        let mut made = made.ok()?;
+        made.names = names;
+        made.local = local;
+        Some(made)
+    }
+
+    /// Whether `keys` were made with the names their URL is known to vary on now: if
+    /// not, the request they were made for has other keys now.
+    pub(crate) fn same_names(&self, keys: &CacheKeys) -> bool {
+        vary::same(&self.learned.names(keys.local.response), &keys.names)
+    }
+
+    /// The names an entry varies on, that the route does not key on anyway.
+    pub(crate) fn vary_of<'s>(&self, stored: &'s Stored) -> &'s [HeaderName] {
+        stored
+            .vary
+            .get_or_init(|| rules::unkeyed_vary(&self.policy, &[], &stored.response.headers).into())
+    }
+
+    /// Whether `stored`, found at `keys`, may answer a request with `headers` by its own
+    /// `Vary` (see [`vary::check`]).
+    pub(crate) fn check(
+        &self,
+        stored: &Stored,
+        keys: &CacheKeys,
+        headers: &http::HeaderMap,
+    ) -> Check {
+        vary::check(
+            self.vary_of(stored),
+            keys.names.as_deref(),
+            keys.local.variant == 0,
+            headers,
+        )
+    }
+
+    /// Learns that the URL of `keys` varies on `names` too: counted and logged when one
+    /// was new, and then its names.
+    pub(crate) fn learn(
+        &self,
+        keys: &CacheKeys,
+        names: &[HeaderName],
+    ) -> Result<Option<Names>, TooMany> {
+        let learned = self.learned.learn(keys.local.response, names)?;
+        if let Some(all) = &learned {
+            self.stats.record(Event::VaryLearned);
+            tracing::info!(
+                route = self.policy.route,
+                vary = ?all,
+                "a URL's responses vary on these headers: keyed on them from now on"
+            );
+        }
+        Ok(learned)
+    }
+
+    /// Keeps what the URL of `keys` varies on in Redis, beside its entries, and tells
+    /// the fleet (best-effort: an instance that does not hear it learns from the record,
+    /// or from the entry itself).
+    pub(crate) async fn keep_names(&self, keys: &CacheKeys, names: &[HeaderName]) {
+        let shared = &self.shared;
+        if shared.store.is_local_only() {
+            return;
+        }
+        let strings: Vec<&str> = names.iter().map(HeaderName::as_str).collect();
+        let kept = l2_keep_names(&shared.store, keys, &strings, self.entries_live()).await;
+        let notice = Notice::Learned(&self.policy.route, Some(keys.local.response), strings);
+        let told = shared.notices.publish(&shared.store, &notice).await;
+        if kept.is_err() || told.is_err() {
+            self.stats.record(Event::RedisError);
         }
     }
 
-    /// The keys of a request (in Redis, and in L1), with the headers the route has
-    /// learned to vary on. Fails only for a key space whose key would be too long.
-    pub(crate) fn keys_for<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
-        let identity = rules::identity(&self.policy, request);
-        let keys = &self.shared.keys;
-        let route = &self.policy.route;
-        let LocalHashers {
-            mut response,
-            variant: mut variant_hash,
-        } = self.hashers;
-        response.write(&identity);
-        self.learned
-            .with_names(|learned, version| {
-                let mut local = LocalKey::of_response(response.finish128().as_u128());
-                let mut made = if !rules::names_any(learned, request) {
-                    keys.cache(route, &identity)
-                } else {
-                    let variant = rules::variant(learned, request);
-                    variant_hash.write(&variant);
-                    local.variant = variant_hash.finish() | 1;
-                    keys.cache_variant(route, &identity, &variant)
-                };
-                if let Ok(made) = &mut made {
-                    made.learned = version;
-                    made.local = local;
-                }
-                made
-            })
-            .ok()
+    /// The longest an entry of the route may live: on a route that follows the origin,
+    /// that is the origin's to say, up to what an entry may hold.
+    fn entries_live(&self) -> Duration {
+        if self.policy.follow_origin {
+            super::directives::MAX_KEEP
+        } else {
+            self.policy.kept_for()
+        }
     }
 
     /// The route's name as a metric label (a cheap clone).
@@ -177,8 +291,8 @@ impl Route {
 
     /// The request that fills or refreshes the entry of `request`.
     pub(crate) fn fill_request<B, F: Default>(&self, request: &Request<B>) -> Request<F> {
-        self.learned
-            .with_names(|learned, _| rules::fill_request(&self.policy, learned, request))
+        let names = self.learned.names(self.response_key(request));
+        rules::fill_request(&self.policy, names.as_deref().unwrap_or_default(), request)
     }
 
     pub(crate) fn l1(&self) -> &L1 {
@@ -200,7 +314,7 @@ impl Route {
     }
 
     /// The token of the last invalidation of the response seen here, if any.
-    pub(crate) async fn tombstone(&self, keys: &CacheKeys) -> Option<FencingToken> {
+    pub(crate) fn tombstone(&self, keys: &CacheKeys) -> Option<FencingToken> {
         self.shared.tombstones.get(&keys.local.response)
     }
 
@@ -227,7 +341,7 @@ impl Route {
         response.write(&identity);
         keys.local = LocalKey::of_response(response.finish128().as_u128());
         let response = keys.local.response;
-        let variants = self.learned.version() > 0;
+        let variants = self.learned.any();
         let shared = &self.shared;
         // Locally first, and whatever Redis says: a fill in flight here must not put the
         // old entry back. A local tombstone outranks every token issued so far.
@@ -246,13 +360,7 @@ impl Route {
             &keys,
             shared.notices.channel(),
             self.max_fill(),
-            // As long as an entry of the route may live: on a route that follows the
-            // origin, that is the origin's to say, up to what an entry may hold.
-            if self.policy.follow_origin {
-                super::directives::MAX_KEEP
-            } else {
-                self.policy.kept_for()
-            },
+            self.entries_live(),
         )
         .await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from

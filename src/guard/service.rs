@@ -9,15 +9,17 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::answer::{Found, answer, answer_fresh, cold_miss, passthrough, usable_on_error};
+use super::answer::{Found, answer, answer_fresh, passthrough, usable_on_error};
 use super::body::ResponseBody;
-use super::cold::{Next, Redis, cold, join_fill};
+use super::cold::{Caller, Next, Redis, join, landed};
 use super::early;
 use super::future::ResponseFuture;
 use super::marks::Mark;
 use super::origin::{FillBody, Inner, OriginBody};
+use super::outcome::XCache;
 use super::route::Route;
-use crate::cache::{Instant, L2Read, Stored, l2_read};
+use super::vary::{self, Check};
+use crate::cache::{Instant, L2Read, Stored, l2_read_with_names};
 use crate::keys::CacheKeys;
 use crate::metrics::Event;
 use crate::rules::{self, Asked, Kind};
@@ -112,7 +114,7 @@ where
                     && route.policy.cache)
                     .then(|| unsafe_target(&request));
                 return ResponseFuture::new(async move {
-                    let response = passthrough(&route, inner, request, "bypass").await?;
+                    let response = passthrough(&route, inner, request, XCache::Bypass).await?;
                     if let Some(target) = changes {
                         let named = changed_uris(&target, &response);
                         invalidate_after(&route, target, named).await;
@@ -124,10 +126,10 @@ where
         // L1 answers fresh and stale entries here, without a future to allocate: the
         // common case costs a fast keyed hash, a lookup and the response (no HMAC, no
         // key string: the Redis keys are made only past L1).
-        let local = route.local_key(&request);
         let now = Instant::now();
+        let (local, found) = route.find_l1(&request, now);
         // (An entry hard-purged by a tag is not there: see `purge`.)
-        let fallback = match route.l1().get(&local, now).filter(|s| !route.is_gone(s)) {
+        let fallback = match found.filter(|s| !route.is_gone(s)) {
             Some(stored) => {
                 let age = stored.age_at(now);
                 let early = early::due(route, &stored, age);
@@ -163,10 +165,10 @@ where
             route.stats.record(Event::Bypass);
             let (route, inner) = (route.clone(), self.inner.clone());
             return ResponseFuture::new(async move {
-                passthrough(&route, inner, request, "bypass").await
+                passthrough(&route, inner, request, XCache::Bypass).await
             });
         };
-        // The route learned a `Vary` header between the two keys: what L1 gave is another
+        // The URL learned a `Vary` header between the two keys: what L1 gave is another
         // variant's entry, which may not stand in for this one.
         let fallback = fallback.filter(|_| keys.local == local);
         ResponseFuture::new(handle(
@@ -243,7 +245,7 @@ fn same_origin(uri: &http::Uri, request: &Request<()>) -> bool {
     host.is_some_and(|host| host.eq_ignore_ascii_case(authority.as_str()))
 }
 
-/// How many times a request looks again under a new key, after its route learned a
+/// How many times a request looks again under a new key, after its URL learned a
 /// `Vary` header while it waited, before it goes to the origin uncached.
 const MAX_REKEYS: usize = 3;
 
@@ -267,7 +269,7 @@ where
             // Its answers cannot be stored: no fill to wait for.
             Some(Mark::Pass) => {
                 route.stats.record(Event::HitForPass);
-                return passthrough(&route, inner, request, "pass").await;
+                return passthrough(&route, inner, request, XCache::Pass).await;
             }
             // The origin just failed for it: what may stand in, does, at once.
             Some(Mark::BackOff) => {
@@ -286,15 +288,34 @@ where
             Redis::Usable
         };
         let read = if redis == Redis::Usable {
-            l2_read(&route.shared.store, &keys, route.policy.max_body).await
+            l2_read_with_names(&route.shared.store, &keys, route.policy.max_body).await
         } else {
-            Ok(L2Read::Miss)
+            Ok((L2Read::Miss, None))
         };
+        let read = read.map(|(read, record)| {
+            // What its URL varies on, as kept in Redis: an instance that started later,
+            // or missed the notice, learns it here (before it would key alike).
+            if let Some(names) = record.as_deref().and_then(vary::parse) {
+                let _ = route.learn(&keys, &names);
+            }
+            read
+        });
         match read {
             Ok(L2Read::Found(stored)) if route.is_gone(&stored) => {
                 route.stats.record(Event::L2Miss);
             }
-            Ok(L2Read::Found(stored)) => {
+            Ok(L2Read::Found(stored)) => 'found: {
+                if let Check::Learn(names) = route.check(&stored, &keys, request.headers()) {
+                    // Another variant (its `Vary` names a header the request's key did
+                    // not include): learned from, kept for the fleet, and the request
+                    // keyed again below. It stays the entry of requests it answers.
+                    route.stats.record(Event::L2Miss);
+                    if let Ok(Some(all)) = route.learn(&keys, &names) {
+                        route.keep_names(&keys, &all).await;
+                    }
+                    route.put_l1(&keys, stored).await;
+                    break 'found;
+                }
                 route.stats.record(Event::L2Hit);
                 route.put_l1(&keys, stored.clone()).await;
                 let found = Found {
@@ -331,10 +352,10 @@ where
         if asked.kind == Kind::Head {
             // A HEAD cannot fill the GET entry it would be answered from.
             route.stats.record(Event::Pass);
-            return passthrough(&route, inner, request, "pass").await;
+            return passthrough(&route, inner, request, XCache::Pass).await;
         }
-        if keys.learned != route.learned.version() && rekeys < MAX_REKEYS {
-            // The route learned a `Vary` header since the key was made: this caller's
+        if !route.same_names(&keys) && rekeys < MAX_REKEYS {
+            // The URL learned a `Vary` header since the key was made: this caller's
             // entry has another key now (a fill may have stored it already).
             if let Some(new) = route.keys_for(&request) {
                 rekeys += 1;
@@ -344,15 +365,21 @@ where
                 continue;
             }
         }
-        let (slot, is_leader) = join_fill(&route, &inner, &request, &keys, &fallback, redis, wait);
-        match cold(&route, slot, is_leader, request.headers(), &fallback).await {
+        let caller = Caller {
+            request: &request,
+            keys: &keys,
+            fallback: &fallback,
+            redis,
+            wait,
+        };
+        let flight = join(&route, &inner, caller);
+        match landed(&route, flight, &keys, request.headers(), &fallback).await {
             Next::Answer(response) => return Ok(response),
             Next::Error(error) => return Err(error),
             Next::PassThrough => {
                 route.stats.record(Event::Pass);
-                return passthrough(&route, inner, request, "pass").await;
+                return passthrough(&route, inner, request, XCache::Pass).await;
             }
-            Next::ColdMiss => return cold_miss(&route, inner, request, fallback).await,
             Next::Rekey => match route.keys_for(&request) {
                 Some(new) if rekeys < MAX_REKEYS => {
                     rekeys += 1;
@@ -361,7 +388,7 @@ where
                 }
                 _ => {
                     route.stats.record(Event::Pass);
-                    return passthrough(&route, inner, request, "pass").await;
+                    return passthrough(&route, inner, request, XCache::Pass).await;
                 }
             },
         }

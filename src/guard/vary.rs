@@ -1,90 +1,183 @@
-//! The request headers a route's responses vary on, learned from their `Vary`.
+//! The request headers a URL's responses vary on, learned from their `Vary`, per URL.
 //!
 //! A response that says `Vary: Accept-Language` is one variant among several: it must
 //! never be served to a client whose `Accept-Language` differs, whatever the route was
-//! configured to key on. As Varnish and nginx do, the route learns the names from its
-//! responses and keys on them from then on (the key's identity includes each learned
-//! header's values). A response that names a header the key did not include when it was
-//! fetched is stored under the key it belongs to, computed from the headers the origin
-//! saw; callers who waited for that fill and ask for another variant fill their own.
+//! configured to key on. As Varnish keeps the variants of each object apart, each URL
+//! (each response's identity: host, path, keyed query and headers) learns the names its
+//! responses vary on, and from then on its requests are keyed on their values of them:
+//! one URL's `Vary` never moves another URL's entries. A request with none of those
+//! headers asks for the URL's own entry (its variant 0), as before anything was learned.
 //!
-//! What one instance learns it tells the others (a notice on the guard's channel), so a
-//! fleet learns once. Learned names only grow, for as long as the process lives, and at
-//! most [`MAX_LEARNED`] per route: a response that would need more is not stored.
+//! Learned names are kept three ways, so that every instance keys alike from its first
+//! request, however long it has been up:
 //!
-//! Learning is per route, not per URL (Varnish keeps the variants of each object apart):
-//! one URL answering `Vary: User-Agent` keys every URL of the route on it. That costs
-//! one fill per entry of the route when a name is learned (their keys change), and
-//! fragments the route by the header's values; a header known in advance is better
-//! named in `key_headers`. In exchange a hit stays one lookup, whatever varies.
+//! * in this process, per route (a bounded map from each URL's local key to its names);
+//! * in Redis, beside the URL's entries (the same hash slot): the learner writes them
+//!   there, and a read of the URL's own entry reads them back in the same round trip, so
+//!   an instance that started later, or missed the notice while its subscription was
+//!   down, learns on its first L1 miss;
+//! * on the fleet's channel, a notice, for the instances listening now.
+//!
+//! And every entry is checked against the request by its own `Vary` before it is
+//! served ([`Check`]): whatever was learned or missed, an entry answers only a request
+//! its `Vary` lets it answer; a mismatch is learned from, and the request keyed again.
+//! The hit of a URL that never varied pays for none of this: its entry is found at its
+//! variant 0 and varies on nothing.
+//!
+//! Names only grow, at most [`MAX_LEARNED`] per URL: a response that would need more is
+//! not stored.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::HeaderName;
 
-/// How many header names a route may learn.
+/// How many header names a URL may learn.
 pub(crate) const MAX_LEARNED: usize = 8;
 
-/// The names a route has learned.
-#[derive(Default)]
+/// How many URLs' names a route keeps in memory (Redis keeps them all; one evicted here
+/// is read back with its URL's next miss).
+const URLS: u64 = 65_536;
+
+/// The names a URL's key is made with, sorted.
+pub(crate) type Names = Arc<[HeaderName]>;
+
+/// What one route learned: the names each of its URLs varies on.
 pub(crate) struct Learned {
-    names: RwLock<Arc<[HeaderName]>>,
-    /// Bumped at each change; zero while nothing is learned (the common case, read
-    /// without the lock).
-    version: AtomicU64,
+    urls: moka::sync::Cache<u128, Names>,
+    /// Whether any URL of the route varies: a route where none does never looks names
+    /// up (read without a lock).
+    any: AtomicBool,
 }
 
-/// Learning would take the route past [`MAX_LEARNED`] names.
+impl Default for Learned {
+    fn default() -> Self {
+        Self {
+            urls: moka::sync::Cache::new(URLS),
+            any: AtomicBool::new(false),
+        }
+    }
+}
+
+/// Learning would take the URL past [`MAX_LEARNED`] names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TooMany;
 
 impl Learned {
-    /// The names learned so far, sorted.
-    pub(crate) fn names(&self) -> Arc<[HeaderName]> {
-        self.names.read().expect("learned lock").clone()
+    /// Whether any URL of the route varies, as far as this process knows.
+    pub(crate) fn any(&self) -> bool {
+        self.any.load(Ordering::Acquire)
     }
 
-    /// Runs `f` on the names learned so far and their version; on the request path,
-    /// without a lock or an allocation while none is learned.
-    pub(crate) fn with_names<R>(&self, f: impl FnOnce(&[HeaderName], u64) -> R) -> R {
-        if self.version.load(Ordering::Acquire) == 0 {
-            return f(&[], 0);
+    /// The names URL `response` varies on, if it varies.
+    pub(crate) fn names(&self, response: u128) -> Option<Names> {
+        if !self.any() {
+            return None;
         }
-        let names = self.names.read().expect("learned lock");
-        // Read under the lock: the version of exactly these names.
-        f(&names, self.version.load(Ordering::Acquire))
+        self.urls.get(&response)
     }
 
-    /// Changes each time a name is learned.
-    pub(crate) fn version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
-    }
-
-    /// Learns `names` (those not known yet); returns whether any was new.
+    /// Learns that URL `response` varies on `names` too; returns its names when any was
+    /// new.
     pub(crate) fn learn<'a>(
         &self,
+        response: u128,
         names: impl IntoIterator<Item = &'a HeaderName>,
-    ) -> Result<bool, TooMany> {
-        let mut current = self.names.write().expect("learned lock");
-        let mut next: Vec<HeaderName> = current.to_vec();
-        for name in names {
-            if !next.contains(name) {
-                next.push(name.clone());
+    ) -> Result<Option<Names>, TooMany> {
+        let names: Vec<&HeaderName> = names.into_iter().collect();
+        if names.is_empty() {
+            return Ok(None);
+        }
+        let mut outcome = Ok(None);
+        self.urls.entry(response).and_compute_with(|current| {
+            let current = current.map(|entry| entry.into_value());
+            let mut next: Vec<HeaderName> = current.as_deref().unwrap_or_default().to_vec();
+            for name in &names {
+                if !next.contains(name) {
+                    next.push((*name).clone());
+                }
             }
+            if current.as_ref().is_some_and(|c| c.len() == next.len()) {
+                return moka::ops::compute::Op::Nop;
+            }
+            if next.len() > MAX_LEARNED {
+                outcome = Err(TooMany);
+                return moka::ops::compute::Op::Nop;
+            }
+            next.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+            let next: Names = next.into();
+            outcome = Ok(Some(next.clone()));
+            moka::ops::compute::Op::Put(next)
+        });
+        if let Ok(Some(_)) = &outcome {
+            self.any.store(true, Ordering::Release);
         }
-        if next.len() == current.len() {
-            return Ok(false);
-        }
-        if next.len() > MAX_LEARNED {
-            return Err(TooMany);
-        }
-        next.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-        *current = next.into();
-        // Bumped under the lock, with the names.
-        self.version.fetch_add(1, Ordering::AcqRel);
-        Ok(true)
+        outcome
     }
+}
+
+/// Whether two sets of names a key was made with are the same.
+pub(crate) fn same(a: &Option<Names>, b: &Option<Names>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        _ => false,
+    }
+}
+
+/// An entry checked against a request by its own `Vary` (the names it varies on that
+/// the route does not key on anyway).
+pub(crate) enum Check {
+    /// It may answer the request.
+    Serves,
+    /// It may not: it varies on these, which the key it was found at did not tell
+    /// apart. Learn them, and key the request again.
+    Learn(Vec<HeaderName>),
+}
+
+/// Checks an entry that varies on `vary`, found at a key made with `keyed` (the URL's
+/// own entry when `at_variant_zero`), against a request with `headers`.
+///
+/// At its variant 0 an entry was filled by a request with none of the names its key
+/// was made with, and so none of those it varies on: it answers a request that has
+/// none of them either. At a variant, it was filled by a request with the same values
+/// of every name its key was made with: it answers if it varies on nothing else.
+pub(crate) fn check(
+    vary: &[HeaderName],
+    keyed: Option<&[HeaderName]>,
+    at_variant_zero: bool,
+    headers: &http::HeaderMap,
+) -> Check {
+    let keyed = keyed.unwrap_or_default();
+    let unknown: Vec<HeaderName> = vary
+        .iter()
+        .filter(|name| {
+            if at_variant_zero {
+                headers.contains_key(*name)
+            } else {
+                !keyed.contains(name)
+            }
+        })
+        .cloned()
+        .collect();
+    if unknown.is_empty() {
+        Check::Serves
+    } else {
+        Check::Learn(vary.to_vec())
+    }
+}
+
+/// The names kept in Redis for a URL, as read back: `None` for anything that is not a
+/// list of at most [`MAX_LEARNED`] header names (garbage is ignored, never trusted).
+pub(crate) fn parse(record: &str) -> Option<Vec<HeaderName>> {
+    let mut names = Vec::new();
+    for name in record.split(',').filter(|n| !n.is_empty()) {
+        let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    (names.len() <= MAX_LEARNED).then_some(names)
 }
 
 #[cfg(test)]
@@ -92,20 +185,71 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_are_learned_once_sorted_and_bounded() {
+    fn names_are_learned_per_url_once_sorted_and_bounded() {
         let learned = Learned::default();
-        assert!(learned.names().is_empty());
+        assert!(!learned.any());
+        assert_eq!(learned.names(1), None);
         let lang = HeaderName::from_static("accept-language");
         let enc = HeaderName::from_static("accept-encoding");
-        assert_eq!(learned.learn([&lang]), Ok(true));
-        assert_eq!(learned.learn([&lang]), Ok(false));
-        assert_eq!(learned.learn([&lang, &enc]), Ok(true));
-        assert_eq!(&*learned.names(), &[enc.clone(), lang.clone()]);
-        assert_eq!(learned.version(), 2);
+        assert_eq!(
+            learned.learn(1, [&lang]).unwrap().as_deref(),
+            Some(&[lang.clone()][..])
+        );
+        assert_eq!(learned.learn(1, [&lang]), Ok(None));
+        let both = learned.learn(1, [&lang, &enc]).unwrap().unwrap();
+        assert_eq!(&*both, &[enc.clone(), lang.clone()]);
+        assert!(learned.any());
+        // Another URL of the route learned nothing.
+        assert_eq!(learned.names(2), None);
         let many: Vec<HeaderName> = (0..MAX_LEARNED)
             .map(|i| HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap())
             .collect();
-        assert_eq!(learned.learn(&many), Err(TooMany));
-        assert_eq!(learned.names().len(), 2);
+        assert_eq!(learned.learn(1, &many), Err(TooMany));
+        assert_eq!(learned.names(1).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn an_entry_answers_only_what_its_vary_lets_it() {
+        let accept = HeaderName::from_static("accept");
+        let json = {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::ACCEPT, "application/json".parse().unwrap());
+            h
+        };
+        let none = http::HeaderMap::new();
+        let vary = [accept.clone()];
+        // The URL's own entry, varying on Accept: for requests without it.
+        assert!(matches!(check(&vary, None, true, &none), Check::Serves));
+        assert!(matches!(check(&vary, None, true, &json), Check::Learn(_)));
+        // A variant made with Accept: for the requests keyed to it.
+        let keyed: Names = vec![accept.clone()].into();
+        assert!(matches!(
+            check(&vary, Some(&keyed), false, &json),
+            Check::Serves
+        ));
+        // A variant made without a name it varies on: cannot tell.
+        let other: Names = vec![HeaderName::from_static("x-tenant")].into();
+        assert!(matches!(
+            check(&vary, Some(&other), false, &json),
+            Check::Learn(_)
+        ));
+        // An entry that varies on nothing answers anything.
+        assert!(matches!(check(&[], None, true, &json), Check::Serves));
+    }
+
+    #[test]
+    fn records_of_names_are_read_back_and_garbage_is_ignored() {
+        assert_eq!(
+            parse("accept,accept-language").unwrap(),
+            vec![
+                HeaderName::from_static("accept"),
+                HeaderName::from_static("accept-language")
+            ]
+        );
+        assert_eq!(parse("").unwrap(), Vec::<HeaderName>::new());
+        assert!(parse("bad name").is_none());
+        assert!(parse(&"x,".repeat(3)).is_some());
+        let many: Vec<String> = (0..=MAX_LEARNED).map(|i| format!("x-h{i}")).collect();
+        assert!(parse(&many.join(",")).is_none());
     }
 }

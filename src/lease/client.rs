@@ -106,7 +106,13 @@ impl LeaseClient {
             .await
         {
             Acquire::Outcome(outcome) => outcome,
-            Acquire::Written => unreachable!("no entry was given to look at"),
+            // Only an acquire for a fill looks at an entry (the script gives this reply
+            // to no other): a reply that says otherwise is not one of the script's.
+            Acquire::Written => AcquireOutcome::Unavailable(StoreError::new(
+                Operation::Acquire,
+                StoreErrorKind::Response,
+                None,
+            )),
         }
     }
 

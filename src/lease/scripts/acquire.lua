@@ -27,8 +27,10 @@ if KEYS[3] then
   invalidated = token_at(KEYS[4])
   if redis.call('TYPE', KEYS[3]).ok == 'hash' and redis.call('HEXISTS', KEYS[3], 'd') == 1
       and redis.call('HEXISTS', KEYS[3], 'x') == 0 then
-    local written = tonumber(redis.call('HGET', KEYS[3], 't'))
-    if written and written > tonumber(ARGV[5]) and written >= invalidated then
+    -- Read as every script reads a token (sane_token, tokens.lua): garbage there
+    -- (1e300, inf) would otherwise look newer than anything, forever.
+    local written = sane_token(tonumber(redis.call('HGET', KEYS[3], 't')))
+    if written > 0 and written > (tonumber(ARGV[5]) or 0) and written >= invalidated then
       return {2, 0}
     end
   end

@@ -1,0 +1,625 @@
+//! A fill: one claim on a key (the fleet's lease, or this process's single-flight
+//! alone), from its call to the origin to its one ending.
+//!
+//! A [`Fill`] holds the route, the key's keys and the claim together, and every method
+//! that ends it takes it by value, so that a claim ends exactly once and in order: the
+//! origin is [called](Fill::call) (and a call that the watchdog stopped ends the fill),
+//! then its answer is [kept](Fill::keep) (a fenced write that also releases the lease),
+//! or the entry it asked about [renewed](Fill::renew), or the fill
+//! [ended](Fill::end) without a write, saying why to the fleet.
+//!
+//! A `Fill` dropped without an ending (its task panicked, or its runtime went away)
+//! holds its lease off for the route's error back-off, best-effort, as after an origin
+//! failure: the fleet leaves the key alone for a moment instead of waiting out the
+//! lease's TTL, then tries again (as pingora-cache's write permit, dropped unreleased,
+//! lets its readers compete again).
+//!
+//! Refreshes and cold fills both work this way; what a fill's ending means for the
+//! callers that waited for it is the cold path's (see `flight`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+
+use super::budget;
+use super::conditional;
+use super::directives::{Lifetimes, lifetimes};
+use super::marks::Mark;
+use super::origin::{Called, FillBody, Inner, OriginBody, call_origin};
+use super::route::Route;
+use super::vary::TooMany;
+use crate::cache::{Freshness, L2Read, Renewal, Stored, l2_read, l2_revalidate, l2_write};
+use crate::entry::{self, CachedResponse};
+use crate::keys::CacheKeys;
+use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease, LeaseLost};
+use crate::metrics::Event;
+use crate::notify::{Ending, Notice};
+use crate::rules::{self, NotStored};
+
+/// What a fill works under.
+enum Claim {
+    /// The key's lease: the write is fenced by its token, goes to L2, releases the lease
+    /// and tells the fleet.
+    Leased(Lease),
+    /// No lease (Redis unusable, or the fleet backing off after a failure): only this
+    /// process's single-flight, and only L1 is filled, under this token: that of the
+    /// entry it replaces, or of the last invalidation seen here if higher, so that
+    /// neither refuses it.
+    Local(FencingToken),
+}
+
+/// One claim on a key, until it ends (see the [module docs](self)).
+pub(crate) struct Fill {
+    route: Arc<Route>,
+    keys: CacheKeys,
+    /// Taken by the method that ends the fill; still here when it is dropped without an
+    /// ending.
+    claim: Option<Claim>,
+    /// The slot of the refresh budget it calls the origin under, if it has one: given
+    /// back once the origin has answered.
+    slot: Option<budget::Slot>,
+}
+
+/// What a call to the origin came to.
+// Returned once per call and taken apart at once: boxing would allocate for nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Answered<B: http_body::Body, E> {
+    /// The origin answered, or failed: the fill goes on, with that.
+    Called(Fill, Called<B, E>),
+    /// The watchdog stopped the call (the lease was lost, or reached its maximum): the
+    /// fill has ended, and nothing may be written.
+    Stopped,
+}
+
+/// What became of a storable answer.
+pub(crate) enum Kept {
+    /// Put in the caches (see [`Put`]); `rekeyed` when under another key than its
+    /// caller's (the answer varies on a header the caller's key did not include).
+    Stored { put: Put, rekeyed: bool },
+    /// Not stored after all; the fill has ended.
+    NotStored {
+        head: Response<()>,
+        body: Bytes,
+        why: NotStored,
+    },
+}
+
+/// Where an entry went, and which one its callers get.
+pub(crate) enum Put {
+    /// In L1, and in L2 too when `to_l2` (under a lease whose write went through).
+    Written { stored: Arc<Stored>, to_l2: bool },
+    /// The fenced write was refused, and the newer entry Redis holds may serve: it is in
+    /// L1 now.
+    Newer(Arc<Stored>),
+    /// The fenced write was refused, and what Redis holds may not serve (gone, expired,
+    /// purged, older, of another variant): the fill's own entry, stored nowhere.
+    Refused(Arc<Stored>),
+}
+
+impl Put {
+    /// The entry the fill's callers get.
+    pub(crate) fn entry(&self) -> &Arc<Stored> {
+        match self {
+            Self::Written { stored, .. } | Self::Newer(stored) | Self::Refused(stored) => stored,
+        }
+    }
+
+    /// Whether that entry is in the caches.
+    pub(crate) fn is_kept(&self) -> bool {
+        !matches!(self, Self::Refused(_))
+    }
+}
+
+impl Fill {
+    /// A fill under the key's lease.
+    pub(crate) fn leased(
+        route: &Arc<Route>,
+        keys: CacheKeys,
+        lease: Lease,
+        slot: Option<budget::Slot>,
+    ) -> Self {
+        Self {
+            route: route.clone(),
+            keys,
+            claim: Some(Claim::Leased(lease)),
+            slot,
+        }
+    }
+
+    /// A fill without the lease, that replaces the entry with token `replaces` (or
+    /// nothing: 1), counted. Its token is taken before the origin is called: an
+    /// invalidation that comes during the call then has a higher token than this fill's
+    /// entry, and refuses it.
+    pub(crate) fn local(
+        route: &Arc<Route>,
+        keys: CacheKeys,
+        replaces: FencingToken,
+        slot: Option<budget::Slot>,
+    ) -> Self {
+        route.stats.record(Event::LocalOnly);
+        let token = route
+            .tombstone(&keys)
+            .map_or(replaces, |tomb| tomb.max(replaces));
+        Self {
+            route: route.clone(),
+            keys,
+            claim: Some(Claim::Local(token)),
+            slot,
+        }
+    }
+
+    /// Calls the origin with `request`, under the route's watchdog when it has one and
+    /// the fill holds the lease; the budget slot is given back once the origin answered.
+    pub(crate) async fn call<S, ReqBody, B>(
+        mut self,
+        inner: S,
+        request: Request<ReqBody>,
+    ) -> Answered<B, S::Error>
+    where
+        S: Inner<ReqBody, B>,
+        ReqBody: FillBody,
+        B: OriginBody,
+    {
+        let route = self.route.clone();
+        let calling = Instant::now();
+        let watchdog = route.policy.watchdog;
+        let called = match (&mut self.claim, watchdog) {
+            (Some(Claim::Leased(lease)), Some(max_total)) => {
+                let held = route.shared.leases.hold_while_reachable(
+                    lease,
+                    max_total,
+                    call_origin(&route, inner, request),
+                );
+                held.await
+            }
+            _ => Ok(call_origin(&route, inner, request).await),
+        };
+        route.recompute.record(calling.elapsed());
+        self.slot = None;
+        match called {
+            Ok(called) => {
+                if matches!(&self.claim, Some(Claim::Leased(lease)) if lease.remaining().is_zero())
+                {
+                    // No watchdog, and the origin outlasted the lease: the write that
+                    // follows is fenced, so it cannot replace a newer entry; counted all
+                    // the same.
+                    route.stats.record(Event::ExpiredWhileWorking);
+                }
+                Answered::Called(self, called)
+            }
+            Err(lost) => {
+                route.stats.record(Event::ExpiredWhileWorking);
+                match lost {
+                    // Someone else's now, and filled by them: nothing of ours to end.
+                    LeaseLost::NotOwner => self.claim = None,
+                    _ => {
+                        // Past the watchdog's maximum: the origin did not answer in time.
+                        route.stats.record(Event::OriginTimeout);
+                        self.end(Ending::Error).await;
+                    }
+                }
+                Answered::Stopped
+            }
+        }
+    }
+
+    /// Stores a storable answer under the key it belongs to: the fill's, unless the
+    /// answer varies on a header that key did not include. Then its URL learns the
+    /// header (kept in Redis, and told to the fleet), the answer's own lease is taken and
+    /// the fill's given back (its waiters look again, under their own new keys), and the
+    /// answer is stored under its own key.
+    pub(crate) async fn keep(self, asked: &Request<()>, head: Response<()>, body: Bytes) -> Kept {
+        let route = self.route.clone();
+        let keyed = self.keys.names.as_deref().unwrap_or_default();
+        let unkeyed = rules::unkeyed_vary(&route.policy, keyed, head.headers());
+        if !unkeyed.is_empty() {
+            match route.learn(&self.keys, &unkeyed) {
+                Ok(None) => {}
+                // Kept in Redis and told to the fleet by the fill that holds the lease.
+                Ok(Some(names)) if self.is_leased() => route.keep_names(&self.keys, &names).await,
+                Ok(Some(_)) => {}
+                Err(TooMany) => return self.not_kept(head, body, NotStored::VaryUnkeyed).await,
+            }
+        }
+        let Some(own) = route.keys_for(asked) else {
+            return self.not_kept(head, body, NotStored::VaryUnkeyed).await;
+        };
+        if own == self.keys {
+            let put = self.store(head, body).await;
+            return Kept::Stored {
+                put,
+                rekeyed: false,
+            };
+        }
+        // The fill's lease is not the lease of the key the answer belongs to.
+        let fill = match self.claim_kind() {
+            Some(token) => self.rekeyed_locally(own, token),
+            None => {
+                // The answer's own lease first, then the fill's given back: the fill's
+                // waiters elsewhere, woken by its end, find the variant being filled and
+                // wait for it, rather than racing this instance to fill it again. Never
+                // waits, so holding both for a moment cannot deadlock.
+                let acquired = route
+                    .shared
+                    .leases
+                    .try_acquire_fill(&own, route.label(), route.lease_ttl(), FencingToken::new(0))
+                    .await;
+                self.end(Ending::Gone).await;
+                match acquired {
+                    Acquire::Outcome(AcquireOutcome::Acquired(lease)) => {
+                        Fill::leased(&route, own, lease, None)
+                    }
+                    // Someone stored that variant meanwhile, fills it already, or Redis
+                    // failed: the answer goes to its callers unstored.
+                    other => {
+                        if let Acquire::Outcome(other) = other
+                            && !matches!(other, AcquireOutcome::Busy { .. })
+                        {
+                            lease_unavailable(&route, other);
+                        }
+                        return Kept::NotStored {
+                            head,
+                            body,
+                            why: NotStored::VaryUnkeyed,
+                        };
+                    }
+                }
+            }
+        };
+        let put = fill.store(head, body).await;
+        Kept::Stored { put, rekeyed: true }
+    }
+
+    /// Ends the fill as for an answer that may not be stored, and gives the answer back.
+    async fn not_kept(self, head: Response<()>, body: Bytes, why: NotStored) -> Kept {
+        not_stored(&self.route, why);
+        self.end(Ending::Pass).await;
+        Kept::NotStored { head, body, why }
+    }
+
+    /// The fill, without the lease, of the answer's own keys `own` in place of this one
+    /// (which ends with it): under the same token.
+    fn rekeyed_locally(mut self, own: CacheKeys, token: FencingToken) -> Fill {
+        self.claim = None;
+        Fill {
+            route: self.route.clone(),
+            keys: own,
+            claim: Some(Claim::Local(token)),
+            slot: None,
+        }
+    }
+
+    /// The token of a fill without the lease; `None` for one under it.
+    fn claim_kind(&self) -> Option<FencingToken> {
+        match &self.claim {
+            Some(Claim::Local(token)) => Some(*token),
+            _ => None,
+        }
+    }
+
+    /// Whether the fill holds the key's lease.
+    pub(crate) fn is_leased(&self) -> bool {
+        matches!(self.claim, Some(Claim::Leased(_)))
+    }
+
+    /// Stores a response under the fill's keys.
+    async fn store(self, head: Response<()>, body: Bytes) -> Put {
+        let (parts, ()) = head.into_parts();
+        let policy = &self.route.policy;
+        // Read before `Age` is stripped.
+        let life = lifetimes(policy, &parts.headers, fresh_time(policy));
+        let mut headers = entry::compact(&parts.headers);
+        rules::strip_unstorable(&mut headers);
+        // So that a HEAD answered from the entry says how long the GET would be.
+        if !headers.contains_key(http::header::CONTENT_LENGTH) {
+            headers.insert(http::header::CONTENT_LENGTH, body.len().into());
+        }
+        // Already a copy of its own: `read` gathers the body's frames into one buffer of
+        // its exact size.
+        let stored = self.entry_of(parts.status, headers, body, life);
+        self.put(stored, Write::Whole).await
+    }
+
+    /// Renews `current`, which the origin said is unchanged (a `304` to a conditional
+    /// request): its headers updated from the `304`'s, its body kept, fresh again. Under
+    /// a lease, only its metadata is written to L2 (fenced as a whole write is), unless
+    /// the entry there is not `current` any more: then the whole entry is written.
+    ///
+    /// `None` when the renewed entry may not be stored (the `304` made it private, gave
+    /// it a cookie, or a `Vary` this key does not cover): the fill ends as for any answer
+    /// that may not be stored, and the entry is left as it was.
+    pub(crate) async fn renew(self, current: &Stored, not_modified: Response<()>) -> Option<Put> {
+        let route = &self.route;
+        let cached = &current.response;
+        let mut headers = conditional::renewed_headers(&cached.headers, not_modified.headers());
+        // What the 304 added is judged as a whole answer's headers are.
+        let mut renewed = Response::new(());
+        *renewed.status_mut() = cached.status;
+        *renewed.headers_mut() = headers;
+        let keyed = self.keys.names.as_deref().unwrap_or_default();
+        let unkeyed = rules::unkeyed_vary(&route.policy, keyed, renewed.headers());
+        let why = match rules::storable(&route.policy, &renewed) {
+            Err(why) => Some(why),
+            Ok(()) if !unkeyed.is_empty() => Some(NotStored::VaryUnkeyed),
+            Ok(()) => None,
+        };
+        if let Some(why) = why {
+            not_stored(route, why);
+            self.end(Ending::Pass).await;
+            return None;
+        }
+        route.stats.record(Event::Revalidated);
+        headers = std::mem::take(renewed.headers_mut());
+        // A copy of its own: the 304's values are slices of the client's read buffer.
+        headers = entry::compact(&headers);
+        let life = lifetimes(&route.policy, &headers, fresh_time(&route.policy));
+        let stored = self.entry_of(cached.status, headers, cached.body.clone(), life);
+        // Only metadata, over a body Redis is known to hold under that token.
+        let write = if current.token_is_its_own() {
+            Write::Renew(cached.token)
+        } else {
+            Write::Whole
+        };
+        Some(self.put(stored, write).await)
+    }
+
+    /// The entry of a response to store under the fill's claim, fresh from now for
+    /// `life`.
+    fn entry_of(
+        &self,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+        life: Lifetimes,
+    ) -> Arc<Stored> {
+        let (token, local) = match &self.claim {
+            Some(Claim::Leased(lease)) => (lease.fencing_token(), false),
+            Some(Claim::Local(token)) => (*token, true),
+            None => (FencingToken::new(1), true),
+        };
+        let response = CachedResponse {
+            status,
+            headers,
+            body,
+            fresh_for: life.fresh_for,
+            grace: life.grace,
+            keep: life.keep,
+            token,
+        };
+        let stored = Stored::aged(response, life.age);
+        Arc::new(if local {
+            // Its token is not the time its fill began: this machine's time is.
+            stored.filled_locally(super::purge::local_micros())
+        } else {
+            stored
+        })
+    }
+
+    /// Puts an entry in the caches: under a lease, the fenced write to L2 (which
+    /// releases the lease), then L1; without one, L1 only.
+    async fn put(mut self, stored: Arc<Stored>, write: Write) -> Put {
+        let route = self.route.clone();
+        let Some(Claim::Leased(lease)) = self.claim.take() else {
+            route.shared.marks.clear(self.keys.entry());
+            route.put_l1(&self.keys, stored.clone()).await;
+            return Put::Written {
+                stored,
+                to_l2: false,
+            };
+        };
+        let keys = &self.keys;
+        route.held(lease.held_for());
+        let shared = &route.shared;
+        let channel = shared.notices.channel();
+        let renewed = match write {
+            Write::Whole => None,
+            Write::Renew(revalidated) => {
+                let renewal = l2_revalidate(
+                    &shared.store,
+                    keys,
+                    &lease,
+                    revalidated,
+                    &stored.response,
+                    channel,
+                );
+                match renewal.await {
+                    Ok(Renewal::Renewed { released }) => Some(Ok((true, released))),
+                    Ok(Renewal::Refused { released }) => Some(Ok((false, released))),
+                    // Not the entry that was revalidated any more: write all of it.
+                    Ok(Renewal::Gone) => None,
+                    Err(error) => Some(Err(error)),
+                }
+            }
+        };
+        let written = match renewed {
+            Some(written) => written,
+            None => l2_write(&shared.store, keys, &lease, &stored, channel)
+                .await
+                .map(|outcome| (outcome.written, outcome.released)),
+        };
+        match written {
+            Ok((true, released)) => {
+                written_release(&lease, released);
+                if !released {
+                    // Written under a lease that had expired: fencing made it safe.
+                    tracing::debug!(entry = keys.entry(), "entry written after its lease ended");
+                }
+                shared.marks.clear(keys.entry());
+                route.put_l1(keys, stored.clone()).await;
+                Put::Written {
+                    stored,
+                    to_l2: true,
+                }
+            }
+            Ok((false, released)) => {
+                written_release(&lease, released);
+                route.stats.record(Event::FencedWriteRefused);
+                tracing::debug!(
+                    entry = keys.entry(),
+                    token = lease.fencing_token().get(),
+                    "fenced write refused: a newer lease or entry exists"
+                );
+                // What Redis holds serves the fill's callers only if it may serve at all:
+                // newer than the fill's, not past its grace, and not purged since. Else
+                // (an invalidation refused the write, or the newer entry is gone, or a
+                // purge reached it) the fill's own answer goes to them, stored nowhere.
+                if let Ok(L2Read::Found(newer)) =
+                    l2_read(&shared.store, keys, route.policy.max_body).await
+                    && newer.response.token > stored.response.token
+                    && newer.freshness() != Freshness::Expired
+                    && route.purge_of(&newer).is_none()
+                {
+                    route.put_l1(keys, newer.clone()).await;
+                    return Put::Newer(newer);
+                }
+                Put::Refused(stored)
+            }
+            Err(_) => {
+                // Written or not, released or not: unknown. The lease ends by its TTL;
+                // the write is not retried. Waiters elsewhere are told to look again,
+                // if Redis takes that.
+                route.stats.record(Event::RedisError);
+                let gone = Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO);
+                let _ = shared.notices.publish(&shared.store, &gone).await;
+                crate::metrics::lease_released(&lease, "error");
+                shared.marks.clear(keys.entry());
+                route.put_l1(keys, stored.clone()).await;
+                Put::Written {
+                    stored,
+                    to_l2: false,
+                }
+            }
+        }
+    }
+
+    /// Ends the fill without a write, and says how to the fleet: the key is marked here
+    /// (pass it through, or back off) and the notice marks it on every other instance
+    /// and wakes the callers waiting there, who then stop waiting.
+    ///
+    /// After a failure the lease is not released but held off for the route's error
+    /// back-off, so that the fleet does not retry at once.
+    pub(crate) async fn end(mut self, ending: Ending) {
+        let lasting = self.mark(ending);
+        let Some(Claim::Leased(lease)) = self.claim.take() else {
+            return;
+        };
+        end_lease(&self.route, &self.keys, lease, ending, lasting).await;
+    }
+
+    /// Marks the key here for how the fill ended; returns for how long.
+    fn mark(&self, ending: Ending) -> Duration {
+        let (route, key) = (&self.route, self.keys.entry());
+        let policy = &route.policy;
+        match ending {
+            Ending::Pass => {
+                route.shared.marks.set(key, Mark::Pass, policy.hit_for_pass);
+                policy.hit_for_pass
+            }
+            Ending::Error => {
+                route
+                    .shared
+                    .marks
+                    .set(key, Mark::BackOff, policy.error_backoff);
+                policy.error_backoff
+            }
+            Ending::Gone => Duration::ZERO,
+        }
+    }
+}
+
+/// Dropped without an ending: hold the lease off, as after a failure (see the
+/// [module docs](self)).
+impl Drop for Fill {
+    fn drop(&mut self) {
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        let lasting = self.mark(Ending::Error);
+        let Claim::Leased(lease) = claim else { return };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (route, keys) = (self.route.clone(), self.keys.clone());
+            runtime.spawn(async move {
+                end_lease(&route, &keys, lease, Ending::Error, lasting).await;
+            });
+        }
+    }
+}
+
+/// Gives back (or holds off) a fill's lease that wrote nothing, and tells the fleet.
+async fn end_lease(
+    route: &Route,
+    keys: &CacheKeys,
+    lease: Lease,
+    ending: Ending,
+    lasting: Duration,
+) {
+    route.held(lease.held_for());
+    let leases = &route.shared.leases;
+    let _ = match ending {
+        Ending::Error => leases.hold_off(lease, route.policy.error_backoff).await,
+        Ending::Pass | Ending::Gone => leases.release(lease).await,
+    };
+    let notice = Notice::Ended(keys.entry(), ending, lasting);
+    if route
+        .shared
+        .notices
+        .publish(&route.shared.store, &notice)
+        .await
+        .is_err()
+    {
+        // The waiters elsewhere find out when their cold wait ends.
+        route.stats.record(Event::RedisError);
+    }
+}
+
+/// How an entry goes to L2.
+#[derive(Clone, Copy)]
+enum Write {
+    /// All of it.
+    Whole,
+    /// Only its metadata, over the entry written under this token, whose body it has.
+    Renew(FencingToken),
+}
+
+/// The route's fresh time for one more entry: its fresh TTL less its jitter.
+fn fresh_time(policy: &crate::Policy) -> Duration {
+    match policy.fresh_jitter {
+        jitter if jitter.is_zero() => policy.fresh_ttl,
+        // Whole milliseconds, as entries keep their times.
+        jitter => {
+            let off = fastrand::u64(0..=jitter.as_millis() as u64);
+            policy.fresh_ttl - Duration::from_millis(off)
+        }
+    }
+}
+
+/// The lease could not be had for another reason than `Busy`: go on without it. An
+/// acquire whose reply was lost may have set the lease after all: release it,
+/// best-effort and once, so that other instances need not wait out its TTL.
+pub(crate) fn lease_unavailable(route: &Route, outcome: AcquireOutcome) {
+    route.stats.record(Event::RedisError);
+    if let AcquireOutcome::TimedOut(attempt) = outcome {
+        route.stats.record(Event::UncertainAcquire);
+        let leases = route.shared.leases.clone();
+        tokio::spawn(async move {
+            let _ = leases.release_uncertain(attempt).await;
+        });
+    }
+}
+
+/// Counts an answer that was not stored, and logs why.
+pub(crate) fn not_stored(route: &Route, why: NotStored) {
+    route.stats.record(Event::NotStored);
+    tracing::debug!(
+        route = route.policy.route,
+        reason = why.as_str(),
+        "response not stored"
+    );
+}
+
+/// The fenced write released the lease (or found it gone): counted as a release.
+fn written_release(lease: &Lease, released: bool) {
+    crate::metrics::lease_released(lease, if released { "released" } else { "not_owner" });
+}

@@ -1,0 +1,179 @@
+//! What an answer was, as one value ([`XCache`]): its `x-cache` header and this cache's
+//! member of `cache-status` (RFC 9211) are both made from it, so that the two never
+//! disagree; and the `age` header.
+//!
+//! | outcome | `x-cache` | `cache-status` |
+//! | --- | --- | --- |
+//! | a fresh entry | `hit` | `stampede-guard; hit; ttl=N` |
+//! | an entry held as stale (refreshed meanwhile, or standing in for a failed origin) | `stale` | `stampede-guard; hit; ttl=N`, `N` at most 0 |
+//! | the fill it waited for, stored | `miss` | `stampede-guard; fwd=uri-miss; stored; ttl=N` |
+//! | the fill it waited for, not stored (its write was refused) | `miss` | `stampede-guard; fwd=uri-miss; ttl=N` |
+//! | the origin's answer, not stored | `pass` | `stampede-guard; fwd=uri-miss` |
+//! | a request the cache does not handle | `bypass` | `stampede-guard; fwd=bypass` |
+//! | the guard's own answer (the origin failed or did not answer in time; the route rejects) | `miss` | `stampede-guard; fwd=uri-miss; detail=...` |
+//!
+//! `ttl` is the freshness the entry has left for this cache, in whole seconds: an entry
+//! this cache holds as stale has none left (a fresh entry that a soft purge reached, or
+//! one put in L1 before the notice subscription last came up, is stale here whatever
+//! its lifetime says).
+
+use std::sync::LazyLock;
+
+use http::HeaderValue;
+
+use crate::CACHE_NAME;
+
+/// `stampede-guard; ` and a `cache-status` parameter list, as a `&'static str`.
+macro_rules! concat_status {
+    ($params:literal) => {
+        concat!("stampede-guard; ", $params)
+    };
+}
+pub(crate) use concat_status;
+
+/// How an answer was made (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum XCache {
+    /// From a fresh entry.
+    Hit,
+    /// From an entry held as stale: served while it is refreshed, or standing in for a
+    /// failed origin.
+    Stale,
+    /// From the fill the request waited for (or the guard's own answer when the fill
+    /// failed).
+    Miss,
+    /// From the origin, not stored.
+    Pass,
+    /// Not a request the cache handles.
+    Bypass,
+}
+
+impl XCache {
+    /// The `x-cache` value.
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Hit => "hit",
+            Self::Stale => "stale",
+            Self::Miss => "miss",
+            Self::Pass => "pass",
+            Self::Bypass => "bypass",
+        }
+    }
+
+    /// The `x-cache` header.
+    pub(crate) fn value(self) -> HeaderValue {
+        HeaderValue::from_static(self.as_str())
+    }
+
+    /// The `cache-status` of an answer from an entry whose freshness ends in `ttl`
+    /// seconds (negative once past); `stored` for a fill's entry that is in the caches.
+    /// Hits and stale answers within an hour of their freshness take a value from a
+    /// table made once, others the value this thread made last if it is the same: a hit
+    /// does not format a number.
+    pub(crate) fn of_entry(self, ttl: i64, stored: bool) -> HeaderValue {
+        const HOUR: i64 = 3600;
+        static HITS: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
+            (-HOUR..=HOUR)
+                .map(|n| leaked(format!("{CACHE_NAME}; hit; ttl={n}")))
+                .collect()
+        });
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<(i64, HeaderValue)>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let hit = |ttl: i64| {
+            if (-HOUR..=HOUR).contains(&ttl) {
+                return HITS[(ttl + HOUR) as usize].clone();
+            }
+            LAST.with_borrow_mut(|last| match last {
+                Some((at, value)) if *at == ttl => value.clone(),
+                _ => {
+                    let value = made(format!("{CACHE_NAME}; hit; ttl={ttl}"));
+                    *last = Some((ttl, value.clone()));
+                    value
+                }
+            })
+        };
+        match self {
+            Self::Hit => hit(ttl),
+            // Stale here: none of its freshness is left for this cache.
+            Self::Stale => hit(ttl.min(0)),
+            Self::Miss if stored => made(format!("{CACHE_NAME}; fwd=uri-miss; stored; ttl={ttl}")),
+            Self::Miss => made(format!("{CACHE_NAME}; fwd=uri-miss; ttl={ttl}")),
+            Self::Pass | Self::Bypass => self.forwarded(),
+        }
+    }
+
+    /// The `cache-status` of an answer that is not from an entry.
+    pub(crate) fn forwarded(self) -> HeaderValue {
+        HeaderValue::from_static(match self {
+            Self::Bypass => concat_status!("fwd=bypass"),
+            _ => concat_status!("fwd=uri-miss"),
+        })
+    }
+}
+
+/// An `age` header value: from a table made once for the first hour, so that a hit does
+/// not format a number (and allocate for it).
+pub(crate) fn age_value(seconds: u64) -> HeaderValue {
+    static AGES: LazyLock<Vec<HeaderValue>> =
+        LazyLock::new(|| (0..3600u64).map(|n| leaked(n.to_string())).collect());
+    match AGES.get(seconds as usize) {
+        Some(value) => value.clone(),
+        None => HeaderValue::from(seconds),
+    }
+}
+
+fn leaked(text: String) -> HeaderValue {
+    HeaderValue::from_static(Box::leak(text.into_boxed_str()))
+}
+
+/// A header value of text this module made (ASCII: a name, numbers, separators).
+fn made(text: String) -> HeaderValue {
+    HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static(CACHE_NAME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn x_cache_and_cache_status_say_the_same() {
+        assert_eq!(
+            XCache::Hit.of_entry(12, false),
+            "stampede-guard; hit; ttl=12"
+        );
+        // Held as stale with freshness left by its lifetime: none left here.
+        assert_eq!(
+            XCache::Stale.of_entry(2, false),
+            "stampede-guard; hit; ttl=0"
+        );
+        assert_eq!(
+            XCache::Stale.of_entry(-7, false),
+            "stampede-guard; hit; ttl=-7"
+        );
+        assert_eq!(
+            XCache::Miss.of_entry(60, true),
+            "stampede-guard; fwd=uri-miss; stored; ttl=60"
+        );
+        assert_eq!(
+            XCache::Miss.of_entry(60, false),
+            "stampede-guard; fwd=uri-miss; ttl=60"
+        );
+        assert_eq!(XCache::Pass.forwarded(), "stampede-guard; fwd=uri-miss");
+        assert_eq!(XCache::Bypass.forwarded(), "stampede-guard; fwd=bypass");
+        assert_eq!(
+            XCache::Hit.of_entry(7200, false),
+            "stampede-guard; hit; ttl=7200"
+        );
+        for x in [
+            XCache::Hit,
+            XCache::Stale,
+            XCache::Miss,
+            XCache::Pass,
+            XCache::Bypass,
+        ] {
+            assert_eq!(x.value(), x.as_str());
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Garbage in Redis is a miss, never a panic: each kind of garbage, written by hand into
+//! each field of an entry and of a lease (and the keys beside them), and the request for
+//! that key is answered `200`, again and again, with no panic anywhere in the process
+//! (fill tasks included: a panic hook counts every one).
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use stampede_guard::Policy;
+use stampede_guard::entry::CachedResponse;
+use stampede_guard::lease::FencingToken;
+use support::RedisServer;
+use support::web::{Origin, get, instance, ready_guard, send};
+
+/// Panics anywhere in this test binary's process.
+static PANICS: AtomicU64 = AtomicU64::new(0);
+
+/// Numbers that no token of ours can be, and things that are not numbers.
+const NOT_TOKENS: &[&str] = &[
+    "1e300",
+    "inf",
+    "-inf",
+    "nan",
+    "-1",
+    "1.5",
+    "0x10",
+    "abc",
+    "",
+    " 5",
+    "99999999999999999999999",
+    "9007199254740993",
+    "18446744073709551615",
+];
+
+/// A valid entry's encoding, with `body`.
+fn encoded(body: &'static str) -> Vec<u8> {
+    CachedResponse {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+        body: Bytes::from_static(body.as_bytes()),
+        fresh_for: Duration::from_secs(60),
+        grace: Duration::ZERO,
+        keep: Duration::from_secs(60),
+        token: FencingToken::new(5),
+    }
+    .encode()
+}
+
+/// One way of planting garbage: Redis commands, given the key's names.
+struct Case {
+    what: String,
+    plant: Vec<Vec<Vec<u8>>>,
+}
+
+/// The names a case plants at: the entry, its invalidation token, its response's fence
+/// counter, its lease and the lease's fence counter.
+struct Names {
+    entry: String,
+    inval: String,
+    fence: String,
+    lease: String,
+    lease_fence: String,
+    vary: String,
+}
+
+fn cmd(parts: &[&[u8]]) -> Vec<Vec<u8>> {
+    parts.iter().map(|p| p.to_vec()).collect()
+}
+
+fn cases(n: &Names) -> Vec<Case> {
+    let valid = encoded("planted");
+    let mut truncated = valid.clone();
+    truncated.truncate(valid.len() - 3);
+    let mut other_version = valid.clone();
+    other_version[2] = 99;
+    let e = n.entry.as_bytes();
+    let mut cases = Vec::new();
+    let mut case = |what: String, plant: Vec<Vec<Vec<u8>>>| cases.push(Case { what, plant });
+    // Each field of the entry hash, beside valid others; with and without a TTL.
+    for t in NOT_TOKENS {
+        for ttl in [true, false] {
+            let mut plant = vec![cmd(&[b"HSET", e, b"t", t.as_bytes(), b"d", &valid])];
+            if ttl {
+                plant.push(cmd(&[b"PEXPIRE", e, b"60000"]));
+            }
+            case(format!("entry t = {t:?}, ttl {ttl}"), plant);
+        }
+    }
+    for (what, d) in [
+        ("garbage", b"garbage".to_vec()),
+        ("empty", Vec::new()),
+        ("truncated", truncated.clone()),
+        ("another version", other_version.clone()),
+    ] {
+        case(
+            format!("entry d {what}"),
+            vec![
+                cmd(&[b"HSET", e, b"t", b"5", b"d", &d]),
+                cmd(&[b"PEXPIRE", e, b"60000"]),
+            ],
+        );
+        case(
+            format!("entry m {what}"),
+            vec![
+                cmd(&[b"HSET", e, b"t", b"5", b"d", &valid, b"m", &d]),
+                cmd(&[b"PEXPIRE", e, b"60000"]),
+            ],
+        );
+    }
+    case(
+        "entry x beside data".to_owned(),
+        vec![cmd(&[b"HSET", e, b"t", b"5", b"d", &valid, b"x", b"yes"])],
+    );
+    case(
+        "entry without t".to_owned(),
+        vec![cmd(&[b"HSET", e, b"d", &valid])],
+    );
+    // The entry key, and every key beside it, of another type than ours.
+    for (name, key) in [
+        ("entry", &n.entry),
+        ("invalidation token", &n.inval),
+        ("fence counter", &n.fence),
+        ("lease", &n.lease),
+        ("lease fence counter", &n.lease_fence),
+        ("vary record", &n.vary),
+    ] {
+        let k = key.as_bytes();
+        case(format!("{name} a list"), vec![cmd(&[b"RPUSH", k, b"x"])]);
+        case(format!("{name} a set"), vec![cmd(&[b"SADD", k, b"x"])]);
+        if name != "entry" {
+            case(
+                format!("{name} a hash"),
+                vec![cmd(&[b"HSET", k, b"t", b"1e300"])],
+            );
+        }
+    }
+    // Every string key beside the entry holding what no token can be, with and without
+    // a TTL.
+    for (name, key) in [
+        ("invalidation token", &n.inval),
+        ("fence counter", &n.fence),
+        ("lease fence counter", &n.lease_fence),
+        ("lease", &n.lease),
+    ] {
+        for t in NOT_TOKENS {
+            let k = key.as_bytes();
+            case(
+                format!("{name} = {t:?}"),
+                vec![cmd(&[b"SET", k, t.as_bytes()])],
+            );
+            case(
+                format!("{name} = {t:?}, ttl"),
+                vec![cmd(&[b"SET", k, t.as_bytes(), b"PX", b"200"])],
+            );
+        }
+    }
+    // The record of names the response varies on: what no list of header names is.
+    let many: Vec<String> = (0..40).map(|i| format!("x-h{i}")).collect();
+    for names in [
+        "not a name".to_owned(),
+        String::new(),
+        ",,,".to_owned(),
+        many.join(","),
+        "accept,\u{7f}".to_owned(),
+    ] {
+        let k = n.vary.as_bytes();
+        case(
+            format!("vary record = {names:?}"),
+            vec![cmd(&[b"SET", k, names.as_bytes()])],
+        );
+    }
+    case(
+        "vary record of bytes that are not text".to_owned(),
+        vec![cmd(&[b"SET", n.vary.as_bytes(), &[0xff, 0xfe, b',']])],
+    );
+    cases
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_any_field_is_answered_and_never_panics() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        PANICS.fetch_add(1, Ordering::SeqCst);
+        previous(info);
+    }));
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::ZERO);
+    let policy = Policy::builder("items")
+        .fresh_ttl(Duration::from_secs(60))
+        .cold_wait(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let i = instance(ready_guard(&server).await, policy, origin.service()).await;
+    let mut conn = server.conn().await;
+    let names = |path: &str| {
+        let keys = i.layer.cache_keys(&get(path)).unwrap();
+        Names {
+            entry: keys.entry().to_owned(),
+            inval: keys.invalidated_key(),
+            fence: keys.primary_fence_key(),
+            lease: keys.lease().key().to_owned(),
+            lease_fence: keys.lease().fence_key().to_owned(),
+            vary: keys.vary_key(),
+        }
+    };
+    let count = cases(&names("/items/0")).len();
+    for n in 0..count {
+        let path = format!("/items/{n}");
+        let case = cases(&names(&path)).remove(n);
+        for command in &case.plant {
+            let mut planted = redis::cmd(std::str::from_utf8(&command[0]).unwrap());
+            for arg in &command[1..] {
+                planted.arg(arg.as_slice());
+            }
+            let _: redis::Value = planted.query_async(&mut conn).await.unwrap();
+        }
+        for attempt in 0..3 {
+            let got = send(&i.service, get(&path)).await;
+            assert_eq!(
+                got.status,
+                StatusCode::OK,
+                "{} (request {attempt}): {}",
+                case.what,
+                got.body
+            );
+            assert!(
+                got.body == "planted" || got.body.starts_with('v'),
+                "{}: {}",
+                case.what,
+                got.body
+            );
+        }
+        assert_eq!(
+            PANICS.load(Ordering::SeqCst),
+            0,
+            "a panic, at {}",
+            case.what
+        );
+    }
+    eprintln!("{count} kinds of garbage, each answered 200 three times, no panic");
+}

@@ -358,9 +358,10 @@ pub(crate) enum Ending {
 ///   tombstone's token (sent by the invalidation script);
 /// * `e {pass|error|gone} {ms} {entry key}`: a fill's lease ended without a write, and
 ///   what to make of the key for the next `ms`;
-/// * `v {route} {response} {name,name,...}`: a URL learned the headers its responses vary
-///   on (`response`: its local key, in hex; versions that learned per route sent
-///   `v {route} {name,name,...}`, read here without one);
+/// * `u {route} {response} {name,name,...}`: a URL learned the headers its responses vary
+///   on (`response`: its local key, in hex); versions that learned per route sent
+///   `v {route} {name,name,...}`, read here without a URL, and ignored (a tag of its
+///   own, so that such versions ignore these in turn);
 /// * `p {h|s} {µs} {tag id} {tag id}...`: tags were purged, hard or soft, at that time
 ///   of the server's clock (sent by the purge script).
 ///
@@ -415,7 +416,7 @@ impl std::fmt::Display for Notice<'_> {
                 write!(f, "e {how} {} {key}", lasting.as_millis())
             }
             Self::Learned(route, Some(response), names) => {
-                write!(f, "v {route} {response:032x} {}", names.join(","))
+                write!(f, "u {route} {response:032x} {}", names.join(","))
             }
             Self::Learned(route, None, names) => write!(f, "v {route} {}", names.join(",")),
             Self::Purged(how, at, ids) => {
@@ -474,17 +475,20 @@ impl<'a> Notice<'a> {
                     ids.split(' ').filter(|id| !id.is_empty()).collect(),
                 ))
             }
-            "v" => {
+            "u" => {
                 let (route, rest) = rest.split_once(' ')?;
-                let (response, names) = match rest.split_once(' ') {
-                    Some((response, names)) => {
-                        (Some(u128::from_str_radix(response, 16).ok()?), names)
-                    }
-                    None => (None, rest),
-                };
+                let (response, names) = rest.split_once(' ')?;
                 Some(Self::Learned(
                     route,
-                    response,
+                    Some(u128::from_str_radix(response, 16).ok()?),
+                    names.split(',').filter(|n| !n.is_empty()).collect(),
+                ))
+            }
+            "v" => {
+                let (route, names) = rest.split_once(' ')?;
+                Some(Self::Learned(
+                    route,
+                    None,
                     names.split(',').filter(|n| !n.is_empty()).collect(),
                 ))
             }

@@ -57,10 +57,9 @@ fn with(path: &str, name: &str, value: &str) -> web::Req {
 
 /// A holds the lease of a cold key, in the origin; 10 callers on B wait for its entry
 /// (with a cold wait of 10 s). A's answer cannot be stored (a 404, a private answer, a
-/// 500): B's callers are answered as soon as A's lease ends. After a 404 or a private
-/// answer they go to the origin themselves, and while the key is marked, B's next
-/// callers do so without waiting at all; after a 500, with nothing to stand in, B makes
-/// one call for all of them.
+/// 500): B's callers are answered as soon as A's lease ends, by one call of B's that
+/// they share (each of them asks for its own only when that answer is private); and
+/// while the key is marked, B's next callers go straight to the origin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn callers_elsewhere_are_answered_at_once_when_the_holder_writes_nothing() {
     let server = RedisServer::start();
@@ -129,10 +128,11 @@ async fn callers_elsewhere_are_answered_at_once_when_the_holder_writes_nothing()
             ended + 1,
             "{path}"
         );
-        // A's call, then: each of B's callers for itself where the answer cannot be
-        // shared (hit-for-pass); after a failure, with nothing to stand in, one fill of
-        // B's own without the lease, which the fleet holds off, for all of them.
-        let b_calls = if path == "/failing" { 1 } else { 10 };
+        // A's call, then one fill of B's own without the lease, for all its callers:
+        // its answer is shared, unless it is private (then each of B's other callers
+        // asks for one of its own). After a failure the fleet holds the lease off, and
+        // B's fill goes on without it.
+        let b_calls = if path == "/private" { 10 } else { 1 };
         assert_eq!(origin.calls(), before + 1 + b_calls, "{path}");
     }
     // Marked: the next callers go straight through, on both instances.

@@ -88,6 +88,30 @@ async fn an_instance_started_later_serves_the_variant_each_client_asks_for() {
     assert_eq!(calls.load(Ordering::SeqCst), 2, "origin calls");
 }
 
+/// Only a variant is stored (A's first client asked for JSON: the URL's own entry, which
+/// B would look at first, is not there): what A learned is read back from Redis, and B's
+/// first JSON client is served that variant with no call to the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_names_learned_are_read_back_from_redis() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicU64::new(0));
+    let a_guard = ready_guard(&server).await;
+    let a = serve(app(&a_guard, calls.clone())).await;
+    assert_eq!(fetch(a, "/doc/varies", &[JSON]).await.body, "{\"call\":1}");
+    let records = server.scan(&format!("{}*:vary", keys().prefix())).await;
+    assert_eq!(records.len(), 1, "one record of names: {records:?}");
+    let names: String = server.cmd(&["GET", &records[0]]).await;
+    assert_eq!(names, "accept");
+
+    let b = serve(app(&ready_guard(&server).await, calls.clone())).await;
+    let json = fetch(b, "/doc/varies", &[JSON]).await;
+    assert_eq!(json.body, "{\"call\":1}", "B's first JSON client");
+    assert_eq!(json.x_cache(), "hit");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "origin calls");
+    // A client without `Accept` has no entry yet: its own fill.
+    assert_eq!(fetch(b, "/doc/varies", &[]).await.body, "<p>call 2</p>");
+}
+
 /// Instance B hears nothing while A learns the `Vary` (its subscription is down: the
 /// notice is lost), and B never saw the URL vary: its first JSON client still gets JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,15 +60,16 @@ pub(crate) async fn l2_read_with_names(
     })
 }
 
-/// Keeps `names` as what the response of `keys` varies on, with what was kept already,
-/// for at least `keep` (see `scripts/vary.lua`).
+/// Keeps `names` as what the response of `keys` varies on, with what was kept already
+/// (at most `most` in all), for at least `keep` (see `scripts/vary.lua`).
 pub(crate) async fn l2_keep_names(
     store: &RedisStore,
     keys: &CacheKeys,
     names: &[&str],
+    most: usize,
     keep: Duration,
 ) -> Result<(), StoreError> {
-    scripts::keep_names(store, keys, names, keep).await
+    scripts::keep_names(store, keys, names, most, keep).await
 }
 
 /// An entry from its encoding, and the metadata a `304` renewed it with if any: that

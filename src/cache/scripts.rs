@@ -112,18 +112,20 @@ pub(crate) async fn read(
     })
 }
 
-/// Keeps `names` with those kept for the response of `keys`, for at least `keep` (see
-/// `vary.lua`).
+/// Keeps `names` with those kept for the response of `keys`, at most `most` in all, for
+/// at least `keep` (see `vary.lua`).
 pub(crate) async fn keep_names(
     store: &RedisStore,
     keys: &CacheKeys,
     names: &[&str],
+    most: usize,
     keep: Duration,
 ) -> Result<(), StoreError> {
     let mut invocation = VARY.prepare_invoke();
     invocation
         .key(keys.vary_key())
-        .arg(millis(keep.max(Duration::from_millis(1))));
+        .arg(millis(keep.max(Duration::from_millis(1))))
+        .arg(most);
     for name in names {
         invocation.arg(*name);
     }

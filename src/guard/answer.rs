@@ -231,7 +231,7 @@ where
 {
     let Some(response) = call_through(route, inner, request).await? else {
         route.stats.record(Event::OriginFailed);
-        return Ok(own_answer(route, Failure::Timeout));
+        return Ok(own_answer(route, Failure::Timeout, x_cache));
     };
     let mut response = response.map(ResponseBody::stream);
     mark_forwarded(response.headers_mut(), x_cache);
@@ -263,23 +263,29 @@ pub(crate) fn failed<B: Body>(
         return stale;
     }
     route.stats.record(Event::OriginFailed);
-    own_answer(route, failure)
+    own_answer(route, failure, XCache::Miss)
 }
 
-/// The guard's own answer to a failed origin: empty, `Retry-After` the route's error
-/// back-off (the fleet leaves the origin alone that long), `x-cache: miss` and a
-/// `cache-status` that says why.
-fn own_answer<B: Body>(route: &Route, failure: Failure) -> Response<ResponseBody<B>> {
+/// The guard's own answer to a failed origin, for a request that was to be answered
+/// `x_cache` (a fill's, `miss`; a pass-through's, `pass` or `bypass`): empty, `Retry-After`
+/// the route's error back-off, and a `cache-status` that says why.
+fn own_answer<B: Body>(
+    route: &Route,
+    failure: Failure,
+    x_cache: XCache,
+) -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::empty());
     *response.status_mut() = failure.status();
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, whole_seconds(route.policy.error_backoff));
-    headers.insert(X_CACHE_NAME, XCache::Miss.value());
-    let status = match failure {
-        Failure::Error => concat_status!("fwd=uri-miss; detail=origin-error"),
-        Failure::Timeout => concat_status!("fwd=uri-miss; detail=origin-timeout"),
-        Failure::Panicked => concat_status!("fwd=uri-miss; detail=origin-panicked"),
-        Failure::Cancelled => concat_status!("fwd=uri-miss; detail=fill-cancelled"),
+    headers.insert(X_CACHE_NAME, x_cache.value());
+    let status = match (x_cache, failure) {
+        (XCache::Bypass, _) => concat_status!("fwd=bypass; detail=origin-timeout"),
+        (_, Failure::Error) => concat_status!("fwd=uri-miss; detail=origin-error"),
+        (_, Failure::Timeout) => concat_status!("fwd=uri-miss; detail=origin-timeout"),
+        (_, Failure::LeaseLost) => concat_status!("fwd=uri-miss; detail=lease-lost"),
+        (_, Failure::Panicked) => concat_status!("fwd=uri-miss; detail=origin-panicked"),
+        (_, Failure::Cancelled) => concat_status!("fwd=uri-miss; detail=fill-cancelled"),
     };
     headers.insert(CACHE_STATUS_NAME, HeaderValue::from_static(status));
     response
@@ -290,9 +296,9 @@ fn whole_seconds(duration: Duration) -> HeaderValue {
     HeaderValue::from(duration.as_secs_f64().ceil().max(1.0) as u64)
 }
 
-/// The origin is left alone and the caller need not wait: the entry that may stand in,
-/// or `503` with the route's `Retry-After` (on a route that passes cold misses through,
-/// the back-off's).
+/// The caller need not wait for a fill that leaves the origin alone: the entry that may
+/// stand in, or `503` with the route's `Retry-After` (on a route that passes cold misses
+/// through, the back-off's).
 pub(crate) fn stood_aside<B: Body>(
     route: &Route,
     fallback: &Option<Arc<Stored>>,

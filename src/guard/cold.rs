@@ -25,7 +25,7 @@ use super::answer::{
 };
 use super::body::ResponseBody;
 use super::conditional;
-use super::fill::{Answered, Fill, Kept, lease_unavailable, not_stored};
+use super::fill::{Answered, Fill, Kept, Stopped, lease_unavailable, not_stored};
 use super::flight::{Failure, Joined, Landed, Lead, Own, Waiting};
 use super::marks::Mark;
 use super::origin::{
@@ -219,7 +219,10 @@ pub(crate) async fn landed<B: OriginBody, E>(
             }
         }
         Landed::StoodAside => Next::Answer(stood_aside(route, fallback)),
-        Landed::Rekey => Next::Rekey,
+        Landed::Rekey => match own.take() {
+            Some(own) => answer_own(route, own),
+            None => Next::Rekey,
+        },
     }
 }
 
@@ -242,7 +245,7 @@ fn longest_fill(route: &Route) -> Duration {
     let policy = &route.policy;
     policy.refresh_timeout
         + policy.cold_wait * 2
-        + route.shared.store.command_timeout() * 8
+        + route.shared.store.command_timeout() * 16
         + Duration::from_micros(policy.max_body as u64 / 32) * 2
         + Duration::from_millis(100)
 }
@@ -344,7 +347,10 @@ where
         revalidate.filter(|current| conditional::ask_if_changed(&mut request, &current.response));
     let (fill, origin) = match fill.call(inner, request).await {
         Answered::Called(fill, origin) => (fill, origin),
-        Answered::Stopped => return (Landed::Failed(Failure::Timeout), None),
+        Answered::Stopped(Stopped::AtMaximum) => return (Landed::Failed(Failure::Timeout), None),
+        Answered::Stopped(Stopped::LeaseLost) => {
+            return (Landed::Failed(Failure::LeaseLost), None);
+        }
     };
     if revalidate.is_some() {
         counted_revalidation(&route, &origin);
@@ -361,8 +367,8 @@ where
     };
     match (origin, revalidate, renews) {
         (Called::Read(Read::Whole { head, .. }), Some(current), Some(true)) => {
-            match fill.renew(&current, head).await {
-                Some(put) => {
+            match fill.renew(&current, head, &asked).await {
+                Ok(put) => {
                     let renewed = Landed::Entry {
                         stored: put.entry().clone(),
                         kept: put.is_kept(),
@@ -370,8 +376,16 @@ where
                     };
                     (renewed, None)
                 }
-                // Ended already: the callers ask the origin themselves.
-                None => (Landed::Pass, None),
+                // Renewed, it may not be stored (ended already): the renewed answer goes
+                // to its callers as any answer that may not be stored does.
+                Err((renewed, why)) => not_kept(
+                    &route,
+                    renewed,
+                    current.response.body.clone(),
+                    why,
+                    false,
+                    asked,
+                ),
             }
         }
         (_, _, Some(_)) => {
@@ -422,6 +436,13 @@ async fn answered<B: OriginBody, E>(
                         }
                         Kept::NotStored { head, body, why } => {
                             not_kept(route, head, body, why, false, asked)
+                        }
+                        // Another variant's, which someone else fills or filled: its
+                        // caller has it; the others look again under their own keys.
+                        Kept::Elsewhere { head, body } => {
+                            let (parts, ()) = head.into_parts();
+                            let response = Response::from_parts(parts, ResponseBody::full(body));
+                            (Landed::Rekey, Some(Ok(response)))
                         }
                     };
                 }
@@ -474,7 +495,14 @@ fn not_kept<B: Body, E>(
     let credentials = route.policy.allow_authorization || route.policy.allow_cookies;
     if why.is_private() || credentials {
         let response = Response::from_parts(parts, ResponseBody::full(body));
-        (Landed::Pass, Some(Ok(response)))
+        // A failure the others may not be given: they are not sent to an origin that
+        // just failed, each on its own, but get what may stand in, or the guard's 502.
+        let others = if failure {
+            Landed::Failed(Failure::Error)
+        } else {
+            Landed::Pass
+        };
+        (others, Some(Ok(response)))
     } else {
         let shared = Landed::Shared {
             response: Arc::new(Buffered {
@@ -619,7 +647,10 @@ async fn claim(
                 route.stats.cold_wait_seconds.record(since.elapsed());
                 return match woke {
                     Woke::Entry(stored) => Claimed::Landed(stored),
-                    Woke::Ended(Ended::Pass) => Claimed::Done(Landed::Pass),
+                    // Its answer may not be stored, and whether it could be shared is not
+                    // said: one call of this process finds out for all its callers (a
+                    // private answer then sends the others on their own).
+                    Woke::Ended(Ended::Pass) => local(route.shared.budget.try_take()),
                     // The lease is held off now: the next look decides.
                     Woke::Ended(Ended::BackedOff) if !stand_aside => continue,
                     Woke::Ended(Ended::BackedOff) => Claimed::Done(Landed::StoodAside),

@@ -29,7 +29,7 @@ use super::directives::{Lifetimes, lifetimes};
 use super::marks::Mark;
 use super::origin::{Called, FillBody, Inner, OriginBody, call_origin};
 use super::route::Route;
-use super::vary::TooMany;
+use super::vary::{Check, TooMany};
 use crate::cache::{Freshness, L2Read, Renewal, Stored, l2_read, l2_revalidate, l2_write};
 use crate::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
@@ -68,9 +68,17 @@ pub(crate) struct Fill {
 pub(crate) enum Answered<B: http_body::Body, E> {
     /// The origin answered, or failed: the fill goes on, with that.
     Called(Fill, Called<B, E>),
-    /// The watchdog stopped the call (the lease was lost, or reached its maximum): the
-    /// fill has ended, and nothing may be written.
-    Stopped,
+    /// The watchdog stopped the call: the fill has ended, and nothing may be written.
+    Stopped(Stopped),
+}
+
+/// Why the watchdog stopped a fill's call to the origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// The call ran past the watchdog's maximum.
+    AtMaximum,
+    /// A renewal found the lease someone else's.
+    LeaseLost,
 }
 
 /// What became of a storable answer.
@@ -84,6 +92,9 @@ pub(crate) enum Kept {
         body: Bytes,
         why: NotStored,
     },
+    /// The answer is another variant's than the fill's callers', and someone else fills
+    /// (or filled) that variant: not stored here; the fill has ended.
+    Elsewhere { head: Response<()>, body: Bytes },
 }
 
 /// Where an entry went, and which one its callers get.
@@ -193,14 +204,17 @@ impl Fill {
                 route.stats.record(Event::ExpiredWhileWorking);
                 match lost {
                     // Someone else's now, and filled by them: nothing of ours to end.
-                    LeaseLost::NotOwner => self.claim = None,
+                    LeaseLost::NotOwner => {
+                        self.claim = None;
+                        Answered::Stopped(Stopped::LeaseLost)
+                    }
                     _ => {
                         // Past the watchdog's maximum: the origin did not answer in time.
                         route.stats.record(Event::OriginTimeout);
                         self.end(Ending::Error).await;
+                        Answered::Stopped(Stopped::AtMaximum)
                     }
                 }
-                Answered::Stopped
             }
         }
     }
@@ -227,7 +241,7 @@ impl Fill {
             return self.not_kept(head, body, NotStored::VaryUnkeyed).await;
         };
         if own == self.keys {
-            let put = self.store(head, body).await;
+            let put = self.store(head, body, asked).await;
             return Kept::Stored {
                 put,
                 rekeyed: false,
@@ -251,24 +265,20 @@ impl Fill {
                     Acquire::Outcome(AcquireOutcome::Acquired(lease)) => {
                         Fill::leased(&route, own, lease, None)
                     }
-                    // Someone stored that variant meanwhile, fills it already, or Redis
-                    // failed: the answer goes to its callers unstored.
-                    other => {
-                        if let Acquire::Outcome(other) = other
-                            && !matches!(other, AcquireOutcome::Busy { .. })
-                        {
-                            lease_unavailable(&route, other);
-                        }
-                        return Kept::NotStored {
-                            head,
-                            body,
-                            why: NotStored::VaryUnkeyed,
-                        };
+                    // Someone stored that variant meanwhile, or fills it already: the
+                    // answer goes to its caller unstored.
+                    Acquire::Written | Acquire::Outcome(AcquireOutcome::Busy { .. }) => {
+                        return Kept::Elsewhere { head, body };
+                    }
+                    // Redis failed: stored here only.
+                    Acquire::Outcome(other) => {
+                        lease_unavailable(&route, other);
+                        Fill::local(&route, own, FencingToken::new(1), None)
                     }
                 }
             }
         };
-        let put = fill.store(head, body).await;
+        let put = fill.store(head, body, asked).await;
         Kept::Stored { put, rekeyed: true }
     }
 
@@ -304,8 +314,8 @@ impl Fill {
         matches!(self.claim, Some(Claim::Leased(_)))
     }
 
-    /// Stores a response under the fill's keys.
-    async fn store(self, head: Response<()>, body: Bytes) -> Put {
+    /// Stores a response to `asked` under the fill's keys.
+    async fn store(self, head: Response<()>, body: Bytes, asked: &Request<()>) -> Put {
         let (parts, ()) = head.into_parts();
         let policy = &self.route.policy;
         // Read before `Age` is stripped.
@@ -319,7 +329,7 @@ impl Fill {
         // Already a copy of its own: `read` gathers the body's frames into one buffer of
         // its exact size.
         let stored = self.entry_of(parts.status, headers, body, life);
-        self.put(stored, Write::Whole).await
+        self.put(stored, Write::Whole, asked).await
     }
 
     /// Renews `current`, which the origin said is unchanged (a `304` to a conditional
@@ -327,10 +337,16 @@ impl Fill {
     /// a lease, only its metadata is written to L2 (fenced as a whole write is), unless
     /// the entry there is not `current` any more: then the whole entry is written.
     ///
-    /// `None` when the renewed entry may not be stored (the `304` made it private, gave
-    /// it a cookie, or a `Vary` this key does not cover): the fill ends as for any answer
-    /// that may not be stored, and the entry is left as it was.
-    pub(crate) async fn renew(self, current: &Stored, not_modified: Response<()>) -> Option<Put> {
+    /// When the renewed entry may not be stored (the `304` made it private, gave it a
+    /// cookie, or a `Vary` this key does not cover), the fill ends as for any answer that
+    /// may not be stored, the entry is left as it was, and the renewed head is given back
+    /// with why.
+    pub(crate) async fn renew(
+        self,
+        current: &Stored,
+        not_modified: Response<()>,
+        asked: &Request<()>,
+    ) -> Result<Put, (Response<()>, NotStored)> {
         let route = &self.route;
         let cached = &current.response;
         let mut headers = conditional::renewed_headers(&cached.headers, not_modified.headers());
@@ -348,7 +364,7 @@ impl Fill {
         if let Some(why) = why {
             not_stored(route, why);
             self.end(Ending::Pass).await;
-            return None;
+            return Err((renewed, why));
         }
         route.stats.record(Event::Revalidated);
         headers = std::mem::take(renewed.headers_mut());
@@ -362,7 +378,7 @@ impl Fill {
         } else {
             Write::Whole
         };
-        Some(self.put(stored, write).await)
+        Ok(self.put(stored, write, asked).await)
     }
 
     /// The entry of a response to store under the fill's claim, fresh from now for
@@ -397,9 +413,9 @@ impl Fill {
         })
     }
 
-    /// Puts an entry in the caches: under a lease, the fenced write to L2 (which
-    /// releases the lease), then L1; without one, L1 only.
-    async fn put(mut self, stored: Arc<Stored>, write: Write) -> Put {
+    /// Puts an entry (the answer to `asked`) in the caches: under a lease, the fenced
+    /// write to L2 (which releases the lease), then L1; without one, L1 only.
+    async fn put(mut self, stored: Arc<Stored>, write: Write, asked: &Request<()>) -> Put {
         let route = self.route.clone();
         let Some(Claim::Leased(lease)) = self.claim.take() else {
             route.shared.marks.clear(self.keys.entry());
@@ -462,14 +478,16 @@ impl Fill {
                     "fenced write refused: a newer lease or entry exists"
                 );
                 // What Redis holds serves the fill's callers only if it may serve at all:
-                // newer than the fill's, not past its grace, and not purged since. Else
-                // (an invalidation refused the write, or the newer entry is gone, or a
-                // purge reached it) the fill's own answer goes to them, stored nowhere.
+                // newer than the fill's, not past its grace, not purged since, and by its
+                // own `Vary` an answer to what the fill asked. Else (an invalidation
+                // refused the write, or the newer entry is gone, or a purge reached it)
+                // the fill's own answer goes to them, stored nowhere.
                 if let Ok(L2Read::Found(newer)) =
                     l2_read(&shared.store, keys, route.policy.max_body).await
                     && newer.response.token > stored.response.token
                     && newer.freshness() != Freshness::Expired
                     && route.purge_of(&newer).is_none()
+                    && matches!(route.check(&newer, keys, asked.headers()), Check::Serves)
                 {
                     route.put_l1(keys, newer.clone()).await;
                     return Put::Newer(newer);

@@ -68,9 +68,11 @@ pub(crate) enum Landed {
 pub(crate) enum Failure {
     /// The inner service's error, or its body failed mid-read: `502`.
     Error,
-    /// No answer within the refresh timeout (or the watchdog's maximum), or the lease was
-    /// lost while calling: `504`.
+    /// No answer within the refresh timeout (or the watchdog's maximum): `504`.
     Timeout,
+    /// The watchdog found the lease someone else's while the origin was called (the
+    /// call was stopped; the new holder fills): `504`.
+    LeaseLost,
     /// The fill panicked: `502`.
     Panicked,
     /// The fill's task was cancelled (its runtime went away): `503`.
@@ -82,7 +84,7 @@ impl Failure {
     pub(crate) fn status(self) -> http::StatusCode {
         match self {
             Self::Error | Self::Panicked => http::StatusCode::BAD_GATEWAY,
-            Self::Timeout => http::StatusCode::GATEWAY_TIMEOUT,
+            Self::Timeout | Self::LeaseLost => http::StatusCode::GATEWAY_TIMEOUT,
             Self::Cancelled => http::StatusCode::SERVICE_UNAVAILABLE,
         }
     }

@@ -50,11 +50,12 @@
 //!   one filler, and callers on other instances wait at most the route's cold wait for
 //!   its entry, woken by its notice. When the filler's lease ends without an entry, its
 //!   notice says so and they stop waiting at once: after an answer that may not be
-//!   stored they go to the origin themselves (and so do the key's callers for the
-//!   route's hit-for-pass time, `x-cache: pass`); after an origin failure, while the
-//!   fleet backs off, they get an entry that may stand in (stale-if-error) at once, or a
-//!   503 on a route that rejects, or else share one call at a time of their process to
-//!   the origin (without the lease).
+//!   stored, their fill asks the origin once for all of them (and the key's later
+//!   callers go straight to it for the route's hit-for-pass time, `x-cache: pass`);
+//!   after an origin failure, while the fleet backs off, they get an entry that may
+//!   stand in (stale-if-error) at once, or a 503 on a route that rejects, or else share
+//!   one call at a time of their process to the origin (without the lease). However a
+//!   fill ends, its callers share it (see "Every way a fill ends" below).
 //! * A **conditional** request (`If-None-Match`, `If-Modified-Since`) that the entry it
 //!   is answered from meets gets `304` (`guard::conditional`); a refresh of an entry with a
 //!   validator asks the origin the same way, and a `304` renews the entry with its body.
@@ -66,21 +67,22 @@
 //! # Every way a fill ends
 //!
 //! No ending turns the callers that waited into concurrent calls to the origin, but one:
-//! an answer private to the caller that led, since each other caller needs one of its
-//! own.
+//! an answer private to the caller that led (or too large to buffer), since each other
+//! caller needs one of its own.
 //!
 //! | ending | the caller that led | every other waiter |
 //! | --- | --- | --- |
 //! | stored (by this fill, or landed meanwhile here or from another instance) | the entry (`miss`) | the entry, if its headers ask for that variant; else it looks again under its own key |
-//! | not storable, not private (a status that is not cached, `no-store`, a 5xx) | the answer (`pass`) | the same answer, if its variant; a 5xx is an origin error: an entry that may stand in is served instead |
-//! | private to its caller (`private`, `Set-Cookie`, credentials forwarded) or too large to buffer | its own answer (`pass`) | asks the origin itself (`pass`); later callers pass at once for the route's hit-for-pass time |
+//! | not storable, not private (a status that is not cached, `no-cache` on a route that does not follow the origin, a 5xx) | the answer (`pass`) | the same answer, if its variant; a 5xx is an origin error: an entry that may stand in is served instead |
+//! | private to its caller (`private`, `Set-Cookie`, `no-store`, `Vary: *` or more names than a URL may learn; anything on a route that forwards credentials) or too large to buffer | its own answer (`pass`) | asks the origin itself (`pass`); later callers pass at once for the route's hit-for-pass time; a private 5xx: an entry that may stand in, else `502` |
+//! | another variant's (the answer varies on a header the waiters' key did not include), which another fill stores | its own answer (`pass`) | looks again under its own key |
 //! | origin error (the inner service's error, or its body failed mid-read) | the error, or the answer as far as it came | an entry that may stand in, else `502` (the guard's own) |
 //! | origin timeout (the refresh timeout; the watchdog's maximum) | an entry that may stand in, else `504` | the same |
 //! | write refused (a newer lease or entry exists) | the newer entry if it may serve (newer than the fill's, unexpired, not purged), else the fill's own answer, not stored | the same |
-//! | lease lost while calling (the watchdog found another owner) | an entry that may stand in, else `504` | the same |
+//! | lease lost while calling (the watchdog found another owner) | an entry that may stand in, else `504` (`detail=lease-lost`) | the same |
 //! | backed off (the origin just failed, here or elsewhere), over budget, or another instance's fill did not land within the cold wait | with an entry that may stand in, or on a route that rejects, that entry or `503`; else the fill goes to the origin itself (without the lease or a budget slot): one call for all its callers, whose answer ends the fill as above | the same |
 //! | the URL learned a `Vary` header meanwhile | looks again under its new key | the same |
-//! | the key's answers may not be stored (another instance's fill said so) | asks the origin itself | the same |
+//! | another instance's fill ended with an answer that may not be stored | the fill calls the origin itself, once, and ends as above | the same |
 //! | panicked (the origin's future, or the fill) | an entry that may stand in, else `502`; the lease is held off as after a failure | the same |
 //! | cancelled (the runtime went away) | an entry that may stand in, else `503` | the same |
 //!

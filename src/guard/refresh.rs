@@ -251,7 +251,7 @@ where
     let conditional = conditional::ask_if_changed(&mut request, &current.response);
     let (fill, origin) = match fill.call(inner, request).await {
         Answered::Called(fill, origin) => (fill, origin),
-        Answered::Stopped => return failed,
+        Answered::Stopped(_) => return failed,
     };
     if conditional {
         counted_revalidation(&route, &origin);
@@ -267,7 +267,7 @@ where
             if conditional && head.status() == StatusCode::NOT_MODIFIED =>
         {
             if conditional::is_about(&current.response, head.headers()) {
-                if fill.renew(&current, head).await.is_none() {
+                if fill.renew(&current, head, &asked).await.is_err() {
                     // Ended already.
                     route.stats.record(Event::RefreshNotStored);
                     return failed;
@@ -286,6 +286,8 @@ where
                     }
                     return None;
                 }
+                // Another variant's, filled by someone else: nothing failed.
+                Kept::Elsewhere { .. } => return None,
                 // Ended already.
                 Kept::NotStored { .. } => {
                     route.stats.record(Event::RefreshNotStored);

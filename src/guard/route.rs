@@ -106,8 +106,16 @@ impl Route {
                 }
                 // It varies on a header the request sends: known here already, unless
                 // the entry came from another instance's fill.
-                let _ = self.learned.learn(response, vary);
-                self.learned.names(response)
+                let names = self.learned.names(response);
+                if names
+                    .as_deref()
+                    .is_some_and(|known| vary.iter().all(|n| known.contains(n)))
+                {
+                    names
+                } else {
+                    let _ = self.learned.learn(response, vary);
+                    self.learned.names(response)
+                }
             }
             None if !self.learned.any() => return (own, None),
             None => self.learned.names(response),
@@ -204,7 +212,8 @@ impl Route {
             return;
         }
         let strings: Vec<&str> = names.iter().map(HeaderName::as_str).collect();
-        let kept = l2_keep_names(&shared.store, keys, &strings, self.entries_live()).await;
+        let most = vary::MAX_LEARNED;
+        let kept = l2_keep_names(&shared.store, keys, &strings, most, self.entries_live()).await;
         let notice = Notice::Learned(&self.policy.route, Some(keys.local.response), strings);
         let told = shared.notices.publish(&shared.store, &notice).await;
         if kept.is_err() || told.is_err() {

@@ -345,3 +345,36 @@ async fn within_purge(guard: &stampede_guard::StampedeGuard) {
         .await
         .unwrap();
 }
+
+/// HEAD requests on a cold key join the fill of the GET they are answered from (as a
+/// cache converts them): one origin call for all of them, each answered without a body,
+/// and the GET that follows is a hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_on_a_cold_key_share_one_fill() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let layer = guard
+        .layer(policy(Duration::from_secs(5), Duration::from_secs(5)))
+        .unwrap();
+    let counts = Arc::new(Counting::default());
+    let addr = serve(app(
+        layer,
+        Origin::Slow(Duration::from_millis(300)),
+        counts.clone(),
+    ))
+    .await;
+    let tasks = (0..50)
+        .map(|_| {
+            tokio::spawn(async move { support::http::fetch_method(addr, "HEAD", "/hot").await })
+        })
+        .collect();
+    for got in all_within(tasks, support::HANG, "the HEADs").await {
+        assert_eq!(got.status, StatusCode::OK);
+        assert_eq!(got.body, "");
+        assert_eq!(got.headers[header::CONTENT_LENGTH], "4");
+    }
+    assert_eq!(counts.calls(), 1, "origin calls");
+    let get = fetch(addr, "/hot", &[]).await;
+    assert_eq!((get.body.as_str(), get.x_cache()), ("late", "hit"));
+    assert_eq!(counts.calls(), 1, "origin calls");
+}

@@ -132,9 +132,13 @@ pub(crate) fn serve<B: Body>(
 
 /// The answer from the entry a fill came to: `kept` when it is in the caches (else it
 /// is the fill's own answer, after its write was refused).
-pub(crate) fn serve_filled<B: Body>(stored: &Stored, kept: bool) -> Response<ResponseBody<B>> {
+pub(crate) fn serve_filled<B: Body>(
+    stored: &Stored,
+    kept: bool,
+    kind: Kind,
+) -> Response<ResponseBody<B>> {
     let age = stored.age();
-    let mut response = Response::new(ResponseBody::full(stored.response.body.clone()));
+    let mut response = Response::new(body_for(kind, &stored.response.body));
     *response.status_mut() = stored.response.status;
     *response.headers_mut() = stored.answer_headers(
         age_value(age.as_secs()),
@@ -152,11 +156,7 @@ pub(crate) fn serve_aged<B: Body>(
     x_cache: XCache,
 ) -> Response<ResponseBody<B>> {
     let cached = &stored.response;
-    let body = match kind {
-        Kind::Get => ResponseBody::full(cached.body.clone()),
-        Kind::Head => ResponseBody::empty(),
-    };
-    let mut response = Response::new(body);
+    let mut response = Response::new(body_for(kind, &cached.body));
     *response.status_mut() = cached.status;
     *response.headers_mut() = stored.answer_headers(
         age_value(age.as_secs()),
@@ -199,9 +199,20 @@ fn ttl(stored: &Stored, age: Duration) -> i64 {
     }
 }
 
+/// The body of an answer of `kind` from a whole `body`: none for a HEAD.
+fn body_for<B: Body>(kind: Kind, body: &bytes::Bytes) -> ResponseBody<B> {
+    match kind {
+        Kind::Get => ResponseBody::full(body.clone()),
+        Kind::Head => ResponseBody::empty(),
+    }
+}
+
 /// An answer of the origin that was not stored, for one more of its waiters.
-pub(crate) fn serve_buffered<B: Body>(buffered: &Buffered) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(ResponseBody::full(buffered.body.clone()));
+pub(crate) fn serve_buffered<B: Body>(
+    buffered: &Buffered,
+    kind: Kind,
+) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(body_for(kind, &buffered.body));
     *response.status_mut() = buffered.status;
     *response.headers_mut() = buffered.headers.clone();
     mark_forwarded(response.headers_mut(), XCache::Pass);
@@ -238,10 +249,11 @@ where
     Ok(response)
 }
 
-/// The entry that may stand in for a failed origin, as a response.
+/// The entry that may stand in for a failed origin, as a response of `kind`.
 pub(crate) fn usable_on_error<B: Body>(
     route: &Route,
     fallback: &Option<Arc<Stored>>,
+    kind: Kind,
 ) -> Option<Response<ResponseBody<B>>> {
     let stored = fallback.as_ref()?;
     if !route.serves_on_error(stored) {
@@ -249,7 +261,7 @@ pub(crate) fn usable_on_error<B: Body>(
     }
     route.stats.record(Event::StaleIfError);
     route.stats.record(Event::Stale);
-    Some(serve(stored, Kind::Get, XCache::Stale))
+    Some(serve(stored, kind, XCache::Stale))
 }
 
 /// The origin failed with nothing of its to share: the entry that may stand in, or the
@@ -258,8 +270,9 @@ pub(crate) fn failed<B: Body>(
     route: &Route,
     fallback: &Option<Arc<Stored>>,
     failure: Failure,
+    kind: Kind,
 ) -> Response<ResponseBody<B>> {
-    if let Some(stale) = usable_on_error(route, fallback) {
+    if let Some(stale) = usable_on_error(route, fallback, kind) {
         return stale;
     }
     route.stats.record(Event::OriginFailed);
@@ -302,8 +315,9 @@ fn whole_seconds(duration: Duration) -> HeaderValue {
 pub(crate) fn stood_aside<B: Body>(
     route: &Route,
     fallback: &Option<Arc<Stored>>,
+    kind: Kind,
 ) -> Response<ResponseBody<B>> {
-    if let Some(stale) = usable_on_error(route, fallback) {
+    if let Some(stale) = usable_on_error(route, fallback, kind) {
         return stale;
     }
     route.stats.record(Event::Rejected);

@@ -129,12 +129,14 @@ where
 }
 
 /// Waits for the key's fill and turns how it landed into what this caller (with
-/// request `headers`, and `fallback`) does.
+/// request `headers`, and `fallback`) does; a HEAD (`kind`) is answered from the GET the
+/// fill made.
 pub(crate) async fn landed<B: OriginBody, E>(
     route: &Arc<Route>,
     flight: Flight<B, E>,
     keys: &CacheKeys,
     headers: &http::HeaderMap,
+    kind: Kind,
     fallback: &Option<Arc<Stored>>,
 ) -> Next<B, E> {
     let Flight { waiting, own } = flight;
@@ -148,14 +150,14 @@ pub(crate) async fn landed<B: OriginBody, E>(
                 Err(_) => {
                     route.stats.record(Event::SoftTimeout);
                     route.stats.record(Event::Stale);
-                    return Next::Answer(serve(stale, Kind::Get, XCache::Stale));
+                    return Next::Answer(serve(stale, kind, XCache::Stale));
                 }
             }
         }
         _ => match tokio::time::timeout(longest_fill(route), waiting.landed()).await {
             Ok(landed) => landed,
             // Far past what the fill can take: it is stuck somewhere.
-            Err(_) => return Next::Answer(failed(route, fallback, Failure::Timeout)),
+            Err(_) => return Next::Answer(failed(route, fallback, Failure::Timeout, kind)),
         },
     };
     // What only this caller may have, if it led: sent before the flight ended.
@@ -187,14 +189,14 @@ pub(crate) async fn landed<B: OriginBody, E>(
                 return Next::Rekey;
             }
             route.stats.record(Event::Miss);
-            Next::Answer(serve_filled(stored, *kept))
+            Next::Answer(serve_filled(stored, *kept, kind))
         }
         Landed::Shared {
             response,
             failure,
             origin_saw,
         } => {
-            if *failure && let Some(stale) = usable_on_error(route, fallback) {
+            if *failure && let Some(stale) = usable_on_error(route, fallback, kind) {
                 return Next::Answer(stale);
             }
             if !is_leader && !rules::same_variant(&response.headers, origin_saw.headers(), headers)
@@ -202,36 +204,40 @@ pub(crate) async fn landed<B: OriginBody, E>(
                 return Next::Rekey;
             }
             route.stats.record(Event::Pass);
-            Next::Answer(serve_buffered(response))
+            Next::Answer(serve_buffered(response, kind))
         }
         Landed::Pass => match own.take() {
-            Some(own) => answer_own(route, own),
+            Some(own) => answer_own(route, own, kind),
             // Private to the caller that made it: this one asks the origin itself.
             None => Next::PassThrough,
         },
         Landed::Failed(failure) => {
-            if let Some(stale) = usable_on_error(route, fallback) {
+            if let Some(stale) = usable_on_error(route, fallback, kind) {
                 return Next::Answer(stale);
             }
             match own.take() {
-                Some(own) => answer_own(route, own),
-                None => Next::Answer(failed(route, fallback, *failure)),
+                Some(own) => answer_own(route, own, kind),
+                None => Next::Answer(failed(route, fallback, *failure, kind)),
             }
         }
-        Landed::StoodAside => Next::Answer(stood_aside(route, fallback)),
+        Landed::StoodAside => Next::Answer(stood_aside(route, fallback, kind)),
         Landed::Rekey => match own.take() {
-            Some(own) => answer_own(route, own),
+            Some(own) => answer_own(route, own, kind),
             None => Next::Rekey,
         },
     }
 }
 
-/// The answer only the caller that led may have, as its answer.
-fn answer_own<B: Body, E>(route: &Route, own: Own<B, E>) -> Next<B, E> {
+/// The answer only the caller that led may have, as its answer (without its body, to
+/// a HEAD).
+fn answer_own<B: Body, E>(route: &Route, own: Own<B, E>, kind: Kind) -> Next<B, E> {
     match own {
         Ok(mut response) => {
             route.stats.record(Event::Pass);
             mark_forwarded(response.headers_mut(), XCache::Pass);
+            if kind == Kind::Head {
+                response = response.map(|_| ResponseBody::empty());
+            }
             Next::Answer(response)
         }
         Err(error) => Next::Error(error),

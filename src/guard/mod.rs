@@ -88,7 +88,14 @@
 //!
 //! After a failure the fleet backs off for the route's error back-off: callers that
 //! come later get an entry that may stand in at once, and otherwise share the next fill,
-//! one at a time per process.
+//! one at a time per process. A HEAD on a cold key joins the fill of the GET it is
+//! answered from, and gets its answer without the body.
+//!
+//! What never waits for a fill goes to the origin on its own, each call bounded by the
+//! route's pass timeout: requests the route does not cache (`bypass`), the callers of a
+//! key whose last answer could not be stored, for the route's hit-for-pass time
+//! (`pass`), and a request whose key changed three times while it waited (its URL kept
+//! learning `Vary` headers).
 //!
 //! # What reaches the origin
 //!

@@ -22,7 +22,7 @@ use super::vary::{self, Check};
 use crate::cache::{Instant, L2Read, Stored, l2_read_with_names};
 use crate::keys::CacheKeys;
 use crate::metrics::Event;
-use crate::rules::{self, Asked, Kind};
+use crate::rules::{self, Asked};
 
 /// The middleware of one route; see the [module docs](super) for the request path.
 ///
@@ -273,7 +273,7 @@ where
             }
             // The origin just failed for it: what may stand in, does, at once.
             Some(Mark::BackOff) => {
-                if let Some(stale) = usable_on_error(&route, &fallback) {
+                if let Some(stale) = usable_on_error(&route, &fallback, asked.kind) {
                     return Ok(stale);
                 }
             }
@@ -349,11 +349,6 @@ where
             }
         }
 
-        if asked.kind == Kind::Head {
-            // A HEAD cannot fill the GET entry it would be answered from.
-            route.stats.record(Event::Pass);
-            return passthrough(&route, inner, request, XCache::Pass).await;
-        }
         if !route.same_names(&keys) && rekeys < MAX_REKEYS {
             // The URL learned a `Vary` header since the key was made: this caller's
             // entry has another key now (a fill may have stored it already).
@@ -373,7 +368,16 @@ where
             wait,
         };
         let flight = join(&route, &inner, caller);
-        match landed(&route, flight, &keys, request.headers(), &fallback).await {
+        // (A HEAD joins the fill of the GET it is answered from, as a cache converts it.)
+        let landed = landed(
+            &route,
+            flight,
+            &keys,
+            request.headers(),
+            asked.kind,
+            &fallback,
+        );
+        match landed.await {
             Next::Answer(response) => return Ok(response),
             Next::Error(error) => return Err(error),
             Next::PassThrough => {

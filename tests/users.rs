@@ -594,6 +594,9 @@ async fn after_the_subscription_comes_back_l1_entries_are_not_served_as_fresh() 
     let service = &a.service;
     let got = send(service, get("/items/1")).await;
     assert_eq!((got.x_cache(), got.body.as_str()), ("stale", "v1"));
+    // Fresh by its lifetime, stale here: `cache-status` says so too (no freshness left).
+    let status = got.headers["cache-status"].to_str().unwrap();
+    assert_eq!(status, "stampede-guard; hit; ttl=0", "x-cache and cache-status agree");
     assert!(
         eventually(Duration::from_secs(5), || async {
             send(service, get("/items/1")).await.body == "v2"

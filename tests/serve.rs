@@ -413,9 +413,16 @@ async fn callers_elsewhere_stop_waiting_when_the_holder_writes_nothing_through_a
     }
     let took = opened.elapsed();
     assert!(took < Duration::from_secs(5), "B's callers took {took:?}");
-    // A's call, then one of B's for all its callers: a 404 is not stored, but it is
-    // not private either, and B's fill shares it.
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // A's call, then one of B's for all the callers that waited: a 404 is not stored,
+    // but it is not private either, and B's fill shares it. A caller that reached B only
+    // after that (a loaded machine is slow to connect twenty clients) finds the key
+    // marked hit-for-pass and makes a call of its own, counted as such.
+    let late = apps[1]
+        .1
+        .stats()
+        .get(stampede_guard::metrics::Event::HitForPass);
+    assert!(late < 20, "no caller waited for A's fill");
+    assert_eq!(calls.load(Ordering::SeqCst), 2 + late);
 }
 
 /// Over real TCP: 600 keys gone stale, walked by one client, a budget of 4. Four

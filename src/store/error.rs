@@ -27,6 +27,20 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// Every operation, for series registered at zero (see `RedisStore`).
+    pub(crate) const ALL: [Self; 10] = [
+        Self::Acquire,
+        Self::Renew,
+        Self::Release,
+        Self::Ping,
+        Self::Read,
+        Self::Write,
+        Self::Invalidate,
+        Self::Subscribe,
+        Self::Publish,
+        Self::Inspect,
+    ];
+
     /// The operation's name, as used in logs and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -73,6 +87,16 @@ pub enum StoreErrorKind {
 }
 
 impl StoreErrorKind {
+    /// Every kind, for series registered at zero (see `RedisStore`).
+    pub(crate) const ALL: [Self; 6] = [
+        Self::NoConnection,
+        Self::Timeout,
+        Self::ConnectionLost,
+        Self::Server,
+        Self::Response,
+        Self::CircuitOpen,
+    ];
+
     /// The kind's name, as used in logs and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {

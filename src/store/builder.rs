@@ -1,0 +1,406 @@
+//! Building a store: the target (a server, a cluster, sentinels), credentials, TLS
+//! settings, timeouts and the pool, each checked when the store is built.
+
+use std::fmt;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use bb8_redis::bb8;
+use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
+
+use super::breaker::{Breaker, BreakerConfig};
+use super::cluster::Cluster;
+use super::handle::{
+    Backend, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, Inner, RedisStore,
+};
+use super::manager::Manager;
+use super::sentinel::Sentinel;
+use crate::error::ConfigError;
+
+impl RedisStore {
+    /// Starts a store for a single Redis server, `redis://[user:password@]host:port[/db]`
+    /// or `redis+unix:///path`.
+    ///
+    /// Building connects nothing: the first operation does, so a service can start while
+    /// Redis is down.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            target: Target::Single(url.into()),
+            username: None,
+            password: None,
+            tls: Tls::default(),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+            breaker: BreakerConfig::default(),
+        }
+    }
+
+    /// Starts a store for a Redis Cluster, given some of its nodes as URLs (any of them;
+    /// the rest of the cluster is learned from them). Every key a script touches shares
+    /// one hash tag per cached key, so no script meets `CROSSSLOT`, and keys spread over
+    /// every primary.
+    ///
+    /// [`pool_size`](RedisStoreBuilder::pool_size) does not apply: a cluster connection is
+    /// one multiplexed connection per node. Building connects nothing.
+    pub fn cluster<I, S>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder {
+            target: Target::Cluster(nodes.into_iter().map(Into::into).collect()),
+            username: None,
+            password: None,
+            tls: Tls::default(),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+            breaker: BreakerConfig::default(),
+        }
+    }
+
+    /// Starts a store for the primary that Redis Sentinel watches under `service`
+    /// (`sentinel monitor <service> ...`), given some of the sentinels as URLs (with
+    /// their own credentials, if they need any). The builder's
+    /// [`username`](RedisStoreBuilder::username) and
+    /// [`password`](RedisStoreBuilder::password) are those of the Redis servers; TLS
+    /// settings apply to both. After a failover, the first operation that finds the old
+    /// primary gone (or read-only) asks the sentinels for the new one.
+    ///
+    /// [`pool_size`](RedisStoreBuilder::pool_size) does not apply: the store keeps one
+    /// multiplexed connection to the primary. Building connects nothing.
+    pub fn sentinel<I, S>(sentinels: I, service: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder {
+            target: Target::Sentinel(
+                sentinels.into_iter().map(Into::into).collect(),
+                service.into(),
+            ),
+            username: None,
+            password: None,
+            tls: Tls::default(),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+            breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+/// Builds a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    target: Target,
+    /// An ACL user and password that replace those of the URLs. Never shown by `Debug`.
+    username: Option<String>,
+    password: Option<String>,
+    tls: Tls,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    pool_size: u32,
+    breaker: BreakerConfig,
+}
+
+/// The TLS settings of a builder, for `rediss://` URLs.
+#[derive(Default)]
+struct Tls {
+    /// PEM root certificates to trust instead of the system's.
+    root: Option<Vec<u8>>,
+    /// A PEM client certificate and its key, for servers that ask for one.
+    client: Option<(Vec<u8>, Vec<u8>)>,
+    /// Certificates are not checked at all.
+    insecure: bool,
+}
+
+impl Tls {
+    /// What redis-rs is given besides the URL, if anything.
+    fn certificates(&self) -> Option<TlsCertificates> {
+        if self.root.is_none() && self.client.is_none() {
+            return None;
+        }
+        Some(TlsCertificates {
+            client_tls: self
+                .client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.root.clone(),
+        })
+    }
+}
+
+/// What a builder builds a store for.
+enum Target {
+    Single(String),
+    Cluster(Vec<String>),
+    /// The sentinels, and the service they watch.
+    Sentinel(Vec<String>, String),
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // No URL: it may carry a password.
+        let target = match &self.target {
+            Target::Single(_) => "single",
+            Target::Cluster(_) => "cluster",
+            Target::Sentinel(..) => "sentinel",
+        };
+        f.debug_struct("RedisStoreBuilder")
+            .field("target", &target)
+            .field("username", &self.username)
+            .field("tls_root_certificate", &self.tls.root.is_some())
+            .field("tls_client_certificate", &self.tls.client.is_some())
+            .field("danger_accept_invalid_certificates", &self.tls.insecure)
+            .field("command_timeout", &self.command_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The deadline of one operation, pool check-out included (default 100 ms). It must
+    /// be well below every lease TTL used with the store; lease clients check that.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// The deadline of opening one connection (default 500 ms). Connections are opened in
+    /// the background of the pool, so this bounds how long a reconnect attempt lasts,
+    /// not how long an operation waits.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How many connections to keep (default 4, at most 256). A cluster store keeps one
+    /// multiplexed connection per node instead.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// The ACL user to authenticate as, in place of one in the URL (or the URLs of a
+    /// cluster's nodes).
+    pub fn username(mut self, username: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self
+    }
+
+    /// The password to authenticate with, in place of one in the URL: a way to keep it
+    /// out of URLs, which end up in configuration files and command lines. Never
+    /// logged, and never shown by `Debug`.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Trusts these root certificates (PEM) for `rediss://` URLs instead of the
+    /// system's: for a private certificate authority. Certificates are checked, and so
+    /// are host names.
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM) on `rediss://` connections, for
+    /// servers that ask for one (`tls-auth-clients yes`).
+    pub fn tls_client_certificate(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((certificate.into(), key.into()));
+        self
+    }
+
+    /// Accepts any certificate on `rediss://` connections, whoever signed it and
+    /// whatever host it names: the traffic is encrypted, but anyone between the service
+    /// and Redis can read and change it. For tests against a server with a throwaway
+    /// certificate, never for production. The only way to turn the checks off (a URL's
+    /// `#insecure` is refused without it); building warns when it is on.
+    pub fn danger_accept_invalid_certificates(mut self) -> Self {
+        self.tls.insecure = true;
+        self
+    }
+
+    /// `url` parsed, with this builder's user and password in place of its own, and its
+    /// TLS checks as the builder says.
+    fn connection_info(
+        &self,
+        url: &str,
+        field: &'static str,
+    ) -> Result<ConnectionInfo, ConfigError> {
+        let info = self.parsed(url, field)?;
+        let mut settings = info.redis_settings().clone();
+        if let Some(username) = &self.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = &self.password {
+            settings = settings.set_password(password);
+        }
+        Ok(info.set_redis_settings(settings))
+    }
+
+    /// `url` parsed, with its TLS checks as the builder says, and its own credentials.
+    fn parsed(&self, url: &str, field: &'static str) -> Result<ConnectionInfo, ConfigError> {
+        // The error's text is not passed on: it can quote the URL, password and all.
+        let info = url
+            .into_connection_info()
+            .map_err(|_| ConfigError::invalid(field, "not a valid Redis URL"))?;
+        Ok(match info.addr().clone() {
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                tls_params,
+            } => {
+                if insecure && !self.tls.insecure {
+                    return Err(ConfigError::invalid(
+                        field,
+                        "`#insecure` turns certificate checks off: call \
+                         danger_accept_invalid_certificates() to mean it",
+                    ));
+                }
+                info.set_addr(redis::ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: self.tls.insecure,
+                    tls_params,
+                })
+            }
+            _ if self.tls.root.is_some() || self.tls.client.is_some() || self.tls.insecure => {
+                return Err(ConfigError::invalid(
+                    field,
+                    "TLS settings were given, but the URL is not `rediss://`",
+                ));
+            }
+            _ => info,
+        })
+    }
+
+    fn warn_if_insecure(&self) {
+        if self.tls.insecure {
+            tracing::warn!(
+                "Redis TLS certificates are not checked (danger_accept_invalid_certificates): \
+                 anyone on the path can read and change what the cache stores"
+            );
+        }
+    }
+
+    /// When the circuit breaker opens and how often it probes (see [`BreakerConfig`]).
+    pub fn breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = config;
+        self
+    }
+
+    /// Checks the settings and builds the store. Connects nothing.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        let command_timeout = ConfigError::nonzero("command_timeout", self.command_timeout)?;
+        if self.username.is_some() && self.password.is_none() {
+            // Redis authenticates a user only with a password: the user alone would be
+            // dropped without a word.
+            return Err(ConfigError::invalid(
+                "username",
+                "needs a password (set password() too)",
+            ));
+        }
+        let connect_timeout = ConfigError::nonzero("connect_timeout", self.connect_timeout)?;
+        self.breaker.check()?;
+        if self.pool_size == 0 {
+            return Err(ConfigError::Zero { field: "pool_size" });
+        }
+        if self.pool_size > 256 {
+            return Err(ConfigError::invalid("pool_size", "at most 256"));
+        }
+        // The store around a backend, whichever it is.
+        let breaker = self.breaker;
+        let made = move |backend| RedisStore {
+            inner: Arc::new(Inner {
+                backend,
+                command_timeout,
+                connect_timeout,
+                breaker: Breaker::new(breaker),
+                zeroed: Once::new(),
+            }),
+        };
+        let url = match &self.target {
+            Target::Single(url) => url,
+            Target::Sentinel(sentinels, service) => {
+                let sentinels = sentinels
+                    .iter()
+                    // The sentinels' own credentials: the builder's are the servers'.
+                    .map(|url| self.parsed(url, "sentinels"))
+                    .collect::<Result<Vec<_>, ConfigError>>()?;
+                let sentinel = Sentinel::new(
+                    &sentinels,
+                    service,
+                    (self.username.as_deref(), self.password.as_deref()),
+                    (self.tls.certificates(), self.tls.insecure),
+                    connect_timeout,
+                    command_timeout,
+                )?;
+                self.warn_if_insecure();
+                return Ok(made(Backend::Sentinel(Box::new(sentinel))));
+            }
+            Target::Cluster(nodes) => {
+                let nodes = nodes
+                    .iter()
+                    .map(|node| self.connection_info(node, "nodes"))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let cluster = Cluster::new(
+                    nodes,
+                    self.tls.certificates(),
+                    connect_timeout,
+                    command_timeout,
+                )?;
+                self.warn_if_insecure();
+                return Ok(made(Backend::Cluster(Box::new(cluster))));
+            }
+        };
+        let info = self.connection_info(url, "url")?;
+        let client = match self.tls.certificates() {
+            Some(certificates) => Client::build_with_tls(info, certificates),
+            None => Client::open(info),
+        }
+        .map_err(|_| ConfigError::invalid("url", "not usable with these TLS settings"))?;
+        self.warn_if_insecure();
+        let pool = bb8::Pool::builder()
+            .max_size(self.pool_size)
+            // Checks only the broken mark: no round trip.
+            .test_on_check_out(true)
+            .connection_timeout(connect_timeout)
+            // No reaper: it is a task, and building must need no runtime. Idle
+            // multiplexed connections cost a socket each, at most `pool_size`; broken ones
+            // are replaced when they are found broken.
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .build_unchecked(Manager::new(client.clone(), connect_timeout));
+        Ok(made(Backend::Single {
+            pool,
+            client: Box::new(client),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Building connects nothing, so it needs no runtime (a plain `#[test]` has none).
+    #[test]
+    fn stores_build_outside_a_runtime() {
+        let store = RedisStore::builder("redis://127.0.0.1:6379")
+            .build()
+            .unwrap();
+        assert!(!store.is_local_only());
+        assert!(RedisStore::local_only().is_local_only());
+    }
+}

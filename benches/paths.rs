@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
-use stampede_guard::entry::{CachedResponse, decode};
+use stampede_guard::fuzzing::{CachedResponse, decode};
 use stampede_guard::lease::FencingToken;
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};

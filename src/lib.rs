@@ -16,12 +16,10 @@
 //!   tokens;
 //! * [`keys`]: every Redis key, identifiers replaced by a keyed hash;
 //! * [`store`]: the Redis connection, every operation bounded by a deadline;
-//! * [`entry`]: the cached response and its versioned encoding;
 //! * [`metrics`]: what is counted, and the metric names; `prometheus` (feature of the
 //!   same name): the exporter with the crate's buckets.
 
 mod cache;
-pub mod entry;
 pub mod error;
 pub mod guard;
 pub mod inspect;
@@ -30,7 +28,6 @@ pub mod leader;
 pub mod lease;
 pub mod metrics;
 mod notify;
-pub mod owner;
 pub mod policy;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -38,6 +35,15 @@ pub mod postgres;
 pub mod prometheus;
 mod rules;
 pub mod store;
+
+/// The wire format of cached entries, for the fuzz target and for tests that plant or
+/// read entries in Redis (feature `fuzzing`). Not part of the crate's API: it changes
+/// whenever the format does.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::cache::entry::{CachedResponse, DecodeError, VERSION, decode};
+}
 
 pub use self::error::ConfigError;
 pub use self::guard::{Guard, GuardLayer, Purge, ResponseBody, ResponseFuture, StampedeGuard};

@@ -817,7 +817,7 @@ async fn fencing_holds_across_restarts_that_lose_counter_and_entries() {
             a.layer.stats()
         );
         let data: Vec<u8> = server.conn().await.hget(keys.entry(), "d").await.unwrap();
-        let stored = stampede_guard::entry::decode(&data).unwrap();
+        let stored = stampede_guard::fuzzing::decode(&data).unwrap();
         if stored.body == format!("{path} call {late_call}") {
             regressions += 1;
         }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use stampede_guard::Policy;
-use stampede_guard::entry::CachedResponse;
+use stampede_guard::fuzzing::CachedResponse;
 use stampede_guard::lease::FencingToken;
 use support::RedisServer;
 use support::web::{Origin, get, instance, ready_guard, send};

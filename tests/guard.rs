@@ -370,7 +370,7 @@ async fn late_refresher_fenced(server: Redis) {
     let data: Vec<u8> = server
         .cmd(redis::cmd("HGET").arg(keys.entry()).arg("d"))
         .await;
-    let stored = stampede_guard::entry::decode(&data).unwrap();
+    let stored = stampede_guard::fuzzing::decode(&data).unwrap();
     assert_eq!(stored.body, "from-b");
     assert_eq!(origin.calls(), 3);
     // a serves the newer entry, never its own late result: at once (adopted when its
@@ -392,7 +392,7 @@ async fn garbage_at_an_entry_key_is_a_counted_miss() {
     let server = RedisServer::start();
     let origin = Origin::versions(Duration::ZERO);
     let i = instance(&server, policy("items").build().unwrap(), origin.service()).await;
-    let valid = stampede_guard::entry::CachedResponse {
+    let valid = stampede_guard::fuzzing::CachedResponse {
         status: StatusCode::OK,
         headers: HeaderMap::new(),
         body: Bytes::from_static(b"planted"),
@@ -480,7 +480,7 @@ async fn garbage_at_an_entry_key_is_a_counted_miss() {
         // The fill replaced the garbage with a valid entry.
         let data: Vec<u8> = conn.hget(keys.entry(), "d").await.unwrap();
         assert_eq!(
-            stampede_guard::entry::decode(&data).unwrap().body,
+            stampede_guard::fuzzing::decode(&data).unwrap().body,
             got.body,
             "{what}"
         );

@@ -519,7 +519,7 @@ async fn a_refresh_never_adopts_an_expired_entry() {
     let mut conn = server.conn().await;
     let token: u64 = conn.hget(keys.entry(), "t").await.unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await; // stale in L1
-    let planted = stampede_guard::entry::CachedResponse {
+    let planted = stampede_guard::fuzzing::CachedResponse {
         status: StatusCode::OK,
         headers: HeaderMap::new(),
         body: Bytes::from_static(b"expired"),
@@ -596,7 +596,10 @@ async fn after_the_subscription_comes_back_l1_entries_are_not_served_as_fresh() 
     assert_eq!((got.x_cache(), got.body.as_str()), ("stale", "v1"));
     // Fresh by its lifetime, stale here: `cache-status` says so too (no freshness left).
     let status = got.headers["cache-status"].to_str().unwrap();
-    assert_eq!(status, "stampede-guard; hit; ttl=0", "x-cache and cache-status agree");
+    assert_eq!(
+        status, "stampede-guard; hit; ttl=0",
+        "x-cache and cache-status agree"
+    );
     assert!(
         eventually(Duration::from_secs(5), || async {
             send(service, get("/items/1")).await.body == "v2"
@@ -859,7 +862,7 @@ async fn fresh_jitter_spreads_the_freshness_of_keys_filled_together() {
         assert_eq!(send(&i.service, get(&path)).await.x_cache(), "miss");
         let keys = i.layer.cache_keys(&get(&path)).unwrap();
         let data: Vec<u8> = conn.hget(keys.entry(), "d").await.unwrap();
-        let entry = stampede_guard::entry::decode(&data).unwrap();
+        let entry = stampede_guard::fuzzing::decode(&data).unwrap();
         assert!(
             entry.fresh_for >= Duration::from_secs(5) && entry.fresh_for <= Duration::from_secs(10),
             "{:?}",

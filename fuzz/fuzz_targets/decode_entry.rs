@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stampede_guard::entry::decode;
+use stampede_guard::fuzzing::decode;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(entry) = decode(data) {

@@ -10,6 +10,9 @@
 //! remaining TTL and then kept on the local monotonic clock, so that no two machines'
 //! wall clocks are ever compared.
 
+// Public for the `fuzzing` feature's re-exports only (see `crate::fuzzing`).
+#![cfg_attr(not(feature = "fuzzing"), allow(unreachable_pub))]
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,11 +30,11 @@ pub const VERSION: u8 = 1;
 /// The most header values an entry accepted by [`decode`] may hold: far more than any
 /// response has (servers refuse a few hundred), and far from what `http`'s header map
 /// cannot hold (it panics past 24,576 reserved or 32,768 held).
-pub const MAX_HEADERS: usize = 4096;
+pub(crate) const MAX_HEADERS: usize = 4096;
 
 /// The largest encoded entry accepted by [`decode`]: the body limit's ceiling plus room
 /// for headers.
-pub const MAX_ENCODED_LEN: usize = crate::policy::defaults::MAX_BODY_LIMIT + 1024 * 1024;
+pub(crate) const MAX_ENCODED_LEN: usize = crate::policy::defaults::MAX_BODY_LIMIT + 1024 * 1024;
 
 /// A response as the caches hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +66,7 @@ pub enum DecodeError {
     /// An entry of another encoding version.
     #[error("entry version {0}, expected {VERSION}")]
     Version(u8),
-    /// Longer than [`MAX_ENCODED_LEN`].
+    /// Longer than the largest entry a body limit allows, plus room for headers.
     #[error("entry too large")]
     TooLarge,
     /// The fields do not decode (truncated, or corrupted).
@@ -91,7 +94,9 @@ struct Wire<'a> {
 }
 
 impl CachedResponse {
-    /// Encodes the entry: [`decode`] gives it back whole.
+    /// Encodes the entry: [`decode`] gives it back whole (for tests and fuzzing: the
+    /// cache writes [`encode_for_l2`](Self::encode_for_l2)).
+    #[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
     pub fn encode(&self) -> Vec<u8> {
         self.encode_where(|_| true)
     }
@@ -100,7 +105,7 @@ impl CachedResponse {
     /// an entry of L1, whose headers hold placeholders for the three (the layer sets
     /// them on every answer).
     pub(crate) fn encode_for_l2(&self) -> Vec<u8> {
-        self.encode_where(|name| !crate::cache::is_set_by_the_layer(name))
+        self.encode_where(|name| !super::is_set_by_the_layer(name))
     }
 
     fn encode_where(&self, keep: impl Fn(&HeaderName) -> bool) -> Vec<u8> {
@@ -173,7 +178,8 @@ fn compact_from<'a>(
     Some(out)
 }
 
-/// Decodes an entry; see the [module docs](self) for what is refused.
+/// Decodes an entry: garbage, a truncated value, another version or out-of-range times
+/// are a [`DecodeError`], never a panic.
 pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
     if bytes.len() > MAX_ENCODED_LEN {
         return Err(DecodeError::TooLarge);

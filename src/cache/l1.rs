@@ -350,7 +350,7 @@ mod tombstone_tests {
 #[cfg(test)]
 mod front_tests {
     use super::*;
-    use crate::entry::CachedResponse;
+    use crate::cache::entry::CachedResponse;
 
     fn entry(token: u64, keep: Duration) -> Arc<Stored> {
         Arc::new(Stored::aged(

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::scripts::{self, Lasting, ReadReply, Renewal, WriteReply};
 use super::stored::Stored;
-use crate::entry::{self, CachedResponse};
+use crate::cache::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
 use crate::lease::{FencingToken, Lease};
 use crate::store::{RedisStore, StoreError};

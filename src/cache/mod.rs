@@ -1,6 +1,6 @@
 //! The two tiers: L1, a moka cache in each process, and L2, Redis, shared by the fleet.
 //!
-//! Both hold the same [`CachedResponse`](crate::entry::CachedResponse). L1 weighs entries
+//! Both hold the same [`CachedResponse`](entry::CachedResponse). L1 weighs entries
 //! by their size in bytes and drops each at the end of its keep time, and answers hits
 //! from its front (the entries that were read, in a map cheaper to read than moka); L2
 //! stores each entry as a Redis hash of its writer's fencing token and its encoding,
@@ -9,6 +9,7 @@
 //!
 //! Writes to both are fenced: an entry replaces another only if its token is not lower.
 
+pub(crate) mod entry;
 mod front;
 mod l1;
 mod l2;

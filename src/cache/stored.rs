@@ -9,7 +9,7 @@ use std::time::Duration;
 /// every hit reads it once), and the system's monotonic clock where it cannot.
 pub(crate) type Instant = quanta::Instant;
 
-use crate::entry::CachedResponse;
+use crate::cache::entry::CachedResponse;
 
 /// A cached response, and its age: how old it was when this process got it, and when
 /// that was on this process's monotonic clock.

@@ -13,7 +13,7 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 
-use crate::entry::CachedResponse;
+use crate::cache::entry::CachedResponse;
 
 /// Whether a client's request is a conditional one the cache may answer: it has
 /// `If-None-Match` or `If-Modified-Since`. Checked on the request's one pass over its

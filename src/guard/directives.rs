@@ -387,7 +387,7 @@ mod tests {
         let h = headers(&[("cache-control", "max-age=31536000"), ("age", "1")]);
         let l = lifetimes(&open, &h, S(10));
         assert_eq!((l.age, l.fresh_for), (S(1), DAY));
-        let entry = crate::entry::CachedResponse {
+        let entry = crate::cache::entry::CachedResponse {
             status: StatusCode::OK,
             headers: HeaderMap::new(),
             body: bytes::Bytes::new(),
@@ -396,7 +396,7 @@ mod tests {
             keep: l.keep,
             token: crate::lease::FencingToken::new(1),
         };
-        assert!(crate::entry::decode(&entry.encode()).is_ok());
+        assert!(crate::cache::entry::decode(&entry.encode()).is_ok());
     }
 
     #[test]

@@ -155,7 +155,7 @@ pub(crate) async fn read<B: Body<Data = Bytes>>(response: Response<B>, max: usiz
     // entry that L2 could never give back.
     if declared.unwrap_or(0) > max as u64
         || body.size_hint().lower() > max as u64
-        || head.headers().len() > crate::entry::MAX_HEADERS
+        || head.headers().len() > crate::cache::entry::MAX_HEADERS
     {
         return Read::Partial {
             head,

@@ -183,7 +183,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::entry::CachedResponse;
+    use crate::cache::entry::CachedResponse;
     use crate::lease::FencingToken;
 
     fn keys() -> KeySpace {

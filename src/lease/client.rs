@@ -7,10 +7,10 @@ use tracing::Instrument;
 use super::outcome::{
     AcquireOutcome, FencingToken, Lease, ReleaseOutcome, RenewOutcome, UncertainAcquire,
 };
+use super::owner::{Owner, OwnerFactory, default_instance_id};
 use super::scripts::{self, AcquireReply, ForFill};
 use crate::error::ConfigError;
 use crate::keys::{CacheKeys, KeySpace, LeaseName};
-use crate::owner::{Owner, OwnerFactory, default_instance_id};
 use crate::store::{Operation, RedisStore, StoreError, StoreErrorKind};
 
 /// Releases the lease at `key` if its owner value is still `owner` (for the inspection

@@ -38,7 +38,7 @@
 //!   fencing token and sets the key to the owner value with its TTL in milliseconds.
 //!   There is no moment at which a lease exists without a TTL.
 //! * The owner value is new for every attempt (`{service}:{instance}:{ulid}`, see
-//!   [`Owner`](crate::owner::Owner)); renewal and release are Lua scripts that act only
+//!   [`Owner`]); renewal and release are Lua scripts that act only
 //!   when the stored value is the caller's.
 //! * Scripts are sent by SHA and loaded again when Redis has forgotten them (`NOSCRIPT`).
 //! * Work that may outlast a lease can run under [`LeaseClient::hold_while`], which
@@ -78,6 +78,7 @@
 
 mod client;
 mod outcome;
+mod owner;
 mod scripts;
 mod watchdog;
 
@@ -89,5 +90,6 @@ pub use self::client::{
 pub use self::outcome::{
     AcquireOutcome, FencingToken, Lease, ReleaseOutcome, RenewOutcome, UncertainAcquire,
 };
+pub use self::owner::Owner;
 pub(crate) use self::scripts::{HELD_OFF, with_tokens};
 pub use self::watchdog::LeaseLost;

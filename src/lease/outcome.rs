@@ -1,9 +1,9 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use super::owner::Owner;
 use crate::error::ConfigError;
 use crate::keys::LeaseName;
-use crate::owner::Owner;
 use crate::store::StoreError;
 
 /// A fencing token: a number issued with every lease, larger than every token issued

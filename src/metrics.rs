@@ -276,17 +276,19 @@ pub(crate) fn lease_renewed(operation: SharedString, result: &'static str) {
 /// A lease ended (`result`: released, held_off, not_owner, error): the release is
 /// counted by operation, and how long it was held by operation and, for the guard's
 /// leases, route (the labels [`LEASE_TTL_SECONDS`] carries too, so that the two compare).
-pub(crate) fn lease_released(lease: &crate::lease::Lease, result: &'static str) {
-    let operation = lease.name().operation_label();
+pub(crate) fn lease_released(
+    operation: SharedString,
+    route: Option<SharedString>,
+    held: Duration,
+    result: &'static str,
+) {
     if result == "not_owner" {
         counter!(LEASE_OWNER_MISMATCHES, "operation" => operation.clone()).increment(1);
     }
     counter!(LEASE_RELEASES, "operation" => operation.clone(), "result" => result).increment(1);
-    let held = lease.held_for();
-    match &lease.route {
+    match route {
         Some(route) => {
-            histogram!(LEASE_HOLD_SECONDS, "route" => route.clone(), "operation" => operation)
-                .record(held);
+            histogram!(LEASE_HOLD_SECONDS, "route" => route, "operation" => operation).record(held);
         }
         None => histogram!(LEASE_HOLD_SECONDS, "operation" => operation).record(held),
     }
@@ -315,12 +317,8 @@ pub(crate) fn leader_stopped(operation: SharedString, reason: &'static str) {
         .increment(1);
 }
 
-/// Tags purged through this process.
-pub(crate) fn purged(how: crate::Purge, tags: usize) {
-    let how = match how {
-        crate::Purge::Hard => "hard",
-        crate::Purge::Soft => "soft",
-    };
+/// Tags purged through this process, by how (`hard`, `soft`).
+pub(crate) fn purged(how: &'static str, tags: usize) {
     counter!(PURGES, "how" => how).increment(tags as u64);
 }
 

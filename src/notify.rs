@@ -26,10 +26,35 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::guard::Purge;
 use crate::keys::LocalKey;
 use crate::lease::FencingToken;
 use crate::store::{Operation, RedisStore, Request, StoreError};
+
+/// How a purge ([`StampedeGuard::purge_tags`](crate::StampedeGuard::purge_tags)) treats
+/// the entries it reaches.
+///
+/// A purge records, per tag, when it happened on the Redis server's clock (the clock
+/// fencing tokens are issued from), and tells every instance; nothing is deleted and no
+/// key is listed. Every read checks the entry's tags: an entry whose fill began before
+/// a purge of one of them is gone (hard) or stale (soft). An instance whose
+/// subscription was down reads the purges back when it comes up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Purge {
+    /// Gone: not served, refilled by the next caller (once for the fleet).
+    Hard,
+    /// Stale: served while one caller in the fleet refreshes it.
+    Soft,
+}
+
+impl Purge {
+    /// The purge's name, as used in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hard => "hard",
+            Self::Soft => "soft",
+        }
+    }
+}
 
 /// What the guard does with what it hears. Called from the subscription's task.
 pub(crate) trait Hears: Send + Sync + 'static {

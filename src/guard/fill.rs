@@ -501,7 +501,7 @@ impl Fill {
                 route.stats.record(Event::RedisError);
                 let gone = Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO);
                 let _ = shared.notices.publish(&shared.store, &gone).await;
-                crate::metrics::lease_released(&lease, "error");
+                lease.record_end("error");
                 shared.marks.clear(keys.entry());
                 route.put_l1(keys, stored.clone()).await;
                 Put::Written {
@@ -639,5 +639,5 @@ pub(crate) fn not_stored(route: &Route, why: NotStored) {
 
 /// The fenced write released the lease (or found it gone): counted as a release.
 fn written_release(lease: &Lease, released: bool) {
-    crate::metrics::lease_released(lease, if released { "released" } else { "not_owner" });
+    lease.record_end(if released { "released" } else { "not_owner" });
 }

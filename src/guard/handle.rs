@@ -11,13 +11,14 @@ use tokio::sync::Semaphore;
 use super::budget::Budget;
 use super::layer::GuardLayer;
 use super::marks::{Mark, Marks};
-use super::purge::{Purge, Purges, local_micros};
+use super::purge::{Purges, local_micros};
 use super::refresh::RefreshMap;
 use super::vary::Learned;
 use crate::cache::{L1, Tombstones, new_tombstones};
 use crate::error::ConfigError;
 use crate::keys::{KeySpace, LocalKey};
 use crate::lease::{FencingToken, LeaseClient};
+use crate::notify::Purge;
 use crate::notify::{Ending, Hears, Notices};
 use crate::policy::Policy;
 use crate::store::{RedisStore, StoreError, StoreErrorKind};
@@ -224,7 +225,7 @@ impl StampedeGuard {
         for id in &ids {
             shared.purges.note(id, how, at);
         }
-        crate::metrics::purged(how, ids.len());
+        crate::metrics::purged(how.as_str(), ids.len());
         result.map(|_| ())
     }
 }

@@ -174,8 +174,9 @@ pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::handle::{DEFAULT_L1_CAPACITY, DEFAULT_REFRESH_BUDGET, GuardBuilder, StampedeGuard};
 pub use self::layer::GuardLayer;
-pub use self::purge::{MARGIN as PURGE_MARGIN, Purge};
+pub use self::purge::MARGIN as PURGE_MARGIN;
 pub use self::service::Guard;
+pub use crate::notify::Purge;
 
 pub(crate) use self::conditional::is_conditional;
 pub(crate) use self::directives::{NotReused, controlling, reusable};

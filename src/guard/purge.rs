@@ -30,22 +30,7 @@ use http::HeaderMap;
 
 use crate::cache::Stored;
 use crate::keys::KeySpace;
-
-/// How a purge ([`StampedeGuard::purge_tags`](crate::StampedeGuard::purge_tags)) treats
-/// the entries it reaches.
-///
-/// A purge records, per tag, when it happened on the Redis server's clock (the clock
-/// fencing tokens are issued from), and tells every instance; nothing is deleted and no
-/// key is listed. Every read checks the entry's tags: an entry whose fill began before
-/// a purge of one of them is gone (hard) or stale (soft). An instance whose
-/// subscription was down reads the purges back when it comes up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Purge {
-    /// Gone: not served, refilled by the next caller (once for the fleet).
-    Hard,
-    /// Stale: served while one caller in the fleet refreshes it.
-    Soft,
-}
+use crate::notify::Purge;
 
 /// On a Redis Cluster, how long after a purge a fill may have begun and still count as
 /// before it: more than the clocks of its nodes differ (one server, or a Sentinel

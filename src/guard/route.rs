@@ -11,11 +11,11 @@ use super::early::Recompute;
 use super::flight::Flights;
 use super::handle::Shared;
 use super::hold::LeaseTtl;
-use super::purge::Purge;
 use super::vary::{self, Check, Learned, Names, TooMany};
 use crate::cache::{L1, Stored, l2_invalidate, l2_keep_names};
 use crate::metrics::Event;
 use crate::notify::Notice;
+use crate::notify::Purge;
 use std::hash::Hasher;
 
 use siphasher::sip128::Hasher128;

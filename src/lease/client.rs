@@ -261,7 +261,7 @@ impl LeaseClient {
             .release_owned(&lease.name, &lease.owner)
             .instrument(span)
             .await;
-        crate::metrics::lease_released(&lease, outcome.as_str());
+        lease.record_end(outcome.as_str());
         tracing::debug!(
             lease = lease.key(),
             token = lease.token.get(),
@@ -290,13 +290,10 @@ impl LeaseClient {
             Ok(false) => ReleaseOutcome::NotOwner,
             Err(error) => ReleaseOutcome::Failed(error),
         };
-        crate::metrics::lease_released(
-            &lease,
-            match outcome {
-                ReleaseOutcome::Released => "held_off",
-                _ => outcome.as_str(),
-            },
-        );
+        lease.record_end(match outcome {
+            ReleaseOutcome::Released => "held_off",
+            _ => outcome.as_str(),
+        });
         tracing::debug!(
             lease = lease.key(),
             token = lease.token.get(),

@@ -98,6 +98,18 @@ impl Lease {
     pub fn held_for(&self) -> Duration {
         self.acquired_at.elapsed()
     }
+
+    /// Counts the lease's end (`result`: released, held_off, not_owner, error) by
+    /// operation, and how long it was held by operation and, for the guard's leases,
+    /// route (the labels the TTL gauge carries too, so that the two compare).
+    pub(crate) fn record_end(&self, result: &'static str) {
+        crate::metrics::lease_released(
+            self.name().operation_label(),
+            self.route.clone(),
+            self.held_for(),
+            result,
+        );
+    }
 }
 
 /// An acquire whose reply never came: Redis may or may not have set the lease.

@@ -22,6 +22,7 @@
 mod cache;
 pub mod error;
 pub mod guard;
+mod http;
 pub mod inspect;
 pub mod keys;
 pub mod leader;
@@ -33,7 +34,6 @@ pub mod policy;
 pub mod postgres;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
-mod rules;
 pub mod store;
 
 /// The wire format of cached entries, for the fuzz target and for tests that plant or
@@ -51,22 +51,7 @@ pub use self::keys::KeySpace;
 pub use self::policy::{ColdMiss, KeyQuery, Policy};
 pub use self::store::RedisStore;
 
-/// The response header that says how a response was answered: `hit` (a fresh entry),
-/// `stale` (a stale entry, being refreshed or standing in for a failing origin), `miss`
-/// (filled from the origin and stored), `pass` (from the origin, not stored: private,
-/// uncacheable, too large, or a key whose answers are not stored) or `bypass` (the
-/// request is not cacheable: its method, its credentials, or a never-cached route).
-pub const X_CACHE: &str = "x-cache";
-
-/// The response header of RFC 9211, set on every answer next to [`X_CACHE`], with this
-/// cache's entry ([`CACHE_NAME`]) appended to what the origin's own caches said: `hit`
-/// with the `ttl` left (negative once stale) for an answer from an entry; `fwd=uri-miss`
-/// with `stored` and its `ttl` for a fill, `fwd=uri-miss` alone for an answer that was
-/// not stored, `fwd=bypass` for a request the cache does not handle.
-pub const CACHE_STATUS: &str = "cache-status";
-
-/// The name this cache gives itself in [`CACHE_STATUS`].
-pub const CACHE_NAME: &str = "stampede-guard";
+pub use self::http::{CACHE_NAME, CACHE_STATUS, X_CACHE};
 
 // The README's examples are compiled with the doc tests.
 #[doc = include_str!("../README.md")]

@@ -22,7 +22,6 @@ use std::time::Duration;
 use http::{HeaderName, StatusCode};
 
 use crate::error::ConfigError;
-pub use crate::rules::POISONING_HEADERS;
 
 /// What the callers of a key with no entry at all do when the fill they wait for cannot
 /// call the origin under the fleet's lease: another instance holds it and its entry did
@@ -91,7 +90,7 @@ pub struct Policy {
     /// revalidated (Varnish's `keep`).
     pub(crate) keep: Duration,
     /// When fresh entries are refreshed before they go stale.
-    pub(crate) early: crate::guard::Early,
+    pub(crate) early: Early,
     /// Whether the origin's `Cache-Control`, `Expires` and `Age` set each entry's
     /// lifetimes, within `min_fresh` and `max_fresh`.
     pub(crate) follow_origin: bool,
@@ -100,7 +99,7 @@ pub struct Policy {
     /// Tags every entry of the route carries, for purges.
     pub(crate) tags: Vec<String>,
     /// The lease TTL from measured hold times, if set.
-    pub(crate) adaptive: Option<crate::guard::Adaptive>,
+    pub(crate) adaptive: Option<Adaptive>,
     /// Whether a successful unsafe request (POST, PUT, DELETE...) invalidates the
     /// entries of its URI (unset: as the route follows the origin).
     pub(crate) invalidate_on_unsafe: Option<bool>,
@@ -214,7 +213,7 @@ impl Policy {
                 hit_for_pass: defaults::HIT_FOR_PASS,
                 fresh_jitter: Duration::ZERO,
                 keep: Duration::ZERO,
-                early: crate::guard::Early::default(),
+                early: Early::default(),
                 follow_origin: false,
                 min_fresh: Duration::ZERO,
                 max_fresh: Duration::from_secs(24 * 3600),
@@ -667,7 +666,7 @@ impl PolicyBuilder {
     /// `stampede_guard_lease_ttl_seconds{route, operation="fill"}` gauge (the labels of
     /// the route's hold times).
     pub fn adaptive_lease_ttl(mut self, factor: f64, floor: Duration, ceiling: Duration) -> Self {
-        self.policy.adaptive = Some(crate::guard::Adaptive {
+        self.policy.adaptive = Some(Adaptive {
             factor,
             floor,
             ceiling,
@@ -932,6 +931,53 @@ where
     out.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     Ok(out)
 }
+
+/// When a route refreshes entries early.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct Early {
+    /// From this fraction of the fresh time on.
+    pub(crate) fraction: Option<f64>,
+    /// XFetch's β.
+    pub(crate) beta: Option<f64>,
+}
+
+impl Early {
+    pub(crate) fn is_off(&self) -> bool {
+        self.fraction.is_none() && self.beta.is_none()
+    }
+}
+
+/// How the lease TTL adapts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Adaptive {
+    pub(crate) factor: f64,
+    pub(crate) floor: Duration,
+    pub(crate) ceiling: Duration,
+}
+
+/// Request headers known to poison caches when they are not part of the key: frameworks
+/// build links, redirects and routing decisions from them, so a response shaped by one
+/// client's value would be served to everyone. A fill never forwards them unless the
+/// route keys on them (or has learned that its responses vary on them). From published
+/// cache-poisoning research: the forwarded-host and -scheme family, method and URL
+/// overrides.
+pub const POISONING_HEADERS: &[&str] = &[
+    "forwarded",
+    "x-forwarded-host",
+    "x-forwarded-scheme",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "x-forwarded-ssl",
+    "x-host",
+    "x-original-host",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
 
 #[cfg(test)]
 mod tests {

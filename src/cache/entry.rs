@@ -105,7 +105,7 @@ impl CachedResponse {
     /// an entry of L1, whose headers hold placeholders for the three (the layer sets
     /// them on every answer).
     pub(crate) fn encode_for_l2(&self) -> Vec<u8> {
-        self.encode_where(|name| !super::is_set_by_the_layer(name))
+        self.encode_where(|name| !crate::http::is_set_by_the_layer(name))
     }
 
     fn encode_where(&self, keep: impl Fn(&HeaderName) -> bool) -> Vec<u8> {

@@ -21,6 +21,4 @@ pub(crate) use self::l2::{
     L2Read, l2_invalidate, l2_keep_names, l2_read, l2_read_with_names, l2_revalidate, l2_write,
 };
 pub(crate) use self::scripts::{Renewal, purge};
-pub(crate) use self::stored::{
-    CACHE_STATUS_NAME, Freshness, Instant, Stored, X_CACHE_NAME, is_set_by_the_layer,
-};
+pub(crate) use self::stored::{Freshness, Instant, Stored};

@@ -10,6 +10,7 @@ use std::time::Duration;
 pub(crate) type Instant = quanta::Instant;
 
 use crate::cache::entry::CachedResponse;
+use crate::http::{CACHE_STATUS_NAME, X_CACHE_NAME, is_set_by_the_layer};
 
 /// A cached response, and its age: how old it was when this process got it, and when
 /// that was on this process's monotonic clock.
@@ -196,20 +197,6 @@ impl Stored {
     pub(super) fn keep_left(&self) -> Duration {
         self.expires_at.saturating_duration_since(Instant::now())
     }
-}
-
-/// The name of the `x-cache` header, made once.
-pub(crate) const X_CACHE_NAME: http::HeaderName = http::HeaderName::from_static(crate::X_CACHE);
-
-/// The name of the `cache-status` header (RFC 9211), made once.
-pub(crate) const CACHE_STATUS_NAME: http::HeaderName =
-    http::HeaderName::from_static(crate::CACHE_STATUS);
-
-/// The headers the layer sets on each answer from an entry: never stored, and never
-/// taken from what the origin sent (an upstream cache's `cache-status` described the
-/// fill, not the answers from the entry).
-pub(crate) fn is_set_by_the_layer(name: &http::HeaderName) -> bool {
-    *name == http::header::AGE || *name == X_CACHE_NAME || *name == CACHE_STATUS_NAME
 }
 
 #[cfg(test)]

@@ -12,17 +12,18 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::ResponseBody;
-use super::conditional::{NOT_MODIFIED_HEADERS, not_modified};
 use super::flight::Failure;
 use super::origin::{Buffered, FillBody, Inner, OriginBody, call_through};
 use super::outcome::{XCache, age_value, concat_status};
 use super::refresh::spawn_refresh;
 use super::route::Route;
-use crate::cache::{CACHE_STATUS_NAME, Freshness, Stored, X_CACHE_NAME};
+use crate::cache::{Freshness, Stored};
+use crate::http::conditional::{NOT_MODIFIED_HEADERS, not_modified};
+use crate::http::request::{Asked, Kind};
+use crate::http::{CACHE_STATUS_NAME, X_CACHE_NAME};
 use crate::keys::{CacheKeys, LocalKey};
 use crate::metrics::Event;
 use crate::policy::ColdMiss;
-use crate::rules::{Asked, Kind};
 
 /// An entry found for a request, and what answering from it needs.
 pub(crate) struct Found<'a> {
@@ -40,7 +41,7 @@ pub(crate) struct Found<'a> {
 
 /// Answers from an entry that is fresh (a hit) or stale (served, and refreshed in the
 /// background with a clone of the service); `None` for an expired one. A conditional
-/// request that the entry meets gets `304` (see [`conditional`](super::conditional)).
+/// request that the entry meets gets `304` (see `http::conditional`).
 pub(crate) fn answer<S, ReqBody, ResBody>(
     route: &Arc<Route>,
     found: Found<'_>,
@@ -75,7 +76,13 @@ where
         }
         Freshness::Expired => return None,
     };
-    if asked.conditional && not_modified(&stored.response, request.headers()) {
+    if asked.conditional
+        && not_modified(
+            stored.response.status,
+            &stored.response.headers,
+            request.headers(),
+        )
+    {
         route.stats.record(Event::NotModified);
         return Some(serve_not_modified(stored, age, x_cache));
     }

@@ -24,7 +24,6 @@ use super::answer::{
     failed, mark_forwarded, serve, serve_buffered, serve_filled, stood_aside, usable_on_error,
 };
 use super::body::ResponseBody;
-use super::conditional;
 use super::fill::{Answered, Fill, Kept, Stopped, lease_unavailable, not_stored};
 use super::flight::{Failure, Joined, Landed, Lead, Own, Waiting};
 use super::marks::Mark;
@@ -35,12 +34,14 @@ use super::outcome::XCache;
 use super::route::Route;
 use super::vary::Check;
 use crate::cache::{Freshness, L2Read, Stored, invalidated, l2_read};
+use crate::http::conditional;
+use crate::http::request::Kind;
+use crate::http::response::{self, NotStored};
 use crate::keys::CacheKeys;
 use crate::lease::{Acquire, AcquireOutcome, FencingToken};
 use crate::metrics::Event;
 use crate::notify::{Ending, Wait};
 use crate::policy::ColdMiss;
-use crate::rules::{self, Kind, NotStored};
 
 /// What a caller does after a cold fill.
 pub(crate) enum Next<B: Body, E> {
@@ -175,7 +176,11 @@ pub(crate) async fn landed<B: OriginBody, E>(
                 // (The leader's request is the one the origin saw.)
                 Some(asked) => {
                     is_leader
-                        || rules::same_variant(&stored.response.headers, asked.headers(), headers)
+                        || response::same_variant(
+                            &stored.response.headers,
+                            asked.headers(),
+                            headers,
+                        )
                 }
                 None => match route.check(stored, keys, headers) {
                     Check::Serves => true,
@@ -199,7 +204,8 @@ pub(crate) async fn landed<B: OriginBody, E>(
             if *failure && let Some(stale) = usable_on_error(route, fallback, kind) {
                 return Next::Answer(stale);
             }
-            if !is_leader && !rules::same_variant(&response.headers, origin_saw.headers(), headers)
+            if !is_leader
+                && !response::same_variant(&response.headers, origin_saw.headers(), headers)
             {
                 return Next::Rekey;
             }
@@ -349,8 +355,10 @@ where
     route.stats.record(Event::ColdFill);
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
-    let revalidate =
-        revalidate.filter(|current| conditional::ask_if_changed(&mut request, &current.response));
+    let revalidate = revalidate.filter(|current| {
+        let current = &current.response;
+        conditional::ask_if_changed(&mut request, current.status, &current.headers)
+    });
     let (fill, origin) = match fill.call(inner, request).await {
         Answered::Called(fill, origin) => (fill, origin),
         Answered::Stopped(Stopped::AtMaximum) => return (Landed::Failed(Failure::Timeout), None),
@@ -367,7 +375,10 @@ where
         (Called::Read(Read::Whole { head, .. }), Some(current))
             if head.status() == StatusCode::NOT_MODIFIED =>
         {
-            Some(conditional::is_about(&current.response, head.headers()))
+            Some(conditional::is_about(
+                &current.response.headers,
+                head.headers(),
+            ))
         }
         _ => None,
     };
@@ -420,7 +431,7 @@ async fn answered<B: OriginBody, E>(
             (Landed::Failed(Failure::Error), Some(Err(error)))
         }
         Called::Read(Read::Whole { head, body }) => {
-            let why = match rules::storable(&route.policy, &head) {
+            let why = match response::storable(&route.policy, &head) {
                 Ok(()) => {
                     return match fill.keep(&asked, head, body).await {
                         Kept::Stored { put, rekeyed } => {
@@ -455,7 +466,7 @@ async fn answered<B: OriginBody, E>(
                 Err(why) => why,
             };
             not_stored(route, why);
-            let failure = rules::is_failure(head.status());
+            let failure = response::is_failure(head.status());
             fill.end(if failure { Ending::Error } else { Ending::Pass })
                 .await;
             not_kept(route, head, body, why, failure, asked)

@@ -21,39 +21,26 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::route::Route;
-use crate::cache::Stored;
-
-/// When a route refreshes entries early.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub(crate) struct Early {
-    /// From this fraction of the fresh time on.
-    pub(crate) fraction: Option<f64>,
-    /// XFetch's β.
-    pub(crate) beta: Option<f64>,
-}
-
-impl Early {
-    pub(crate) fn is_off(&self) -> bool {
-        self.fraction.is_none() && self.beta.is_none()
-    }
-}
+use crate::policy::Early;
 
 /// Whether a fresh entry `age` old is due for its early refresh. Costs one comparison
 /// on a route that does not refresh early.
-pub(crate) fn due(route: &Route, stored: &Stored, age: Duration) -> bool {
-    let early = &route.policy.early;
+pub(crate) fn due(
+    early: &Early,
+    recompute: &Recompute,
+    fresh_for: Duration,
+    age: Duration,
+) -> bool {
     if early.is_off() {
         return false;
     }
-    let fresh_for = stored.response.fresh_for;
     if let Some(fraction) = early.fraction
         && age.as_secs_f64() >= fresh_for.as_secs_f64() * fraction
     {
         return true;
     }
     if let Some(beta) = early.beta {
-        let delta = route.recompute.get().as_secs_f64();
+        let delta = recompute.get().as_secs_f64();
         // In (0, 1]: ln of it is finite.
         let u = 1.0 - fastrand::f64();
         return (delta * beta).mul_add(-u.ln(), age.as_secs_f64()) >= fresh_for.as_secs_f64();

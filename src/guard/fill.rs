@@ -24,19 +24,19 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 
 use super::budget;
-use super::conditional;
-use super::directives::{Lifetimes, lifetimes};
 use super::marks::Mark;
 use super::origin::{Called, FillBody, Inner, OriginBody, call_origin};
 use super::route::Route;
 use super::vary::{Check, TooMany};
 use crate::cache::entry::{self, CachedResponse};
 use crate::cache::{Freshness, L2Read, Renewal, Stored, l2_read, l2_revalidate, l2_write};
+use crate::http::conditional;
+use crate::http::directives::{Lifetimes, lifetimes};
+use crate::http::response::{self, NotStored};
 use crate::keys::CacheKeys;
 use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease, LeaseLost};
 use crate::metrics::Event;
 use crate::notify::{Ending, Notice};
-use crate::rules::{self, NotStored};
 
 /// What a fill works under.
 enum Claim {
@@ -227,7 +227,7 @@ impl Fill {
     pub(crate) async fn keep(self, asked: &Request<()>, head: Response<()>, body: Bytes) -> Kept {
         let route = self.route.clone();
         let keyed = self.keys.names.as_deref().unwrap_or_default();
-        let unkeyed = rules::unkeyed_vary(&route.policy, keyed, head.headers());
+        let unkeyed = response::unkeyed_vary(&route.policy, keyed, head.headers());
         if !unkeyed.is_empty() {
             match route.learn(&self.keys, &unkeyed) {
                 Ok(None) => {}
@@ -321,7 +321,7 @@ impl Fill {
         // Read before `Age` is stripped.
         let life = lifetimes(policy, &parts.headers, fresh_time(policy));
         let mut headers = entry::compact(&parts.headers);
-        rules::strip_unstorable(&mut headers);
+        response::strip_unstorable(&mut headers);
         // So that a HEAD answered from the entry says how long the GET would be.
         if !headers.contains_key(http::header::CONTENT_LENGTH) {
             headers.insert(http::header::CONTENT_LENGTH, body.len().into());
@@ -355,8 +355,8 @@ impl Fill {
         *renewed.status_mut() = cached.status;
         *renewed.headers_mut() = headers;
         let keyed = self.keys.names.as_deref().unwrap_or_default();
-        let unkeyed = rules::unkeyed_vary(&route.policy, keyed, renewed.headers());
-        let why = match rules::storable(&route.policy, &renewed) {
+        let unkeyed = response::unkeyed_vary(&route.policy, keyed, renewed.headers());
+        let why = match response::storable(&route.policy, &renewed) {
             Err(why) => Some(why),
             Ok(()) if !unkeyed.is_empty() => Some(NotStored::VaryUnkeyed),
             Ok(()) => None,

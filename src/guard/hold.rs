@@ -13,16 +13,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::policy::Adaptive;
+
 /// How many of the latest holds the percentile is taken over.
 pub(crate) const WINDOW: usize = 256;
-
-/// How the lease TTL adapts.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Adaptive {
-    pub(crate) factor: f64,
-    pub(crate) floor: Duration,
-    pub(crate) ceiling: Duration,
-}
 
 /// A route's lease TTL: fixed, or following its hold times.
 #[derive(Debug)]

@@ -11,10 +11,10 @@ use super::hold::LeaseTtl;
 use super::route::Route;
 use super::service::Guard;
 use super::vary::Learned;
+use crate::http::request;
 use crate::keys::CacheKeys;
 use crate::metrics::{RouteStats, Stats};
 use crate::policy::Policy;
-use crate::rules;
 use crate::store::StoreError;
 
 /// Applies a [`Guard`] with one route's policy. Made by
@@ -78,7 +78,7 @@ impl GuardLayer {
     /// debugging, and for looking at what the cache holds). `None` when the request is
     /// not cacheable by the route's rules.
     pub fn cache_keys<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
-        rules::classify(&self.route.policy, request).ok()?;
+        request::classify(&self.route.policy, request).ok()?;
         self.route.keys_for(request)
     }
 

@@ -57,12 +57,12 @@
 //!   one call at a time of their process to the origin (without the lease). However a
 //!   fill ends, its callers share it (see "Every way a fill ends" below).
 //! * A **conditional** request (`If-None-Match`, `If-Modified-Since`) that the entry it
-//!   is answered from meets gets `304` (`guard::conditional`); a refresh of an entry with a
+//!   is answered from meets gets `304` (`http::conditional`); a refresh of an entry with a
 //!   validator asks the origin the same way, and a `304` renews the entry with its body.
 //! * A fresh entry **due for an early refresh** (`guard::early`) is served as a hit and
 //!   refreshed as a stale one is; an entry **purged** by a tag (`guard::purge`, [`Purge`]) is stale
 //!   (soft) or gone (hard); on a route that follows the origin, each entry's lifetimes
-//!   are the origin's (`guard::directives`).
+//!   are the origin's (`http::directives`).
 //!
 //! # Every way a fill ends
 //!
@@ -152,8 +152,6 @@ mod answer;
 mod body;
 mod budget;
 mod cold;
-mod conditional;
-mod directives;
 mod early;
 mod fill;
 mod flight;
@@ -177,8 +175,3 @@ pub use self::layer::GuardLayer;
 pub use self::purge::MARGIN as PURGE_MARGIN;
 pub use self::service::Guard;
 pub use crate::notify::Purge;
-
-pub(crate) use self::conditional::is_conditional;
-pub(crate) use self::directives::{NotReused, controlling, reusable};
-pub(crate) use self::early::Early;
-pub(crate) use self::hold::Adaptive;

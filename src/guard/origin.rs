@@ -18,8 +18,8 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::route::Route;
+use crate::http::response::NotStored;
 use crate::metrics::Event;
-use crate::rules::NotStored;
 
 /// What the guard needs of the inner service: a service of requests with body `ReqBody`
 /// and responses with body `ResBody`, cloned for each call that reaches it (fills and

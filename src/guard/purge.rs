@@ -60,7 +60,7 @@ impl Purges {
         // Purges older than any entry may be hide nothing: dropped now and then (when
         // the map has grown to a power of two), so that the map does not grow forever.
         if map.len() >= 1024 && map.len().is_power_of_two() {
-            let horizon = at.saturating_sub(crate::guard::directives::MAX_KEEP.as_micros() as u64);
+            let horizon = at.saturating_sub(crate::http::directives::MAX_KEEP.as_micros() as u64);
             map.retain(|_, marks| marks.hard.max(marks.soft) >= horizon);
         }
         let marks = map.entry(id.to_owned()).or_default();

@@ -14,17 +14,17 @@ use std::time::{Duration, Instant};
 use http::{Request, StatusCode};
 use tracing::Instrument;
 
-use super::conditional;
 use super::fill::{Answered, Fill, Kept, Put, lease_unavailable, not_stored};
 use super::handle::Shared;
 use super::origin::{Called, FillBody, Inner, OriginBody, Read, asked, counted_revalidation};
 use super::route::Route;
 use crate::cache::{Freshness, L2Read, Stored, l2_read};
+use crate::http::conditional;
+use crate::http::response;
 use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::{Acquire, AcquireOutcome};
 use crate::metrics::Event;
 use crate::notify::Ending;
-use crate::rules;
 
 /// The refresh state of a key in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,7 +248,11 @@ where
     let failed = Some(policy.error_backoff);
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
-    let conditional = conditional::ask_if_changed(&mut request, &current.response);
+    let conditional = conditional::ask_if_changed(
+        &mut request,
+        current.response.status,
+        &current.response.headers,
+    );
     let (fill, origin) = match fill.call(inner, request).await {
         Answered::Called(fill, origin) => (fill, origin),
         Answered::Stopped(_) => return failed,
@@ -266,7 +270,7 @@ where
         Called::Read(Read::Whole { head, .. })
             if conditional && head.status() == StatusCode::NOT_MODIFIED =>
         {
-            if conditional::is_about(&current.response, head.headers()) {
+            if conditional::is_about(&current.response.headers, head.headers()) {
                 if fill.renew(&current, head, &asked).await.is_err() {
                     // Ended already.
                     route.stats.record(Event::RefreshNotStored);
@@ -278,7 +282,7 @@ where
             // A 304 about another entry than the one asked about: nothing to renew.
             (Event::RefreshOriginError, None)
         }
-        Called::Read(Read::Whole { head, body }) => match rules::storable(policy, &head) {
+        Called::Read(Read::Whole { head, body }) => match response::storable(policy, &head) {
             Ok(()) => match fill.keep(&asked, head, body).await {
                 Kept::Stored { put, .. } => {
                     if matches!(put, Put::Written { to_l2: true, .. }) {
@@ -294,7 +298,7 @@ where
                     return failed;
                 }
             },
-            Err(_) if rules::is_failure(head.status()) => (Event::RefreshOriginError, None),
+            Err(_) if response::is_failure(head.status()) => (Event::RefreshOriginError, None),
             Err(why) => (Event::RefreshNotStored, Some(why)),
         },
         Called::Read(Read::Partial { error: Some(_), .. }) => {

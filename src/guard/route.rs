@@ -20,11 +20,11 @@ use std::hash::Hasher;
 
 use siphasher::sip128::Hasher128;
 
+use crate::http::{forward, request, response};
 use crate::keys::{CacheKeys, LocalHashers, LocalKey};
 use crate::lease::FencingToken;
 use crate::metrics::RouteStats;
 use crate::policy::Policy;
-use crate::rules;
 use crate::store::StoreError;
 
 /// What every request of a route shares.
@@ -57,7 +57,7 @@ impl Route {
     fn response_key<B>(&self, request: &Request<B>) -> u128 {
         let mut response = self.hashers.response;
         let mut gather = Gather::new(&mut response);
-        rules::identity_into(&self.policy, request, &mut |bytes| gather.push(bytes));
+        request::identity_into(&self.policy, request, &mut |bytes| gather.push(bytes));
         gather.flush();
         response.finish128().as_u128()
     }
@@ -71,10 +71,10 @@ impl Route {
         names: Option<&[HeaderName]>,
     ) -> LocalKey {
         let variant = match names {
-            Some(names) if rules::names_any(names, request) => {
+            Some(names) if request::names_any(names, request) => {
                 let mut variant = self.hashers.variant;
                 let mut gather = Gather::new(&mut variant);
-                rules::variant_into(names, request, &mut |bytes| gather.push(bytes));
+                request::variant_into(names, request, &mut |bytes| gather.push(bytes));
                 gather.flush();
                 // Never 0: that is the response's own key.
                 variant.finish() | 1
@@ -101,7 +101,7 @@ impl Route {
         let names = match &at_own {
             Some(stored) => {
                 let vary = self.vary_of(stored);
-                if vary.is_empty() || !rules::names_any(vary, request) {
+                if vary.is_empty() || !request::names_any(vary, request) {
                     return (own, at_own);
                 }
                 // It varies on a header the request sends: known here already, unless
@@ -131,7 +131,7 @@ impl Route {
     /// The keys of a request (in Redis, and in L1), made with the names its URL is known
     /// to vary on. Fails only for a key space whose key would be too long.
     pub(crate) fn keys_for<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
-        let identity = rules::identity(&self.policy, request);
+        let identity = request::identity(&self.policy, request);
         let mut response = self.hashers.response;
         response.write(&identity);
         let response = response.finish128().as_u128();
@@ -140,8 +140,8 @@ impl Route {
         let route = &self.policy.route;
         let mut local = LocalKey::of_response(response);
         let made = match &names {
-            Some(learned) if rules::names_any(learned, request) => {
-                let variant = rules::variant(learned, request);
+            Some(learned) if request::names_any(learned, request) => {
+                let variant = request::variant(learned, request);
                 let mut variant_hash = self.hashers.variant;
                 variant_hash.write(&variant);
                 local.variant = variant_hash.finish() | 1;
@@ -163,9 +163,9 @@ impl Route {
 
     /// The names an entry varies on, that the route does not key on anyway.
     pub(crate) fn vary_of<'s>(&self, stored: &'s Stored) -> &'s [HeaderName] {
-        stored
-            .vary
-            .get_or_init(|| rules::unkeyed_vary(&self.policy, &[], &stored.response.headers).into())
+        stored.vary.get_or_init(|| {
+            response::unkeyed_vary(&self.policy, &[], &stored.response.headers).into()
+        })
     }
 
     /// Whether `stored`, found at `keys`, may answer a request with `headers` by its own
@@ -225,7 +225,7 @@ impl Route {
     /// that is the origin's to say, up to what an entry may hold.
     fn entries_live(&self) -> Duration {
         if self.policy.follow_origin {
-            super::directives::MAX_KEEP
+            crate::http::directives::MAX_KEEP
         } else {
             self.policy.kept_for()
         }
@@ -294,14 +294,15 @@ impl Route {
     /// Whether `stored` may stand in for a failed origin now: within the route's
     /// stale-if-error window, or on a route that follows the origin, the entry's.
     pub(crate) fn serves_on_error(&self, stored: &Stored) -> bool {
-        let window = super::directives::stale_if_error(&self.policy, &stored.response.headers);
+        let window =
+            crate::http::directives::stale_if_error(&self.policy, &stored.response.headers);
         stored.serves_on_error(window) && !self.is_gone(stored)
     }
 
     /// The request that fills or refreshes the entry of `request`.
     pub(crate) fn fill_request<B, F: Default>(&self, request: &Request<B>) -> Request<F> {
         let names = self.learned.names(self.response_key(request));
-        rules::fill_request(&self.policy, names.as_deref().unwrap_or_default(), request)
+        forward::fill_request(&self.policy, names.as_deref().unwrap_or_default(), request)
     }
 
     pub(crate) fn l1(&self) -> &L1 {
@@ -342,7 +343,7 @@ impl Route {
     pub(crate) async fn invalidate<B>(&self, request: &Request<B>) -> Result<bool, StoreError> {
         // The response's own keys: one invalidation reaches every variant of it (those
         // its `Vary` told apart), whatever the request's headers.
-        let identity = rules::identity(&self.policy, request);
+        let identity = request::identity(&self.policy, request);
         let Ok(mut keys) = self.shared.keys.cache(&self.policy.route, &identity) else {
             return Ok(false);
         };

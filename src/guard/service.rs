@@ -20,9 +20,9 @@ use super::outcome::XCache;
 use super::route::Route;
 use super::vary::{self, Check};
 use crate::cache::{Instant, L2Read, Stored, l2_read_with_names};
+use crate::http::request::{self, Asked};
 use crate::keys::CacheKeys;
 use crate::metrics::Event;
-use crate::rules::{self, Asked};
 
 /// The middleware of one route; see the [module docs](super) for the request path.
 ///
@@ -102,7 +102,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let route = &self.route;
         route.shared.ensure_listening();
-        let asked = match rules::classify(&route.policy, &request) {
+        let asked = match request::classify(&route.policy, &request) {
             Ok(asked) => asked,
             Err(reason) => {
                 route.stats.record(Event::Bypass);
@@ -132,7 +132,12 @@ where
         let fallback = match found.filter(|s| !route.is_gone(s)) {
             Some(stored) => {
                 let age = stored.age_at(now);
-                let early = early::due(route, &stored, age);
+                let early = early::due(
+                    &route.policy.early,
+                    &route.recompute,
+                    stored.response.fresh_for,
+                    age,
+                );
                 // (A conditional request takes the longer way: it may be answered 304;
                 // so does a hit that starts an early refresh.)
                 if !asked.conditional
@@ -323,7 +328,12 @@ where
                     age: stored.age(),
                     local: keys.local,
                     keys: Some(&keys),
-                    early: early::due(&route, &stored, stored.age()),
+                    early: early::due(
+                        &route.policy.early,
+                        &route.recompute,
+                        stored.response.fresh_for,
+                        stored.age(),
+                    ),
                 };
                 if let Some(response) = answer(&route, found, asked, &request, &inner) {
                     return Ok(response);

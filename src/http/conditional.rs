@@ -11,16 +11,9 @@ use http::header::{
     CACHE_CONTROL, CONTENT_LOCATION, DATE, ETAG, EXPIRES, IF_MODIFIED_SINCE, IF_NONE_MATCH,
     LAST_MODIFIED, VARY,
 };
-use http::{HeaderMap, HeaderName, HeaderValue, Request};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 
-use crate::cache::entry::CachedResponse;
-
-/// Whether a client's request is a conditional one the cache may answer: it has
-/// `If-None-Match` or `If-Modified-Since`. Checked on the request's one pass over its
-/// header names (see `rules::classify`).
-pub(crate) fn is_conditional(name: &HeaderName) -> bool {
-    *name == IF_NONE_MATCH || *name == IF_MODIFIED_SINCE
-}
+use super::response::{is_set_by_the_layer, strip_unstorable};
 
 /// Whether the request's condition says the client's copy is the entry's: `304`.
 ///
@@ -28,13 +21,13 @@ pub(crate) fn is_conditional(name: &HeaderName) -> bool {
 /// matching any entry; only without it, `If-Modified-Since` against the entry's
 /// `Last-Modified`, or its `Date` when it has none (RFC 9111 §4.3.2). Preconditions
 /// are ignored for an entry that is not a 2xx (RFC 9110 §13.2.1).
-pub(crate) fn not_modified(cached: &CachedResponse, request: &HeaderMap) -> bool {
-    if !cached.status.is_success() {
+pub(crate) fn not_modified(status: StatusCode, stored: &HeaderMap, request: &HeaderMap) -> bool {
+    if !status.is_success() {
         return false;
     }
     let mut none_match = request.get_all(IF_NONE_MATCH).iter().peekable();
     if none_match.peek().is_some() {
-        let etag = cached.headers.get(ETAG).and_then(|v| v.to_str().ok());
+        let etag = stored.get(ETAG).and_then(|v| v.to_str().ok());
         return none_match
             .filter_map(|v| v.to_str().ok())
             .flat_map(|list| list.split(','))
@@ -44,10 +37,9 @@ pub(crate) fn not_modified(cached: &CachedResponse, request: &HeaderMap) -> bool
     let Some(since) = request.get(IF_MODIFIED_SINCE).and_then(http_date) else {
         return false;
     };
-    let modified = cached
-        .headers
+    let modified = stored
         .get(LAST_MODIFIED)
-        .or_else(|| cached.headers.get(DATE))
+        .or_else(|| stored.get(DATE))
         .and_then(http_date);
     modified.is_some_and(|modified| modified <= since)
 }
@@ -78,17 +70,21 @@ pub(crate) const NOT_MODIFIED_HEADERS: [HeaderName; 7] = [
 /// Makes a refresh's request conditional on the entry it refreshes: `If-None-Match`
 /// with its `ETag`, `If-Modified-Since` with its `Last-Modified`. Returns whether the
 /// entry had a validator to ask with.
-pub(crate) fn ask_if_changed<B>(request: &mut Request<B>, cached: &CachedResponse) -> bool {
-    if !cached.status.is_success() {
+pub(crate) fn ask_if_changed<B>(
+    request: &mut Request<B>,
+    status: StatusCode,
+    stored: &HeaderMap,
+) -> bool {
+    if !status.is_success() {
         return false;
     }
     let headers = request.headers_mut();
     let mut asked = false;
-    if let Some(etag) = cached.headers.get(ETAG) {
+    if let Some(etag) = stored.get(ETAG) {
         headers.insert(IF_NONE_MATCH, etag.clone());
         asked = true;
     }
-    if let Some(modified) = cached.headers.get(LAST_MODIFIED) {
+    if let Some(modified) = stored.get(LAST_MODIFIED) {
         headers.insert(IF_MODIFIED_SINCE, modified.clone());
         asked = true;
     }
@@ -97,10 +93,10 @@ pub(crate) fn ask_if_changed<B>(request: &mut Request<B>, cached: &CachedRespons
 
 /// Whether a `304` the origin sent is about the entry that was asked with: it names no
 /// other strong validator (RFC 9111 §4.3.4: a 304 whose `ETag` differs renews nothing).
-pub(crate) fn is_about(cached: &CachedResponse, not_modified: &HeaderMap) -> bool {
+pub(crate) fn is_about(stored: &HeaderMap, not_modified: &HeaderMap) -> bool {
     match (
         not_modified.get(ETAG).and_then(|v| v.to_str().ok()),
-        cached.headers.get(ETAG).and_then(|v| v.to_str().ok()),
+        stored.get(ETAG).and_then(|v| v.to_str().ok()),
     ) {
         (Some(theirs), Some(ours)) => weak_eq(theirs, ours),
         // A 304 with an ETag for an entry that had none: not the entry asked about.
@@ -115,7 +111,7 @@ pub(crate) fn is_about(cached: &CachedResponse, not_modified: &HeaderMap) -> boo
 pub(crate) fn renewed_headers(stored: &HeaderMap, not_modified: &HeaderMap) -> HeaderMap {
     let mut headers = stored.clone();
     let mut updates = not_modified.clone();
-    crate::rules::strip_unstorable(&mut updates);
+    strip_unstorable(&mut updates);
     for name in updates.keys() {
         if keeps_stored(name) {
             continue;
@@ -142,20 +138,20 @@ fn keeps_stored(name: &HeaderName) -> bool {
             name.as_str(),
             "content-md5" | "digest" | "content-digest" | "repr-digest"
         )
-        || crate::cache::is_set_by_the_layer(name)
+        || is_set_by_the_layer(name)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use bytes::Bytes;
-    use http::StatusCode;
-
     use super::*;
-    use crate::lease::FencingToken;
 
-    fn cached(headers: &[(&str, &str)]) -> CachedResponse {
+    /// What the functions read of a stored entry.
+    struct Cached {
+        status: StatusCode,
+        headers: HeaderMap,
+    }
+
+    fn cached(headers: &[(&str, &str)]) -> Cached {
         let mut map = HeaderMap::new();
         for (name, value) in headers {
             map.append(
@@ -163,14 +159,9 @@ mod tests {
                 HeaderValue::from_str(value).unwrap(),
             );
         }
-        CachedResponse {
+        Cached {
             status: StatusCode::OK,
             headers: map,
-            body: Bytes::from_static(b"body"),
-            fresh_for: Duration::from_secs(1),
-            grace: Duration::ZERO,
-            keep: Duration::from_secs(1),
-            token: FencingToken::new(1),
         }
     }
 
@@ -191,7 +182,11 @@ mod tests {
             ("", false),
         ] {
             assert_eq!(
-                not_modified(&entry, &request(&[("if-none-match", asked)])),
+                not_modified(
+                    entry.status,
+                    &entry.headers,
+                    &request(&[("if-none-match", asked)])
+                ),
                 matches,
                 "{asked}"
             );
@@ -199,10 +194,15 @@ mod tests {
         // No ETag: only `*` matches.
         let plain = cached(&[]);
         assert!(!not_modified(
-            &plain,
+            plain.status,
+            &plain.headers,
             &request(&[("if-none-match", "\"v1\"")])
         ));
-        assert!(not_modified(&plain, &request(&[("if-none-match", "*")])));
+        assert!(not_modified(
+            plain.status,
+            &plain.headers,
+            &request(&[("if-none-match", "*")])
+        ));
     }
 
     #[test]
@@ -214,19 +214,23 @@ mod tests {
         let later = "Mon, 07 Nov 1994 08:49:37 GMT";
         let earlier = "Sat, 05 Nov 1994 08:49:37 GMT";
         assert!(not_modified(
-            &entry,
+            entry.status,
+            &entry.headers,
             &request(&[("if-modified-since", later)])
         ));
         assert!(!not_modified(
-            &entry,
+            entry.status,
+            &entry.headers,
             &request(&[("if-modified-since", earlier)])
         ));
         assert!(!not_modified(
-            &entry,
+            entry.status,
+            &entry.headers,
             &request(&[("if-none-match", "\"v2\""), ("if-modified-since", later)])
         ));
         assert!(!not_modified(
-            &entry,
+            entry.status,
+            &entry.headers,
             &request(&[("if-modified-since", "yesterday")])
         ));
     }
@@ -235,7 +239,11 @@ mod tests {
     fn only_a_success_answers_a_condition() {
         let mut entry = cached(&[("etag", "\"v1\"")]);
         entry.status = StatusCode::NOT_FOUND;
-        assert!(!not_modified(&entry, &request(&[("if-none-match", "*")])));
+        assert!(!not_modified(
+            entry.status,
+            &entry.headers,
+            &request(&[("if-none-match", "*")])
+        ));
     }
 
     #[test]
@@ -245,14 +253,15 @@ mod tests {
             ("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
         ]);
         let mut asking = Request::new(());
-        assert!(ask_if_changed(&mut asking, &entry));
+        assert!(ask_if_changed(&mut asking, entry.status, &entry.headers));
         assert_eq!(asking.headers()[IF_NONE_MATCH], "\"v1\"");
         assert_eq!(
             asking.headers()[IF_MODIFIED_SINCE],
             "Sun, 06 Nov 1994 08:49:37 GMT"
         );
         let mut plain = Request::new(());
-        assert!(!ask_if_changed(&mut plain, &cached(&[])));
+        let none = cached(&[]);
+        assert!(!ask_if_changed(&mut plain, none.status, &none.headers));
         assert!(plain.headers().is_empty());
     }
 
@@ -273,7 +282,7 @@ mod tests {
             ("connection", "close"),
             ("x-b", "2"),
         ]);
-        assert!(is_about(&entry, &update));
+        assert!(is_about(&entry.headers, &update));
         let renewed = renewed_headers(&entry.headers, &update);
         assert_eq!(renewed["cache-control"], "max-age=60");
         assert_eq!(renewed["content-length"], "4");
@@ -284,8 +293,11 @@ mod tests {
         assert!(!renewed.contains_key("connection"));
         assert_eq!(renewed.get_all("etag").iter().count(), 1);
 
-        assert!(!is_about(&entry, &request(&[("etag", "\"v2\"")])));
-        assert!(!is_about(&cached(&[]), &request(&[("etag", "\"v2\"")])));
-        assert!(is_about(&entry, &request(&[])));
+        assert!(!is_about(&entry.headers, &request(&[("etag", "\"v2\"")])));
+        assert!(!is_about(
+            &cached(&[]).headers,
+            &request(&[("etag", "\"v2\"")])
+        ));
+        assert!(is_about(&entry.headers, &request(&[])));
     }
 }

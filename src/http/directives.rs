@@ -4,7 +4,7 @@
 //! heuristic freshness (RFC 9111 §4.2.2). Read only on routes that follow the origin
 //! ([`PolicyBuilder::follow_origin`](crate::policy::PolicyBuilder::follow_origin));
 //! other routes keep their own policy whatever the origin says (but for what makes an
-//! answer private, which every route obeys: see `rules::storable`).
+//! answer private, which every route obeys: see `response::storable`).
 //!
 //! The origin's lifetime is clamped by the route's floor and ceiling
 //! ([`min_fresh`](crate::policy::PolicyBuilder::min_fresh),
@@ -481,7 +481,7 @@ mod tests {
                 *r.headers_mut() = headers(pairs);
                 r
             };
-            crate::rules::storable(&following(), &response)
+            crate::http::response::storable(&following(), &response)
         };
         assert!(
             store(&[

@@ -1,0 +1,218 @@
+//! What a fill sends the origin: a GET of the keyed path and query, with the caller's
+//! headers as a proxy forwards them (RFC 9110 §7.6), less what could poison the cache.
+
+use http::header::{self, HeaderMap, HeaderName};
+use http::{Method, Request, Uri};
+
+use super::request::{host, keyed_query};
+use crate::policy::{POISONING_HEADERS, Policy};
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1), and those that only make sense for the
+/// client's own connection or body: never forwarded on a fill, never stored.
+const HOP_BY_HOP: &[HeaderName] = &[
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+];
+
+/// Request headers a fill never forwards: the request is a plain GET of the whole
+/// representation, made for everyone, and these would make it something else (a
+/// conditional or partial answer, a body).
+const NOT_FOR_A_FILL: &[HeaderName] = &[
+    header::CONTENT_LENGTH,
+    header::CONTENT_TYPE,
+    header::EXPECT,
+    header::IF_MATCH,
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_UNMODIFIED_SINCE,
+    header::IF_RANGE,
+    header::RANGE,
+];
+
+/// The request the origin gets when it fills (or refreshes) an entry: a GET of the path
+/// and keyed query, with the host that was keyed (in the `Host` header, none when the
+/// host is not keyed) and a relative URI.
+///
+/// Headers: by default, as a proxy forwards them (content negotiation, trace context and
+/// request ids keep working), without hop-by-hop headers, without conditional, range and
+/// body headers, and without [`POISONING_HEADERS`] unless keyed. With
+/// `strict_forwarding`, only the keyed
+/// headers and the route's `forward_headers`. Keyed and learned headers are always
+/// forwarded, `Authorization` and `Cookie` only where the route allows them. Extensions
+/// are copied unless the route says otherwise (by default, unless it forwards strictly).
+pub(crate) fn fill_request<B, F: Default>(
+    policy: &Policy,
+    learned: &[HeaderName],
+    request: &Request<B>,
+) -> Request<F> {
+    let uri = request.uri();
+    let mut path_and_query = uri.path().to_owned();
+    let mut first = true;
+    keyed_query(policy, uri, &mut |param| {
+        path_and_query.push(if first { '?' } else { '&' });
+        path_and_query.push_str(param);
+        first = false;
+    });
+    // Relative: the host, if any, travels in one place only, the Host header, and is the
+    // same value the key was made of.
+    let new_uri = Uri::builder()
+        .path_and_query(path_and_query)
+        .build()
+        .unwrap_or_else(|_| Uri::from_static("/"));
+
+    let keyed = |name: &HeaderName| policy.key_headers.contains(name) || learned.contains(name);
+    let given = request.headers();
+    let mut headers = HeaderMap::with_capacity(given.keys_len());
+    if policy.strict_forwarding {
+        for name in policy
+            .key_headers
+            .iter()
+            .chain(learned)
+            .chain(&policy.forward_headers)
+        {
+            for value in given.get_all(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        for (name, allowed) in [
+            (header::AUTHORIZATION, policy.allow_authorization),
+            (header::COOKIE, policy.allow_cookies),
+        ] {
+            if allowed {
+                for value in given.get_all(&name) {
+                    headers.append(name.clone(), value.clone());
+                }
+            }
+        }
+    } else {
+        let listed = connection_listed(given);
+        for (name, value) in given {
+            let dropped = HOP_BY_HOP.contains(name)
+                || NOT_FOR_A_FILL.contains(name)
+                || name.as_str() == "keep-alive"
+                || name.as_str() == "proxy-connection"
+                || listed.contains(name)
+                || (*name == header::AUTHORIZATION && !policy.allow_authorization)
+                || (*name == header::COOKIE && !policy.allow_cookies)
+                || (POISONING_HEADERS.contains(&name.as_str()) && !keyed(name));
+            if !dropped {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    headers.remove(header::HOST);
+    if (policy.key_host || learned.contains(&header::HOST))
+        && let Some(host) = host(request).and_then(|h| http::HeaderValue::from_bytes(h).ok())
+    {
+        headers.insert(header::HOST, host);
+    }
+    let mut fill = Request::new(F::default());
+    *fill.method_mut() = Method::GET;
+    *fill.uri_mut() = new_uri;
+    *fill.version_mut() = request.version();
+    *fill.headers_mut() = headers;
+    if policy.forward_extensions() {
+        *fill.extensions_mut() = request.extensions().clone();
+    }
+    fill
+}
+
+/// Removes the hop-by-hop headers (RFC 9110 §7.6.1) and those the `Connection` header
+/// names: they describe one connection, never what is stored or sent on.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in connection_listed(headers) {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// The headers a `Connection` header names: hop-by-hop for this connection only.
+fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(uri: &str) -> http::request::Builder {
+        Request::get(uri).header("host", "example.com")
+    }
+
+    #[test]
+    fn a_strict_fill_request_carries_only_what_is_keyed() {
+        let p = Policy::builder("items")
+            .key_query(["page"])
+            .key_headers(["accept-language"])
+            .forward_headers(["traceparent"])
+            .strict_forwarding(true)
+            .build()
+            .unwrap();
+        let request = get("/items?utm=x&page=2")
+            .header("accept-language", "fr")
+            .header("traceparent", "00-abc")
+            .header("x-forwarded-host", "evil.example")
+            .body(())
+            .unwrap();
+        let fill: Request<()> = fill_request(&p, &[], &request);
+        assert_eq!(fill.method(), Method::GET);
+        assert_eq!(fill.uri(), "/items?page=2");
+        let mut names: Vec<&str> = fill.headers().keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["accept-language", "host", "traceparent"]);
+        // The host that was keyed is the host the origin sees, whatever the request line.
+        let absolute = Request::get("http://evil.example/items")
+            .header("host", "shop.example")
+            .body(())
+            .unwrap();
+        let fill: Request<()> = fill_request(&p, &[], &absolute);
+        assert_eq!(fill.uri(), "/items");
+        assert_eq!(fill.headers()["host"], "shop.example");
+        let unkeyed = Policy::builder("items").key_host(false).build().unwrap();
+        let fill: Request<()> = fill_request(&unkeyed, &[], &absolute);
+        assert!(fill.headers().get("host").is_none());
+    }
+
+    #[test]
+    fn a_fill_request_forwards_as_a_proxy_does_without_poisoning_headers() {
+        let p = Policy::builder("items").build().unwrap();
+        let request = get("/items?page=2")
+            .header("accept-language", "fr")
+            .header("traceparent", "00-abc")
+            .header("x-request-id", "r-1")
+            .header("connection", "keep-alive, x-hop")
+            .header("x-hop", "gone")
+            .header("keep-alive", "timeout=5")
+            .header("if-none-match", "\"v1\"")
+            .header("range", "bytes=0-1")
+            .header("x-forwarded-host", "evil.example")
+            .header("X-Original-URL", "/admin")
+            .header("forwarded", "host=evil.example")
+            .body(())
+            .unwrap();
+        let fill: Request<()> = fill_request(&p, &[], &request);
+        let mut names: Vec<&str> = fill.headers().keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            ["accept-language", "host", "traceparent", "x-request-id"]
+        );
+        // Keyed (or learned), a poisoning header is part of the key: then it is sent.
+        let learned = [HeaderName::from_static("x-forwarded-host")];
+        let fill: Request<()> = fill_request(&p, &learned, &request);
+        assert_eq!(fill.headers()["x-forwarded-host"], "evil.example");
+    }
+}

@@ -1,0 +1,20 @@
+//! The HTTP caching rules (RFC 9110, RFC 9111), as pure functions of requests,
+//! responses and a route's [`Policy`](crate::Policy): no Redis, no cache, no state.
+//! The guard calls them; they can be read and tested on their own.
+//!
+//! * `request`: which requests the cache answers, and what tells them apart (identity,
+//!   keyed query, variant);
+//! * `forward`: what a fill sends the origin;
+//! * `directives`: what an answer's `Cache-Control`, `Expires`, `Age` and validators
+//!   say about how long it may be reused;
+//! * `conditional`: conditional requests, from clients and to the origin;
+//! * `response`: which answers may be stored and shared, and their `Vary`.
+
+pub(crate) mod conditional;
+pub(crate) mod directives;
+pub(crate) mod forward;
+pub(crate) mod request;
+pub(crate) mod response;
+
+pub use self::response::{CACHE_NAME, CACHE_STATUS, X_CACHE};
+pub(crate) use self::response::{CACHE_STATUS_NAME, X_CACHE_NAME, is_set_by_the_layer};

@@ -1,0 +1,338 @@
+//! What a request is to the cache: whether it is answered from it at all (its method,
+//! its credentials, the route), and what tells it apart from other requests (its
+//! identity: method, host, path, the keyed query and headers; its variant: the headers
+//! its URL's responses vary on).
+
+use http::header::{self, HeaderName, IF_MODIFIED_SINCE, IF_NONE_MATCH};
+use http::{Method, Request, Uri};
+
+use crate::policy::{KeyQuery, Policy};
+
+/// The methods the cache answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Get,
+    /// Answered from the GET entry, without a body.
+    Head,
+}
+
+/// Why a request goes straight to the origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bypass {
+    Method,
+    Authorization,
+    Cookie,
+    /// The route is never cached.
+    Route,
+}
+
+impl Bypass {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Method => "method",
+            Self::Authorization => "authorization",
+            Self::Cookie => "cookie",
+            Self::Route => "route",
+        }
+    }
+}
+
+pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Asked, Bypass> {
+    if !policy.cache {
+        return Err(Bypass::Route);
+    }
+    let kind = match *request.method() {
+        Method::GET => Kind::Get,
+        Method::HEAD => Kind::Head,
+        _ => return Err(Bypass::Method),
+    };
+    // One pass over the names a request has (a handful), rather than three hashed
+    // lookups: every request comes here.
+    let (mut authorization, mut cookie, mut conditional) = (false, false, false);
+    for name in request.headers().keys() {
+        authorization |= *name == header::AUTHORIZATION;
+        cookie |= *name == header::COOKIE;
+        conditional |= is_conditional(name);
+    }
+    if authorization && !policy.allow_authorization {
+        return Err(Bypass::Authorization);
+    }
+    if cookie && !policy.allow_cookies {
+        return Err(Bypass::Cookie);
+    }
+    Ok(Asked { kind, conditional })
+}
+
+/// Whether a client's request is a conditional one the cache may answer: it has
+/// `If-None-Match` or `If-Modified-Since`. Checked on the request's one pass over its
+/// header names (see [`classify`]).
+pub(crate) fn is_conditional(name: &HeaderName) -> bool {
+    *name == IF_NONE_MATCH || *name == IF_MODIFIED_SINCE
+}
+
+/// What a cacheable request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Asked {
+    pub(crate) kind: Kind,
+    /// It has `If-None-Match` or `If-Modified-Since`: an entry that meets the condition
+    /// answers `304` (see `guard::conditional`).
+    pub(crate) conditional: bool,
+}
+
+/// Everything that tells requests of a route apart, as bytes to be hashed: the host (if
+/// keyed), the path, the keyed query parameters (sorted) and the keyed headers. Each
+/// part is length-prefixed, so no two different requests give the same bytes.
+pub(crate) fn identity<B>(policy: &Policy, request: &Request<B>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    identity_into(policy, request, &mut |bytes| out.extend_from_slice(bytes));
+    out
+}
+
+/// [`identity`], written piece by piece into `out` (a hasher, on the hit path: no
+/// allocation).
+pub(crate) fn identity_into<B>(policy: &Policy, request: &Request<B>, out: &mut impl FnMut(&[u8])) {
+    let mut part = |bytes: &[u8]| {
+        out(&(bytes.len() as u32).to_le_bytes());
+        out(bytes);
+    };
+    part(b"v1");
+    if policy.key_host {
+        part(host(request).unwrap_or_default());
+    }
+    part(request.uri().path().as_bytes());
+    keyed_query(policy, request.uri(), &mut |param| part(param.as_bytes()));
+    headers_into(&policy.key_headers, request, out);
+}
+
+/// Whether the request has any of the headers its URL learned to vary on. Without
+/// them it asks for the response's own entry (variant 0), as before the URL learned
+/// any. (Such an entry was filled by a request without the headers, or before the URL
+/// learned them by an answer that did not vary on them: were it varying, the URL would
+/// have learned the header from it then, and stored it as a variant.)
+pub(crate) fn names_any<B>(learned: &[HeaderName], request: &Request<B>) -> bool {
+    let headers = request.headers();
+    learned.iter().any(|name| headers.contains_key(name))
+}
+
+/// Which variant of a response a request asks for: its values of the headers its URL
+/// learned its responses vary on (`learned`, sorted), as bytes to be hashed.
+pub(crate) fn variant<B>(learned: &[HeaderName], request: &Request<B>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    headers_into(learned, request, &mut |bytes| out.extend_from_slice(bytes));
+    out
+}
+
+/// [`variant`], written piece by piece into `out`.
+pub(crate) fn variant_into<B>(
+    learned: &[HeaderName],
+    request: &Request<B>,
+    out: &mut impl FnMut(&[u8]),
+) {
+    headers_into(learned, request, out);
+}
+
+/// Each header of `names` with its values, length-prefixed.
+fn headers_into<B>(names: &[HeaderName], request: &Request<B>, out: &mut impl FnMut(&[u8])) {
+    let mut part = |bytes: &[u8]| {
+        out(&(bytes.len() as u32).to_le_bytes());
+        out(bytes);
+    };
+    for name in names {
+        part(name.as_str().as_bytes());
+        let mut count = 0u32;
+        if name == header::HOST {
+            // What a learned `Vary: Host` means: the host, however the request gives it.
+            if let Some(host) = host(request) {
+                part(host);
+                count = 1;
+            }
+        } else {
+            for value in request.headers().get_all(name) {
+                part(value.as_bytes());
+                count += 1;
+            }
+        }
+        part(&count.to_le_bytes());
+    }
+}
+
+/// The host a request is for: its `Host` header as sent, text or not (two hosts that
+/// are not text are still two hosts, never one empty one), else its URI's authority.
+pub(crate) fn host<B>(request: &Request<B>) -> Option<&[u8]> {
+    match request.headers().get(header::HOST) {
+        Some(value) => Some(value.as_bytes()),
+        None => request.uri().authority().map(|a| a.as_str().as_bytes()),
+    }
+}
+
+/// The keyed query parameters (`name=value` as they came), sorted, each handed to
+/// `each`. Without an allocation for up to 8 of them (a query string seldom has more).
+pub(crate) fn keyed_query<'a>(policy: &Policy, uri: &'a Uri, each: &mut impl FnMut(&'a str)) {
+    let Some(query) = uri.query() else {
+        return;
+    };
+    if matches!(policy.key_query, KeyQuery::Ignore) {
+        return;
+    }
+    let keyed = params(query).filter(|p| !p.is_empty()).filter(|p| {
+        match &policy.key_query {
+            KeyQuery::All => true,
+            KeyQuery::Only(names) => {
+                // Only a filter needs the name (found by a byte scan, as in `params`).
+                let name = p.bytes().position(|b| b == b'=').map_or(*p, |at| &p[..at]);
+                names.iter().any(|n| n == name)
+            }
+            KeyQuery::Ignore => false,
+        }
+    });
+    let mut few: [&str; 8] = [""; 8];
+    let mut count = 0;
+    let mut many: Vec<&str> = Vec::new();
+    for param in keyed {
+        if count < few.len() {
+            few[count] = param;
+            count += 1;
+        } else {
+            if many.is_empty() {
+                many.extend_from_slice(&few);
+            }
+            many.push(param);
+        }
+    }
+    let params: &mut [&str] = if many.is_empty() {
+        &mut few[..count]
+    } else {
+        &mut many
+    };
+    params.sort_unstable();
+    for param in params.iter() {
+        each(param);
+    }
+}
+
+/// The parameters of a query string, split at `&`: a plain scan of its bytes, cheaper
+/// than a general pattern search for strings this short.
+fn params(query: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(query);
+    std::iter::from_fn(move || {
+        let now = rest?;
+        match now.bytes().position(|b| b == b'&') {
+            Some(at) => {
+                rest = Some(&now[at + 1..]);
+                Some(&now[..at])
+            }
+            None => {
+                rest = None;
+                Some(now)
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte scan splits a query exactly where `str::split('&')` does, empty
+    /// parameters and non-ASCII ones included.
+    #[test]
+    fn params_split_like_str_split() {
+        for query in [
+            "",
+            "a",
+            "a=1",
+            "a=1&b=2",
+            "&",
+            "&&",
+            "a=1&&b=2&",
+            "&a",
+            "é=ü&x",
+            "a=&=b",
+        ] {
+            let ours: Vec<&str> = params(query).collect();
+            let std: Vec<&str> = query.split('&').collect();
+            assert_eq!(ours, std, "{query:?}");
+        }
+    }
+
+    fn policy() -> Policy {
+        Policy::builder("items")
+            .key_headers(["accept-language"])
+            .build()
+            .unwrap()
+    }
+
+    fn get(uri: &str) -> http::request::Builder {
+        Request::get(uri).header("host", "example.com")
+    }
+
+    #[test]
+    fn query_order_does_not_matter_and_keyed_headers_do() {
+        let p = policy();
+        let a = get("/items?a=1&b=2").body(()).unwrap();
+        let b = get("/items?b=2&a=1").body(()).unwrap();
+        assert_eq!(identity(&p, &a), identity(&p, &b));
+        let fr = get("/items")
+            .header("accept-language", "fr")
+            .body(())
+            .unwrap();
+        let de = get("/items")
+            .header("accept-language", "de")
+            .body(())
+            .unwrap();
+        assert_ne!(identity(&p, &fr), identity(&p, &de));
+        let evil = get("/items")
+            .header("x-forwarded-host", "evil")
+            .body(())
+            .unwrap();
+        let plain = get("/items").body(()).unwrap();
+        assert_eq!(identity(&p, &evil), identity(&p, &plain));
+        let other_host = Request::get("/items")
+            .header("host", "other")
+            .body(())
+            .unwrap();
+        assert_ne!(identity(&p, &other_host), identity(&p, &plain));
+    }
+
+    #[test]
+    fn parts_cannot_run_into_each_other() {
+        let p = Policy::builder("items").build().unwrap();
+        let a = get("/items?ab=c").body(()).unwrap();
+        let b = get("/items?a=bc").body(()).unwrap();
+        assert_ne!(identity(&p, &a), identity(&p, &b));
+    }
+
+    #[test]
+    fn requests_with_credentials_bypass_unless_allowed() {
+        let p = policy();
+        let auth = get("/")
+            .header("authorization", "Bearer x")
+            .body(())
+            .unwrap();
+        let cookie = get("/").header("cookie", "a=b").body(()).unwrap();
+        let post = Request::post("/").body(()).unwrap();
+        assert_eq!(classify(&p, &auth), Err(Bypass::Authorization));
+        assert_eq!(classify(&p, &cookie), Err(Bypass::Cookie));
+        assert_eq!(classify(&p, &post), Err(Bypass::Method));
+        assert_eq!(
+            classify(&p, &Request::head("/").body(()).unwrap()),
+            Ok(Asked {
+                kind: Kind::Head,
+                conditional: false
+            })
+        );
+        let conditional = get("/").header("if-none-match", "\"v1\"").body(()).unwrap();
+        assert_eq!(
+            classify(&p, &conditional),
+            Ok(Asked {
+                kind: Kind::Get,
+                conditional: true
+            })
+        );
+        let open = Policy::builder("items")
+            .allow_authorization(true)
+            .build()
+            .unwrap();
+        assert_eq!(classify(&open, &auth).map(|a| a.kind), Ok(Kind::Get));
+    }
+}

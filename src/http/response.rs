@@ -1,0 +1,316 @@
+//! Which responses may be stored and shared (RFC 9111 §3), and what their `Vary` asks
+//! of the requests they answer.
+
+use http::header::{self, HeaderMap, HeaderName};
+use http::{Response, StatusCode};
+
+use super::directives::{self, NotReused};
+use super::forward::strip_hop_by_hop;
+use crate::policy::Policy;
+
+/// The response header that says how a response was answered: `hit` (a fresh entry),
+/// `stale` (a stale entry, being refreshed or standing in for a failing origin), `miss`
+/// (filled from the origin and stored), `pass` (from the origin, not stored: private,
+/// uncacheable, too large, or a key whose answers are not stored) or `bypass` (the
+/// request is not cacheable: its method, its credentials, or a never-cached route).
+pub const X_CACHE: &str = "x-cache";
+
+/// The response header of RFC 9211, set on every answer next to [`X_CACHE`], with this
+/// cache's entry ([`CACHE_NAME`]) appended to what the origin's own caches said: `hit`
+/// with the `ttl` left (negative once stale) for an answer from an entry; `fwd=uri-miss`
+/// with `stored` and its `ttl` for a fill, `fwd=uri-miss` alone for an answer that was
+/// not stored, `fwd=bypass` for a request the cache does not handle.
+pub const CACHE_STATUS: &str = "cache-status";
+
+/// The name this cache gives itself in [`CACHE_STATUS`].
+pub const CACHE_NAME: &str = "stampede-guard";
+
+/// The name of the `x-cache` header, made once.
+pub(crate) const X_CACHE_NAME: http::HeaderName = http::HeaderName::from_static(X_CACHE);
+
+/// The name of the `cache-status` header (RFC 9211), made once.
+pub(crate) const CACHE_STATUS_NAME: http::HeaderName = http::HeaderName::from_static(CACHE_STATUS);
+
+/// The headers the layer sets on each answer from an entry: never stored, and never
+/// taken from what the origin sent (an upstream cache's `cache-status` described the
+/// fill, not the answers from the entry).
+pub(crate) fn is_set_by_the_layer(name: &http::HeaderName) -> bool {
+    *name == http::header::AGE || *name == X_CACHE_NAME || *name == CACHE_STATUS_NAME
+}
+
+/// The names a response's `Vary` lists; `Err` for `Vary: *` (or a value that is not
+/// text), which no request can match.
+pub(crate) fn vary_names(headers: &HeaderMap) -> Result<Vec<HeaderName>, NotStored> {
+    let mut names = Vec::new();
+    for value in headers.get_all(header::VARY) {
+        let value = value.to_str().map_err(|_| NotStored::VaryStar)?;
+        for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "*" {
+                return Err(NotStored::VaryStar);
+            }
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| NotStored::VaryStar)?;
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// The names in a response's `Vary` that a key made with `learned` does not include.
+pub(crate) fn unkeyed_vary(
+    policy: &Policy,
+    learned: &[HeaderName],
+    response: &HeaderMap,
+) -> Vec<HeaderName> {
+    vary_names(response)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|name| {
+            !(policy.key_headers.contains(name)
+                || learned.contains(name)
+                || (*name == header::HOST && policy.key_host))
+        })
+        .collect()
+}
+
+/// Whether a response (by its `Vary`) made for a request with headers `made_for` may be
+/// given to a request with headers `asking`: every header it varies on has the same
+/// values in both.
+pub(crate) fn same_variant(response: &HeaderMap, made_for: &HeaderMap, asking: &HeaderMap) -> bool {
+    match vary_names(response) {
+        Ok(names) => names.iter().all(|name| {
+            made_for
+                .get_all(name)
+                .iter()
+                .eq(asking.get_all(name).iter())
+        }),
+        Err(_) => false,
+    }
+}
+
+/// Why a response is not stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotStored {
+    Status,
+    SetCookie,
+    Private,
+    NoStore,
+    NoCache,
+    VaryStar,
+    VaryUnkeyed,
+    TooLarge,
+    Trailers,
+    /// On a route that follows the origin: neither a lifetime nor a validator.
+    NoFreshness,
+}
+
+impl NotStored {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Status => "status",
+            Self::SetCookie => "set_cookie",
+            Self::Private => "private",
+            Self::NoStore => "no_store",
+            Self::NoCache => "no_cache",
+            Self::VaryStar => "vary_star",
+            Self::VaryUnkeyed => "vary_unkeyed",
+            Self::TooLarge => "too_large",
+            Self::Trailers => "trailers",
+            Self::NoFreshness => "no_freshness",
+        }
+    }
+
+    /// Of two reasons found in one response, the one that keeps it closer to its caller.
+    fn strongest(self, other: Self) -> Self {
+        if self.is_private() { self } else { other }
+    }
+
+    /// Whether the response is for its own caller only: never stored, never handed to
+    /// another caller.
+    pub(crate) fn is_private(self) -> bool {
+        matches!(
+            self,
+            Self::SetCookie | Self::Private | Self::NoStore | Self::VaryStar | Self::VaryUnkeyed
+        )
+    }
+}
+
+/// Whether a response may be stored, by its status and headers. `Cache-Control` is read
+/// whole: `no-cache, private` is private.
+pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(), NotStored> {
+    let headers = response.headers();
+    if headers.contains_key(header::SET_COOKIE) {
+        return Err(NotStored::SetCookie);
+    }
+    let mut found = None;
+    // On a route that follows the origin, a field targeted at this cache
+    // (`CDN-Cache-Control`, `Surrogate-Control`) says whether to store, in place of
+    // `Cache-Control`; but `private` there is always obeyed.
+    let targeted = if policy.follow_origin {
+        directives::controlling(headers)
+    } else {
+        header::CACHE_CONTROL
+    };
+    let fields = headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .map(|v| (v, false))
+        .chain(
+            (targeted != header::CACHE_CONTROL)
+                .then(|| headers.get_all(&targeted).iter().map(|v| (v, true)))
+                .into_iter()
+                .flatten(),
+        );
+    let overridden = targeted != header::CACHE_CONTROL;
+    for (value, is_targeted) in fields {
+        let Ok(value) = value.to_str() else {
+            return Err(NotStored::Private);
+        };
+        for directive in value.split(',') {
+            let name = directive.split('=').next().unwrap_or("").trim();
+            // What `Cache-Control` says to every cache but of privacy, a targeted
+            // field overrides for this one.
+            let counts = is_targeted || !overridden || name.eq_ignore_ascii_case("private");
+            if !counts {
+                continue;
+            }
+            // The strongest directive wins, wherever it stands.
+            let why = if name.eq_ignore_ascii_case("private") {
+                NotStored::Private
+            } else if name.eq_ignore_ascii_case("no-store") {
+                NotStored::NoStore
+            } else if name.eq_ignore_ascii_case("no-cache") && !policy.follow_origin {
+                // (Followed, it is stored, and revalidated on every use.)
+                NotStored::NoCache
+            } else {
+                continue;
+            };
+            found = Some(found.map_or(why, |f: NotStored| f.strongest(why)));
+        }
+    }
+    if let Some(why) = found {
+        return Err(why);
+    }
+    vary_names(headers)?;
+    if policy.follow_origin {
+        return directives::reusable(policy, response.status(), headers).map_err(|why| match why {
+            NotReused::Status => NotStored::Status,
+            NotReused::NoFreshness => NotStored::NoFreshness,
+        });
+    }
+    if !policy.is_cacheable_status(response.status()) {
+        return Err(NotStored::Status);
+    }
+    Ok(())
+}
+
+/// Whether the origin failed, as stale-if-error sees it.
+pub(crate) fn is_failure(status: StatusCode) -> bool {
+    status.is_server_error()
+}
+
+/// Headers that describe one connection, or that the layer sets itself: never stored.
+pub(crate) fn strip_unstorable(headers: &mut HeaderMap) {
+    strip_hop_by_hop(headers);
+    headers.remove(header::AGE);
+    headers.remove("keep-alive");
+    headers.remove(X_CACHE);
+    headers.remove(CACHE_STATUS);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    use crate::http::request::{identity, variant};
+
+    fn policy() -> Policy {
+        Policy::builder("items")
+            .key_headers(["accept-language"])
+            .build()
+            .unwrap()
+    }
+
+    fn get(uri: &str) -> http::request::Builder {
+        Request::get(uri).header("host", "example.com")
+    }
+
+    #[test]
+    fn private_responses_are_not_stored() {
+        let p = policy();
+        let with =
+            |name: &str, value: &str| Response::builder().header(name, value).body(()).unwrap();
+        assert_eq!(
+            storable(&p, &with("set-cookie", "a=b")),
+            Err(NotStored::SetCookie)
+        );
+        assert_eq!(
+            storable(&p, &with("cache-control", "max-age=5, Private")),
+            Err(NotStored::Private)
+        );
+        assert_eq!(
+            storable(&p, &with("cache-control", "no-store")),
+            Err(NotStored::NoStore)
+        );
+        assert_eq!(storable(&p, &with("vary", "*")), Err(NotStored::VaryStar));
+        // Learned from, and keyed on, by the guard.
+        assert_eq!(storable(&p, &with("vary", "Accept-Encoding")), Ok(()));
+        // Read whole: the strongest directive wins, wherever it stands.
+        assert_eq!(
+            storable(&p, &with("cache-control", "no-cache, private")),
+            Err(NotStored::Private)
+        );
+        assert_eq!(
+            storable(&p, &with("cache-control", "no-cache, no-store")),
+            Err(NotStored::NoStore)
+        );
+        assert_eq!(
+            storable(&p, &with("cache-control", "no-cache")),
+            Err(NotStored::NoCache)
+        );
+        assert_eq!(storable(&p, &with("vary", "Accept-Language")), Ok(()));
+        let not_found = Response::builder().status(404).body(()).unwrap();
+        assert_eq!(storable(&p, &not_found), Err(NotStored::Status));
+    }
+
+    #[test]
+    fn learned_headers_are_keyed_and_variants_are_told_apart() {
+        let p = Policy::builder("items").build().unwrap();
+        let lang = [HeaderName::from_static("accept-language")];
+        let fr = get("/items")
+            .header("accept-language", "fr")
+            .body(())
+            .unwrap();
+        let de = get("/items")
+            .header("accept-language", "de")
+            .body(())
+            .unwrap();
+        assert_eq!(identity(&p, &fr), identity(&p, &de));
+        assert_eq!(variant(&[], &fr), variant(&[], &de));
+        assert_ne!(variant(&lang, &fr), variant(&lang, &de));
+        let response = Response::builder()
+            .header("vary", "Accept-Language, accept-encoding")
+            .body(())
+            .unwrap();
+        let unkeyed = unkeyed_vary(&p, &lang, response.headers());
+        assert_eq!(unkeyed, [HeaderName::from_static("accept-encoding")]);
+        let fr2 = get("/other")
+            .header("accept-language", "fr")
+            .body(())
+            .unwrap();
+        assert!(same_variant(
+            response.headers(),
+            fr.headers(),
+            fr2.headers()
+        ));
+        assert!(!same_variant(
+            response.headers(),
+            fr.headers(),
+            de.headers()
+        ));
+        let star = Response::builder().header("vary", "*").body(()).unwrap();
+        assert!(!same_variant(star.headers(), fr.headers(), fr2.headers()));
+    }
+}

@@ -12,7 +12,7 @@
 //!   (`tenant`, a quote id) that are replaced by a keyed hash, so that no raw identifier,
 //!   and no personal data inside one, ever reaches Redis or its `MONITOR` output;
 //! * the scope is wrapped in braces, a Redis Cluster hash tag: the lease key and its fence
-//!   counter (and, later, the cache entry they guard) land in one slot, which is what lets
+//!   counter (and the cache entry they guard) land in one slot, which is what lets
 //!   one Lua script touch all of them;
 //! * the operation names what the lease protects (`recalculate`, `fill`).
 //!
@@ -25,7 +25,7 @@
 //! [`MAX_KEY_LEN`] is refused.
 
 use std::fmt;
-use std::hash::Hasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -697,6 +697,44 @@ fn check_label(
         ));
     }
     Ok(())
+}
+
+/// The hasher of maps keyed by [`LocalKey`] (L1's moka cache, its front). The keys are
+/// already uniform hashes: fold them into 64 bits rather than hash them again.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Spread;
+
+impl BuildHasher for Spread {
+    type Hasher = Folded;
+
+    fn build_hasher(&self) -> Folded {
+        Folded(0)
+    }
+}
+
+/// Folds the words it is given (see [`Spread`]).
+#[derive(Debug)]
+pub(crate) struct Folded(u64);
+
+impl Hasher for Folded {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by `LocalKey` (it writes whole words), but correct if it is.
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = self.0.rotate_left(29) ^ word;
+    }
+
+    fn write_u128(&mut self, word: u128) {
+        self.write_u64(word as u64 ^ (word >> 64) as u64);
+    }
 }
 
 #[cfg(test)]

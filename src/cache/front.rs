@@ -37,9 +37,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::l1::Spread;
 use super::stored::Stored;
-use crate::keys::LocalKey;
+use crate::keys::{LocalKey, Spread};
 
 /// The front's shards, as a power of two: enough that threads rarely share one.
 const SHARD_BITS: u32 = 6;

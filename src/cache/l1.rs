@@ -3,7 +3,6 @@
 //! without calling moka; and the tombstones that keep invalidated entries from coming
 //! back.
 
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -15,7 +14,7 @@ use moka::sync::Cache;
 
 use super::front::{self, Front};
 use super::stored::{Instant, Stored};
-use crate::keys::LocalKey;
+use crate::keys::{LocalKey, Spread};
 use crate::lease::FencingToken;
 
 /// The local tier, keyed by [`LocalKey`] (see there: no HMAC, no key string on a hit).
@@ -30,44 +29,6 @@ pub(crate) struct L1 {
     /// values in tests.
     busy_at: u64,
     sample: u32,
-}
-
-/// Moka's hasher for the local tier's keys. They are already uniform hashes: fold them
-/// into 64 bits rather than hash them again.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Spread;
-
-impl BuildHasher for Spread {
-    type Hasher = Folded;
-
-    fn build_hasher(&self) -> Folded {
-        Folded(0)
-    }
-}
-
-/// Folds the words it is given (see [`Spread`]).
-#[derive(Debug)]
-pub(crate) struct Folded(u64);
-
-impl Hasher for Folded {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Not used by `LocalKey` (it writes whole words), but correct if it is.
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-
-    fn write_u64(&mut self, word: u64) {
-        self.0 = self.0.rotate_left(29) ^ word;
-    }
-
-    fn write_u128(&mut self, word: u128) {
-        self.write_u64(word as u64 ^ (word >> 64) as u64);
-    }
 }
 
 struct UntilKept;

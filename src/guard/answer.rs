@@ -12,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::ResponseBody;
-use super::flight::Failure;
+use super::inflight::Failure;
 use super::origin::{Buffered, FillBody, Inner, OriginBody, call_through};
 use super::outcome::{XCache, age_value, concat_status};
 use super::refresh::spawn_refresh;
@@ -247,7 +247,7 @@ where
     ReqBody: Send + 'static,
     ResBody: OriginBody,
 {
-    let Some(response) = call_through(route, inner, request).await? else {
+    let Some(response) = call_through((&route.policy, &route.stats), inner, request).await? else {
         route.stats.record(Event::OriginFailed);
         return Ok(own_answer(route, Failure::Timeout, x_cache));
     };

@@ -1,13 +1,13 @@
 //! The cold path: nothing servable is cached for a key.
 //!
-//! One fill per key per process ([single-flight](super::flight)): the first caller
+//! One fill per key per process ([single-flight](super::inflight)): the first caller
 //! leads and starts the fill in a task of its own, and every caller of the process for
 //! that key awaits how it lands. The fill first [claims](claim) the key: the fleet's
 //! lease, or, when the origin must be called without it, this process's single-flight
 //! alone; a claim may also find that an entry landed meanwhile (here, or from the
 //! instance that holds the lease, whose notice wakes it), or that there is nothing to
 //! call the origin for. With a claim it calls the origin once, and what the call comes
-//! to is one [`Landed`] for all its callers (see [`flight`](super::flight) for each
+//! to is one [`Landed`] for all its callers (see [`flight`](super::inflight) for each
 //! ending and what the callers get). Each caller then turns it into its answer.
 
 use std::panic::AssertUnwindSafe;
@@ -25,7 +25,7 @@ use super::answer::{
 };
 use super::body::ResponseBody;
 use super::fill::{Answered, Fill, Kept, Stopped, lease_unavailable, not_stored};
-use super::flight::{Failure, Joined, Landed, Lead, Own, Waiting};
+use super::inflight::{Failure, Joined, Landed, Lead, Own, Waiting};
 use super::marks::Mark;
 use super::origin::{
     Buffered, Called, FillBody, Inner, OriginBody, Read, asked, counted_revalidation,
@@ -367,7 +367,7 @@ where
         }
     };
     if revalidate.is_some() {
-        counted_revalidation(&route, &origin);
+        counted_revalidation(&route.stats, &origin);
     }
     // The answer to a conditional request: a 304 about the entry asked about renews it;
     // one about another is no answer for the callers, who did not ask it.

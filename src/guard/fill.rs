@@ -181,11 +181,11 @@ impl Fill {
                 let held = route.shared.leases.hold_while_reachable(
                     lease,
                     max_total,
-                    call_origin(&route, inner, request),
+                    call_origin((&route.policy, &route.stats), inner, request),
                 );
                 held.await
             }
-            _ => Ok(call_origin(&route, inner, request).await),
+            _ => Ok(call_origin((&route.policy, &route.stats), inner, request).await),
         };
         route.recompute.record(calling.elapsed());
         self.slot = None;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use http::Request;
 use tower_layer::Layer;
 
-use super::handle::Shared;
 use super::hold::LeaseTtl;
 use super::route::Route;
 use super::service::Guard;
+use super::shared::Shared;
 use super::vary::Learned;
 use crate::http::request;
 use crate::keys::CacheKeys;

@@ -148,16 +148,40 @@
 //! [`ColdMiss`]: crate::ColdMiss
 //! [`POISONING_HEADERS`]: crate::policy::POISONING_HEADERS
 
+//!
+//! # Layout
+//!
+//! Each file imports only the ones listed above it (and the crate's lower modules:
+//! `http`, `cache`, `lease`, `store`, `notify`, `policy`, `keys`, `metrics`):
+//!
+//! * `body`, `outcome`, `marks`, `budget`, `vary`, `early`, `hold`, `purge`: the
+//!   pieces: the answer's body, what `x-cache` and `Cache-Status` say, the marks a
+//!   fill's ending leaves, the refresh budget, learned `Vary` names, early refresh,
+//!   adaptive lease TTLs, tag purges as read;
+//! * `origin`: calling the origin, each call bounded, and reading its answer;
+//! * `inflight`: what is in flight in this process: cold fills (one per key, and what
+//!   their waiters get) and refreshes (one per key, or held off);
+//! * `shared`: what every route of a guard shares, and what it makes of the fleet's
+//!   notices;
+//! * `route`: what every request of one route shares, and its keys;
+//! * `fill`: one fill under its lease, as a type whose methods end it once;
+//! * `refresh`: refreshing a stale entry in the background;
+//! * `answer`: answering from an entry, a fill's result or a pass-through;
+//! * `cold`: a cold miss, from claiming the fill to what each waiter gets;
+//! * `service`, `future`: the Tower service and its future (the request path);
+//! * `layer`: the Tower layer of one route;
+//! * `handle`: [`StampedeGuard`] and its builder, which make the layers.
+
 mod answer;
 mod body;
 mod budget;
 mod cold;
 mod early;
 mod fill;
-mod flight;
 mod future;
 mod handle;
 mod hold;
+mod inflight;
 mod layer;
 mod marks;
 mod origin;
@@ -166,6 +190,7 @@ mod purge;
 mod refresh;
 mod route;
 mod service;
+mod shared;
 mod vary;
 
 pub use self::body::ResponseBody;

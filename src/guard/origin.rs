@@ -17,9 +17,9 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_service::Service;
 
-use super::route::Route;
 use crate::http::response::NotStored;
-use crate::metrics::Event;
+use crate::metrics::{Event, RouteStats};
+use crate::policy::Policy;
 
 /// What the guard needs of the inner service: a service of requests with body `ReqBody`
 /// and responses with body `ResBody`, cloned for each call that reaches it (fills and
@@ -91,9 +91,10 @@ pub(crate) enum Called<B: Body, E> {
     TimedOut,
 }
 
-/// Calls the origin and reads its body, up to `max_body` bytes, all within `timeout`.
+/// Calls the origin and reads its body, up to the policy's `max_body` bytes, all within
+/// its refresh timeout; counted in `stats`.
 pub(crate) async fn call_origin<S, ReqBody, B>(
-    route: &Route,
+    (policy, stats): (&Policy, &RouteStats),
     inner: S,
     request: Request<ReqBody>,
 ) -> Called<B, S::Error>
@@ -102,18 +103,18 @@ where
     ReqBody: FillBody,
     B: OriginBody,
 {
-    route.stats.record(Event::OriginCall);
-    let max = route.policy.max_body;
+    stats.record(Event::OriginCall);
+    let max = policy.max_body;
     let call = async {
         match inner.oneshot(request).await {
             Ok(response) => Called::Read(read(response, max).await),
             Err(error) => Called::Error(error),
         }
     };
-    match tokio::time::timeout(route.policy.refresh_timeout, call).await {
+    match tokio::time::timeout(policy.refresh_timeout, call).await {
         Ok(origin) => origin,
         Err(_) => {
-            route.stats.record(Event::OriginTimeout);
+            stats.record(Event::OriginTimeout);
             Called::TimedOut
         }
     }
@@ -122,7 +123,7 @@ where
 /// Calls the origin for a caller that passes through: its answer as it comes, once its
 /// head came within the route's pass timeout; `Ok(None)` when it did not (counted).
 pub(crate) async fn call_through<S, ReqBody, B>(
-    route: &Route,
+    (policy, stats): (&Policy, &RouteStats),
     inner: S,
     request: Request<ReqBody>,
 ) -> Result<Option<Response<B>>, S::Error>
@@ -131,12 +132,12 @@ where
     ReqBody: Send + 'static,
     B: OriginBody,
 {
-    route.stats.record(Event::OriginCall);
+    stats.record(Event::OriginCall);
     // A clone that has not been polled: `oneshot` waits for it to be ready.
-    match tokio::time::timeout(route.policy.pass_timeout, inner.oneshot(request)).await {
+    match tokio::time::timeout(policy.pass_timeout, inner.oneshot(request)).await {
         Ok(answered) => answered.map(Some),
         Err(_) => {
-            route.stats.record(Event::OriginTimeout);
+            stats.record(Event::OriginTimeout);
             Ok(None)
         }
     }
@@ -226,10 +227,10 @@ pub(crate) fn asked<ReqBody>(request: Request<ReqBody>) -> (Request<ReqBody>, Ar
 
 /// Counts the answer to a conditional request: a new response (the `304`s are counted
 /// where they renew an entry).
-pub(crate) fn counted_revalidation<B: Body, E>(route: &Route, origin: &Called<B, E>) {
+pub(crate) fn counted_revalidation<B: Body, E>(stats: &RouteStats, origin: &Called<B, E>) {
     if let Called::Read(Read::Whole { head, .. } | Read::Partial { head, .. }) = origin
         && head.status() != StatusCode::NOT_MODIFIED
     {
-        route.stats.record(Event::RevalidatedModified);
+        stats.record(Event::RevalidatedModified);
     }
 }

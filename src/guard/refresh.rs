@@ -7,7 +7,6 @@
 //! fill notice comes), calls the origin and stores the answer, or ends the lease and
 //! backs off. Nobody awaits it; a caller that disconnects does not cancel it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,7 @@ use http::{Request, StatusCode};
 use tracing::Instrument;
 
 use super::fill::{Answered, Fill, Kept, Put, lease_unavailable, not_stored};
-use super::handle::Shared;
+use super::inflight::Refresh;
 use super::origin::{Called, FillBody, Inner, OriginBody, Read, asked, counted_revalidation};
 use super::route::Route;
 use crate::cache::{Freshness, L2Read, Stored, l2_read};
@@ -25,16 +24,6 @@ use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::{Acquire, AcquireOutcome};
 use crate::metrics::Event;
 use crate::notify::Ending;
-
-/// The refresh state of a key in this process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refresh {
-    Running,
-    /// Running, and another instance's fill notice came meanwhile.
-    RunningFilled,
-    /// Until then, the lease is someone else's: do not try.
-    HeldOff(Instant),
-}
 
 /// Starts the refresh of the entry `current` of `request` (at `local` in L1), unless one
 /// runs or is held off, or the budget is spent. `keys`, its Redis keys, if the caller has
@@ -258,7 +247,7 @@ where
         Answered::Stopped(_) => return failed,
     };
     if conditional {
-        counted_revalidation(&route, &origin);
+        counted_revalidation(&route.stats, &origin);
     }
     let (event, why) = match origin {
         Called::TimedOut => (Event::RefreshTimeout, None),
@@ -316,22 +305,3 @@ where
     route.stats.record(event);
     failed
 }
-
-impl Shared {
-    /// Another instance wrote the entry at `key` in L1: a refresh held off for it may go
-    /// ahead (and will adopt the new entry).
-    pub(crate) fn filled_elsewhere(&self, key: LocalKey) {
-        let mut refreshing = self.refreshing.lock().expect("refreshing lock");
-        match refreshing.get_mut(&key) {
-            Some(Refresh::HeldOff(_)) => {
-                refreshing.remove(&key);
-            }
-            // Seen while the refresh runs: a hold-off it ends with is moot.
-            Some(state @ Refresh::Running) => *state = Refresh::RunningFilled,
-            _ => {}
-        }
-    }
-}
-
-/// The refresh state of the keys of one guard.
-pub(crate) type RefreshMap = HashMap<LocalKey, Refresh>;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use http::{HeaderName, Request};
 
 use super::early::Recompute;
-use super::flight::Flights;
-use super::handle::Shared;
 use super::hold::LeaseTtl;
+use super::inflight::Flights;
+use super::shared::Shared;
 use super::vary::{self, Check, Learned, Names, TooMany};
 use crate::cache::{L1, Stored, l2_invalidate, l2_keep_names};
 use crate::metrics::Event;

@@ -1,6 +1,8 @@
-//! The local single-flight of cold fills: one fill per key per process, and how every
-//! one of its endings reaches the callers that waited for it.
+//! What is in flight in this process: the cold fills, one per key, and how every one of
+//! their endings reaches the callers that waited for them; and the refreshes, one per
+//! key, or a key left alone while another instance holds its lease.
 //!
+//! # Cold fills
 //! The map holds a receiver per key in flight. The fill's task holds the [`Lead`]; when
 //! it ends, normally or not, the `Lead` is dropped, which removes the key from the map
 //! and, if no outcome was sent, closes the channel: the waiters then wake with nothing
@@ -26,6 +28,7 @@ use tokio::sync::{oneshot, watch};
 use super::body::ResponseBody;
 use super::origin::Buffered;
 use crate::cache::Stored;
+use crate::keys::LocalKey;
 
 /// What a fill came to, for every caller that waited for it (see the
 /// [module docs](self) for each ending).
@@ -186,6 +189,33 @@ impl Waiting {
             },
             Err(_) => Arc::new(Landed::Failed(Failure::Cancelled)),
         }
+    }
+}
+
+/// The refresh state of a key in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refresh {
+    Running,
+    /// Running, and another instance's fill notice came meanwhile.
+    RunningFilled,
+    /// Until then, the lease is someone else's: do not try.
+    HeldOff(std::time::Instant),
+}
+
+/// The refresh state of the keys of one guard.
+pub(crate) type RefreshMap = HashMap<LocalKey, Refresh>;
+
+/// Another instance wrote the entry at `key`: a refresh held off for it may go ahead
+/// (and will adopt the new entry); one that runs notes it, so that a hold-off it ends
+/// with is moot.
+pub(crate) fn filled_elsewhere(refreshing: &Mutex<RefreshMap>, key: LocalKey) {
+    let mut refreshing = refreshing.lock().expect("refreshing lock");
+    match refreshing.get_mut(&key) {
+        Some(Refresh::HeldOff(_)) => {
+            refreshing.remove(&key);
+        }
+        Some(state @ Refresh::Running) => *state = Refresh::RunningFilled,
+        _ => {}
     }
 }
 

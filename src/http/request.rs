@@ -75,7 +75,7 @@ pub(crate) fn is_conditional(name: &HeaderName) -> bool {
 pub(crate) struct Asked {
     pub(crate) kind: Kind,
     /// It has `If-None-Match` or `If-Modified-Since`: an entry that meets the condition
-    /// answers `304` (see `guard::conditional`).
+    /// answers `304` (see `conditional`).
     pub(crate) conditional: bool,
 }
 

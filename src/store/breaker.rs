@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 
-pub use crate::metrics::{CIRCUIT_OPEN, CIRCUIT_OPENED};
+use crate::metrics::{CIRCUIT_OPEN, CIRCUIT_OPENED};
 
 /// When the breaker opens, and how it looks for Redis coming back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,11 +29,10 @@ mod handle;
 mod manager;
 mod sentinel;
 
-pub use self::breaker::{BreakerConfig, CIRCUIT_OPEN, CIRCUIT_OPENED};
+pub use self::breaker::BreakerConfig;
 pub use self::builder::RedisStoreBuilder;
 pub use self::error::{Operation, StoreError, StoreErrorKind};
 pub use self::handle::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, RedisStore,
 };
 pub(crate) use self::handle::{Request, millis};
-pub use crate::metrics::REDIS_ERRORS;

@@ -1,4 +1,5 @@
-//! The shared handle of a guard, its builder, and what its routes share.
+//! The handle of a guard ([`StampedeGuard`]) and its builder: what an application makes
+//! once, and the layers it makes for each route.
 
 use std::fmt;
 use std::sync::atomic::AtomicU64;

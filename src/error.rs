@@ -49,6 +49,14 @@ pub enum ConfigError {
 
 impl ConfigError {
     /// The name of the field that was refused.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::Policy;
+    ///
+    /// let refused = Policy::builder("items").fresh_ttl(Duration::ZERO).build().unwrap_err();
+    /// assert_eq!(refused.field(), "fresh_ttl");
+    /// ```
     pub fn field(&self) -> &'static str {
         match self {
             Self::Missing { field }

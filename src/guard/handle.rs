@@ -31,6 +31,25 @@ pub const DEFAULT_REFRESH_BUDGET: usize = 64;
 
 /// The shared handle: Redis, keys, the L1 cache and the notice subscription. Cheap to
 /// clone; make one per process and a [`GuardLayer`] per route from it.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use stampede_guard::{KeySpace, Policy, RedisStore, StampedeGuard};
+///
+/// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let keys = KeySpace::builder()
+///     .env("prod")
+///     .service("catalog")
+///     .secret("a secret of 16 bytes or more")
+///     .build()?;
+/// let store = RedisStore::builder("redis://127.0.0.1:6379").build()?;
+/// let guard = StampedeGuard::builder(store, keys)
+///     .l1_capacity(256 * 1024 * 1024)
+///     .build()?;
+/// let items = guard.layer(Policy::builder("items").fresh_ttl(Duration::from_secs(5)).build()?)?;
+/// # let _ = items;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct StampedeGuard {
     shared: Arc<Shared>,
@@ -162,6 +181,17 @@ impl StampedeGuard {
     /// Takes effect in this process at once, and on the others when they hear it (or,
     /// if their subscription is down, when it comes back). On a Redis error, only
     /// this process purges, and the error says so.
+    ///
+    /// ```no_run
+    /// # async fn run(guard: stampede_guard::StampedeGuard) -> Result<(), Box<dyn std::error::Error>> {
+    /// use stampede_guard::Purge;
+    ///
+    /// // Product 42 changed: every page that showed it, on every route and instance.
+    /// guard.purge_tags(["product-42"], Purge::Hard).await?;
+    /// // A new price list: old pages may be served while each is refreshed once.
+    /// guard.purge_tags(["prices"], Purge::Soft).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn purge_tags<I, T>(&self, tags: I, how: Purge) -> Result<(), StoreError>
     where
         I: IntoIterator<Item = T>,

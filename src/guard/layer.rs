@@ -91,6 +91,17 @@ impl GuardLayer {
     ///
     /// Returns whether L2 held the entry. On a Redis error the local copy is gone but
     /// other instances keep theirs until it expires.
+    ///
+    /// ```no_run
+    /// # async fn run(items: stampede_guard::GuardLayer) -> Result<(), Box<dyn std::error::Error>> {
+    /// // Keep a clone of the route's layer where the application changes item 7.
+    /// let request = http::Request::get("/items/7")
+    ///     .header("host", "shop.example")
+    ///     .body(())?;
+    /// let was_cached = items.invalidate(&request).await?;
+    /// # let _ = was_cached;
+    /// # Ok(()) }
+    /// ```
     pub async fn invalidate<B>(&self, request: &Request<B>) -> Result<bool, StoreError> {
         self.route.invalidate(request).await
     }

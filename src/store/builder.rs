@@ -23,6 +23,18 @@ impl RedisStore {
     ///
     /// Building connects nothing: the first operation does, so a service can start while
     /// Redis is down.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::RedisStore;
+    ///
+    /// let store = RedisStore::builder("redis://cache.internal:6379")
+    ///     .username("catalog")
+    ///     .password(std::env::var("REDIS_PASSWORD").unwrap_or_default())
+    ///     .command_timeout(Duration::from_millis(50))
+    ///     .build()?;
+    /// # Ok::<(), stampede_guard::ConfigError>(())
+    /// ```
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             target: Target::Single(url.into()),
@@ -43,6 +55,17 @@ impl RedisStore {
     ///
     /// [`pool_size`](RedisStoreBuilder::pool_size) does not apply: a cluster connection is
     /// one multiplexed connection per node. Building connects nothing.
+    ///
+    /// ```
+    /// let store = stampede_guard::RedisStore::cluster([
+    ///     "redis://10.0.0.1:7000",
+    ///     "redis://10.0.0.2:7000",
+    ///     "redis://10.0.0.3:7000",
+    /// ])
+    /// .build()?;
+    /// assert!(store.is_cluster());
+    /// # Ok::<(), stampede_guard::ConfigError>(())
+    /// ```
     pub fn cluster<I, S>(nodes: I) -> RedisStoreBuilder
     where
         I: IntoIterator<Item = S>,
@@ -70,6 +93,15 @@ impl RedisStore {
     ///
     /// [`pool_size`](RedisStoreBuilder::pool_size) does not apply: the store keeps one
     /// multiplexed connection to the primary. Building connects nothing.
+    ///
+    /// ```
+    /// let store = stampede_guard::RedisStore::sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "cache",
+    /// )
+    /// .build()?;
+    /// # Ok::<(), stampede_guard::ConfigError>(())
+    /// ```
     pub fn sentinel<I, S>(sentinels: I, service: impl Into<String>) -> RedisStoreBuilder
     where
         I: IntoIterator<Item = S>,

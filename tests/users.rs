@@ -8,7 +8,6 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use redis::AsyncCommands;
 use stampede_guard::guard::GuardBuilder;
@@ -53,96 +52,6 @@ fn with(path: &str, name: &str, value: &str) -> web::Req {
         value.parse().unwrap(),
     );
     request
-}
-
-/// A holds the lease of a cold key, in the origin; 10 callers on B wait for its entry
-/// (with a cold wait of 10 s). A's answer cannot be stored (a 404, a private answer, a
-/// 500): B's callers are answered as soon as A's lease ends, by one call of B's that
-/// they share (each of them asks for its own only when that answer is private); and
-/// while the key is marked, B's next callers go straight to the origin.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn callers_elsewhere_are_answered_at_once_when_the_holder_writes_nothing() {
-    let server = RedisServer::start();
-    let origin = Origin::new(Duration::ZERO, |n, request| {
-        let mut response = Response::new(full(format!("call {n}")));
-        match request.uri().path() {
-            "/missing" => *response.status_mut() = StatusCode::NOT_FOUND,
-            "/private" => {
-                let private = "private".parse().unwrap();
-                response.headers_mut().insert("cache-control", private);
-            }
-            _ => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
-        }
-        response
-    });
-    let a = instance(&server, policy("items").build().unwrap(), origin.service()).await;
-    let b = instance(&server, policy("items").build().unwrap(), origin.service()).await;
-    for (path, status) in [
-        ("/missing", StatusCode::NOT_FOUND),
-        ("/private", StatusCode::OK),
-        ("/failing", StatusCode::INTERNAL_SERVER_ERROR),
-    ] {
-        let before = origin.calls();
-        let waits = b.layer.stats().get(Event::ColdWaitStarted);
-        let ended = b.layer.stats().get(Event::ColdWaitEnded);
-        origin.hold(before + 1);
-        let started = origin.started.notified();
-        let leader = tokio::spawn({
-            let service = a.service.clone();
-            async move { send(&service, get(path)).await }
-        });
-        // A holds the lease, in the origin
-        within(
-            HANG,
-            started,
-            format!("{path}: A's fill reaching the origin"),
-        )
-        .await;
-        let followers: Vec<_> = (0..10)
-            .map(|_| {
-                let service = b.service.clone();
-                tokio::spawn(async move { send(&service, get(path)).await })
-            })
-            .collect();
-        // B's fill found A's lease and waits for A's entry.
-        assert!(
-            eventually(Duration::from_secs(5), || async {
-                b.layer.stats().get(Event::ColdWaitStarted) == waits + 1
-            })
-            .await,
-            "{path}: B's fill did not wait"
-        );
-        let opened = Instant::now();
-        origin.open();
-        let answers = all_within(followers, Duration::from_secs(8), "B's callers waited").await;
-        let took = opened.elapsed();
-        eprintln!("{path}: B's 10 callers answered {took:?} after A's origin returned");
-        assert!(took < Duration::from_secs(3), "{path}: {took:?}");
-        let leader = joined(leader, HANG, format!("{path}: A's caller")).await;
-        assert_eq!(leader.status, status, "{path}");
-        for got in &answers {
-            assert_eq!((got.status, got.x_cache()), (status, "pass"), "{path}");
-        }
-        assert_eq!(
-            b.layer.stats().get(Event::ColdWaitEnded),
-            ended + 1,
-            "{path}"
-        );
-        // A's call, then one fill of B's own without the lease, for all its callers:
-        // its answer is shared, unless it is private (then each of B's other callers
-        // asks for one of its own). After a failure the fleet holds the lease off, and
-        // B's fill goes on without it.
-        let b_calls = if path == "/private" { 10 } else { 1 };
-        assert_eq!(origin.calls(), before + 1 + b_calls, "{path}");
-    }
-    // Marked: the next callers go straight through, on both instances.
-    for i in [&a, &b] {
-        let hit_for_pass = i.layer.stats().get(Event::HitForPass);
-        for path in ["/missing", "/private"] {
-            assert_eq!(send(&i.service, get(path)).await.x_cache(), "pass");
-        }
-        assert_eq!(i.layer.stats().get(Event::HitForPass), hit_for_pass + 2);
-    }
 }
 
 /// The origin fails while an entry is past its grace but within stale-if-error: after
@@ -268,51 +177,6 @@ async fn the_refresh_budget_bounds_origin_calls_when_5000_keys_go_stale() {
         i.layer.stats().get(Event::RefreshSkipped),
         origin.peak()
     );
-}
-
-/// A's lease lapses while its refresh is in the origin; B takes the lease, refreshes
-/// and writes; B's entry is then evicted. A's late write finds no newer entry, but a
-/// newer token was issued since its own: it is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_is_refused_when_a_newer_lease_was_issued_even_if_its_entry_is_gone() {
-    let server = RedisServer::start();
-    let origin = Origin::versions(Duration::ZERO);
-    let a = instance(&server, policy("items").build().unwrap(), origin.service()).await;
-    let b = instance(&server, policy("items").build().unwrap(), origin.service()).await;
-    assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
-    assert_eq!(send(&b.service, get("/items/1")).await.body, "v1");
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    origin.hold(2);
-    let started = origin.started.notified();
-    assert_eq!(send(&a.service, get("/items/1")).await.x_cache(), "stale");
-    // A's refresh holds the lease, in the origin
-    within(HANG, started, "A's refresh reaching the origin").await;
-
-    let keys = a.layer.cache_keys(&get("/items/1")).unwrap();
-    let mut conn = server.conn().await;
-    let lapsed: i64 = conn.del(keys.lease().key()).await.unwrap();
-    assert_eq!(lapsed, 1);
-    assert_eq!(send(&b.service, get("/items/1")).await.x_cache(), "stale");
-    assert!(
-        eventually(Duration::from_secs(3), || async {
-            b.layer.stats().get(Event::RefreshWritten) == 1
-        })
-        .await
-    );
-    let evicted: i64 = conn.del(keys.entry()).await.unwrap();
-    assert_eq!(evicted, 1);
-    origin.open();
-    assert!(
-        eventually(Duration::from_secs(3), || async {
-            a.layer.stats().get(Event::FencedWriteRefused) == 1
-        })
-        .await,
-        "{:?}",
-        a.layer.stats()
-    );
-    let exists: bool = conn.exists(keys.entry()).await.unwrap();
-    assert!(!exists, "the overtaken write landed");
-    assert_eq!(a.layer.stats().get(Event::RefreshWritten), 0);
 }
 
 /// What the origin answers: the `Accept-Language` it saw, with `Vary: Accept-Language`.
@@ -505,48 +369,6 @@ async fn extensions_reach_fills_unless_the_route_says_otherwise() {
         request.extensions_mut().insert(User("alice"));
         assert_eq!(send(&service, request).await.body, expected, "{route}");
     }
-}
-
-/// A refresh finds, in L2, an entry with a higher token than its own that is past its
-/// grace: it does not take it (it could stand in for nothing), and refreshes.
-#[tokio::test]
-async fn a_refresh_never_adopts_an_expired_entry() {
-    let server = RedisServer::start();
-    let origin = Origin::versions(Duration::ZERO);
-    let i = instance(&server, policy("items").build().unwrap(), origin.service()).await;
-    assert_eq!(send(&i.service, get("/items/1")).await.body, "v1");
-    let keys = i.layer.cache_keys(&get("/items/1")).unwrap();
-    let mut conn = server.conn().await;
-    let token: u64 = conn.hget(keys.entry(), "t").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await; // stale in L1
-    let planted = stampede_guard::fuzzing::CachedResponse {
-        status: StatusCode::OK,
-        headers: HeaderMap::new(),
-        body: Bytes::from_static(b"expired"),
-        fresh_for: Duration::from_millis(100),
-        grace: Duration::from_millis(100),
-        keep: Duration::from_secs(60),
-        token: stampede_guard::lease::FencingToken::new(token + 1),
-    };
-    let _: () = redis::pipe()
-        .del(keys.entry())
-        .hset(keys.entry(), "t", token + 1)
-        .hset(keys.entry(), "d", planted.encode())
-        .pexpire(keys.entry(), 59_000) // written a second ago: past its grace
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(send(&i.service, get("/items/1")).await.body, "v1"); // stale; refreshes
-    assert!(
-        eventually(Duration::from_secs(3), || async {
-            i.layer.stats().get(Event::RefreshWritten) == 1
-        })
-        .await,
-        "{:?}",
-        i.layer.stats()
-    );
-    assert_eq!(i.layer.stats().get(Event::RefreshAdopted), 0);
-    assert_eq!(send(&i.service, get("/items/1")).await.body, "v2");
 }
 
 /// An instance's notice subscription is cut (its Redis traffic blackholed) while
@@ -841,40 +663,6 @@ async fn a_refresh_that_gets_an_answer_it_cannot_store_backs_off() {
         assert_eq!((got.body.as_str(), got.x_cache()), ("call 1", "stale"));
     }
     assert_eq!(origin.calls(), 2);
-}
-
-/// `fresh_jitter`: keys filled together are fresh for different times, all within the
-/// fresh TTL minus the jitter and the fresh TTL.
-#[tokio::test]
-async fn fresh_jitter_spreads_the_freshness_of_keys_filled_together() {
-    let server = RedisServer::start();
-    let origin = Origin::versions(Duration::ZERO);
-    let policy = policy("items")
-        .fresh_ttl(Duration::from_secs(10))
-        .fresh_jitter(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let i = instance(&server, policy, origin.service()).await;
-    let mut conn = server.conn().await;
-    let mut fresh = std::collections::BTreeSet::new();
-    for n in 0..40 {
-        let path = format!("/items/{n}");
-        assert_eq!(send(&i.service, get(&path)).await.x_cache(), "miss");
-        let keys = i.layer.cache_keys(&get(&path)).unwrap();
-        let data: Vec<u8> = conn.hget(keys.entry(), "d").await.unwrap();
-        let entry = stampede_guard::fuzzing::decode(&data).unwrap();
-        assert!(
-            entry.fresh_for >= Duration::from_secs(5) && entry.fresh_for <= Duration::from_secs(10),
-            "{:?}",
-            entry.fresh_for
-        );
-        fresh.insert(entry.fresh_for);
-    }
-    assert!(
-        fresh.len() > 20,
-        "{} distinct fresh times in 40",
-        fresh.len()
-    );
 }
 
 /// A budget of one slot, held by a fill in the origin. A cold key of another route waits

@@ -1,45 +1,28 @@
-//! The guard layer against real Redis servers: stampedes, fencing, HTTP rules. The
-//! stampede, cold-miss, fencing and invalidation tests run one body on a single server,
-//! on a Redis Cluster and as a user with only what `KeySpace::acl_rules` allows, with
-//! the same exact counts.
+//! HTTP rules: what may be stored, and for how long. Private answers and requests with
+//! credentials are never stored; oversized answers stream through uncached, and a HEAD
+//! is served from the entry its GET filled; the origin's directives set an entry's
+//! lifetimes within the route's bounds; `Cache-Status` says how each answer was made; a
+//! route can be never cached, and policies a layer cannot keep are refused when it is
+//! made.
 
 mod support;
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::Router;
+use axum::routing;
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Empty};
 use redis::AsyncCommands;
-use stampede_guard::{Policy, RedisStore, StampedeGuard};
-use support::web::{self, Instance, Origin, all_within, full, get, keys, send};
-use support::{HANG, Redis, RedisServer, Store, eventually, joined, within};
-
-/// Generous: exact counts must not depend on every Redis reply coming within 100 ms
-/// on a machine whose cores are busy.
-const TIMEOUT: Duration = Duration::from_millis(250);
-
-fn guard(redis: &impl Store) -> StampedeGuard {
-    StampedeGuard::builder(redis.store(TIMEOUT), keys())
-        .build()
-        .unwrap()
-}
-
-fn policy(route: &str) -> stampede_guard::policy::PolicyBuilder {
-    Policy::builder(route)
-        .fresh_ttl(Duration::from_millis(500))
-        .grace(Duration::from_secs(30))
-        .lease_ttl(Duration::from_secs(5))
-        .refresh_timeout(Duration::from_secs(5))
-        .cold_wait(Duration::from_secs(5))
-        .error_backoff(Duration::from_secs(1))
-}
-
-async fn instance<S>(redis: &impl Store, policy: Policy, origin: S) -> Instance<S> {
-    web::instance(guard(redis), policy, origin).await
-}
+use stampede_guard::{GuardLayer, Policy, RedisStore, StampedeGuard};
+use support::app::{cache_status, docs_policy, guard, instance, patient_policy, policy};
+use support::http::{fetch, serve};
+use support::web::{Got, Origin, all_within, full, get, keys, ready_guard, send};
+use support::{HANG, RedisServer, eventually, joined, within};
 
 #[tokio::test]
 async fn private_responses_and_requests_with_credentials_are_never_stored() {
@@ -129,61 +112,6 @@ async fn private_responses_and_requests_with_credentials_are_never_stored() {
     let keys = i.layer.cache_keys(&get("/public")).unwrap();
     let exists: bool = conn.exists(keys.entry()).await.unwrap();
     assert!(!exists);
-}
-
-#[tokio::test]
-async fn vary_headers_are_keyed_and_unkeyed_headers_cannot_poison() {
-    let server = RedisServer::start();
-    let origin = Origin::new(Duration::ZERO, |_, request| {
-        let header = |name: &str| {
-            request
-                .headers()
-                .get(name)
-                .map_or("none".to_owned(), |v| v.to_str().unwrap().to_owned())
-        };
-        let mut response = Response::new(full(format!(
-            "lang={} host={}",
-            header("accept-language"),
-            header("x-forwarded-host")
-        )));
-        response
-            .headers_mut()
-            .insert("vary", "Accept-Language".parse().unwrap());
-        response
-    });
-    let policy = policy("items")
-        .key_headers(["accept-language"])
-        .build()
-        .unwrap();
-    let i = instance(&server, policy, origin.service()).await;
-    let with = |lang: &str| {
-        let mut request = get("/items/1");
-        request
-            .headers_mut()
-            .insert("accept-language", lang.parse().unwrap());
-        request
-    };
-    assert_eq!(send(&i.service, with("fr")).await.body, "lang=fr host=none");
-    assert_eq!(send(&i.service, with("de")).await.body, "lang=de host=none");
-    let again = send(&i.service, with("fr")).await;
-    assert_eq!(
-        (again.body.as_str(), again.x_cache()),
-        ("lang=fr host=none", "hit")
-    );
-    assert_eq!(origin.calls(), 2);
-
-    // An attacker's unkeyed header never reaches the origin through a fill, so it cannot
-    // shape what the next client gets.
-    let mut evil = get("/items/2");
-    evil.headers_mut()
-        .insert("x-forwarded-host", "evil.example".parse().unwrap());
-    let attacker = send(&i.service, evil).await;
-    assert_eq!(attacker.body, "lang=none host=none");
-    let victim = send(&i.service, get("/items/2")).await;
-    assert_eq!(
-        (victim.body.as_str(), victim.x_cache()),
-        ("lang=none host=none", "hit")
-    );
 }
 
 /// A body the test produces chunk by chunk, through a channel: a chunk exists only once
@@ -326,73 +254,222 @@ async fn oversized_responses_stream_through_uncached_and_head_is_served_from_get
     assert_eq!(origin.calls(), 4);
 }
 
-#[tokio::test]
-async fn invalidation_removes_the_entry_from_every_instance() {
-    invalidation_reaches_every_instance(Redis::single()).await;
+fn policy_named(route: &str) -> Policy {
+    Policy::builder(route).build().unwrap()
 }
 
-#[tokio::test]
-async fn on_a_cluster_invalidation_removes_the_entry_from_every_instance() {
-    invalidation_reaches_every_instance(Redis::cluster()).await;
+/// Answers that are not from an entry say so in `Cache-Status` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_says_how_each_answer_was_made() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let layer = guard.layer(docs_policy(Duration::from_secs(5))).unwrap();
+    let app = Router::new()
+        .route(
+            "/doc",
+            routing::get(|| async { "doc" }).layer(layer.clone()),
+        )
+        .route(
+            "/private",
+            routing::get(|| async { ([(header::CACHE_CONTROL, "private")], "mine") })
+                .layer(guard.layer(policy_named("private")).unwrap()),
+        );
+    let addr = serve(app).await;
+    let bypass = support::http::fetch_method(addr, "POST", "/doc").await;
+    assert_eq!(bypass.x_cache(), "bypass");
+    assert_eq!(cache_status(&bypass), "stampede-guard; fwd=bypass");
+    let private = fetch(addr, "/private", &[]).await;
+    assert_eq!(private.x_cache(), "pass");
+    assert_eq!(cache_status(&private), "stampede-guard; fwd=uri-miss");
+    assert!(cache_status(&fetch(addr, "/doc", &[]).await).contains("fwd=uri-miss; stored"));
+    assert!(cache_status(&fetch(addr, "/doc", &[]).await).starts_with("stampede-guard; hit"));
 }
 
-#[tokio::test]
-async fn as_the_least_privileged_user_invalidation_removes_the_entry_from_every_instance() {
-    invalidation_reaches_every_instance(Redis::least_privileged(&keys()).await).await;
+/// An origin that sends the `Cache-Control` (and `Age`, `Expires`, `ETag`) its query
+/// asks for, counting its calls.
+fn directed(calls: Arc<AtomicU64>, layer: GuardLayer) -> Router {
+    let handler = move |axum::extract::Query(q): axum::extract::Query<
+        std::collections::HashMap<String, String>,
+    >| {
+        let calls = calls.clone();
+        async move {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut headers = HeaderMap::new();
+            for (param, name) in [
+                ("cc", header::CACHE_CONTROL),
+                ("age", header::AGE),
+                ("etag", header::ETAG),
+            ] {
+                if let Some(value) = q.get(param) {
+                    headers.insert(name, value.parse().unwrap());
+                }
+            }
+            (headers, format!("call {n}"))
+        }
+    };
+    Router::new().route("/d", routing::get(handler).layer(layer))
 }
 
-async fn invalidation_reaches_every_instance(server: Redis) {
-    let origin = Origin::versions(Duration::ZERO);
-    let mut fleet = Vec::new();
-    for _ in 0..3 {
-        let policy = policy("items")
-            .fresh_ttl(Duration::from_secs(60))
-            .build()
-            .unwrap();
-        fleet.push(instance(&server, policy, origin.service()).await);
-    }
-    for i in &fleet {
-        let got = send(&i.service, get("/items/1")).await;
-        assert_eq!(got.body, "v1");
-    }
-    assert_eq!(origin.calls(), 1);
-    let item = get("/items/1");
-    let invalidation = fleet[0].layer.invalidate(&item);
-    let removed = within(HANG, invalidation, "the invalidation")
-        .await
+/// The `ttl` of a `Cache-Status`.
+fn ttl_of(got: &Got) -> i64 {
+    let status = cache_status(got);
+    let at = status
+        .find("ttl=")
+        .unwrap_or_else(|| panic!("no ttl in {status}"));
+    status[at + 4..]
+        .split(';')
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn query(cc: &str, more: &str) -> String {
+    let cc: String = cc
+        .bytes()
+        .map(|b| match b {
+            b'=' => "%3D".to_owned(),
+            b',' => "%2C".to_owned(),
+            b' ' => "%20".to_owned(),
+            b'"' => "%22".to_owned(),
+            b => (b as char).to_string(),
+        })
+        .collect();
+    format!("/d?cc={cc}{more}")
+}
+
+/// Each origin directive sets an entry's lifetimes as RFC 9111 and RFC 5861 say,
+/// clamped by the route's floor and ceiling, on a route that follows the origin; a
+/// route that does not ignores them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_directives_set_freshness_within_the_route_bounds() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let calls = Arc::new(AtomicU64::new(0));
+    let following = guard
+        .layer(
+            Policy::builder("following")
+                .follow_origin(true)
+                .fresh_ttl(Duration::from_secs(5))
+                .grace(Duration::from_secs(30))
+                .min_fresh(Duration::from_secs(2))
+                .max_fresh(Duration::from_secs(100))
+                .build()
+                .unwrap(),
+        )
         .unwrap();
-    assert!(removed);
-    for i in &fleet {
-        let service = &i.service;
-        assert!(
-            eventually(Duration::from_secs(2), || async {
-                send(service, get("/items/1")).await.body == "v2"
-            })
-            .await,
-            "an instance kept the invalidated entry"
+    let own = guard
+        .layer(
+            Policy::builder("own")
+                .fresh_ttl(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let follows = serve(directed(calls.clone(), following.clone())).await;
+    let ignores = serve(directed(calls.clone(), own)).await;
+
+    for (cc, more, ttl) in [
+        ("max-age=60", "", 60),
+        ("max-age=60, s-maxage=20", "", 20),
+        ("max-age=60", "&age=15", 45),
+        // The ceiling and the floor.
+        ("max-age=31536000", "", 100),
+        ("max-age=1", "", 2),
+        ("no-cache", "&etag=%22e%22", 2),
+        // Heuristic-free, with only a validator: stale at once, but for the floor.
+        ("public", "&etag=%22e%22", 2),
+    ] {
+        let path = query(cc, more);
+        let got = fetch(follows, &path, &[]).await;
+        assert_eq!(got.x_cache(), "miss", "{cc}");
+        assert_eq!(ttl_of(&got), ttl, "{cc} {more}");
+        // The entry is as old as the origin said it was.
+        let age = if more == "&age=15" { "15" } else { "0" };
+        assert_eq!(got.headers[header::AGE], age, "{cc} {more}");
+        // A route that does not follow: its own five seconds (and `no-cache`, as
+        // every route takes it by default, is not stored).
+        let got = fetch(ignores, &path, &[]).await;
+        if cc == "no-cache" {
+            assert_eq!(got.x_cache(), "pass", "{cc}");
+            continue;
+        }
+        assert_eq!(got.x_cache(), "miss", "{cc}");
+        assert_eq!(ttl_of(&got), 5, "{cc} {more}");
+    }
+
+    // A year, and already a second old: a day's freshness at most, and an entry that
+    // another instance reads back from Redis (a hit there, no second origin call).
+    let other_guard = ready_guard(&server).await;
+    let open = |guard: &StampedeGuard| {
+        guard
+            .layer(Policy::builder("open").follow_origin(true).build().unwrap())
+            .unwrap()
+    };
+    let first = serve(directed(calls.clone(), open(&guard))).await;
+    let second = serve(directed(calls.clone(), open(&other_guard))).await;
+    let year = query("max-age=31536000", "&age=1");
+    let filled = fetch(first, &year, &[]).await;
+    assert_eq!(filled.x_cache(), "miss");
+    assert_eq!(ttl_of(&filled), 24 * 3600 - 1);
+    let before = calls.load(Ordering::SeqCst);
+    let read_back = fetch(second, &year, &[]).await;
+    assert_eq!(read_back.x_cache(), "hit", "read back from Redis");
+    assert_eq!(read_back.headers[header::AGE], "1");
+    assert_eq!(calls.load(Ordering::SeqCst), before);
+
+    // Neither a lifetime nor a validator: not reused (the route that does not follow
+    // the origin stores it).
+    let bare = query("public", "");
+    let before = calls.load(Ordering::SeqCst);
+    for _ in 0..2 {
+        assert_eq!(fetch(follows, &bare, &[]).await.x_cache(), "pass");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), before + 2);
+    assert_eq!(fetch(ignores, &bare, &[]).await.x_cache(), "miss");
+    assert_eq!(fetch(ignores, &bare, &[]).await.x_cache(), "hit");
+
+    // Past freshness: `stale-while-revalidate` serves it stale, `must-revalidate` does
+    // not (a fill), and nothing said leaves the route's grace.
+    let swr = query("max-age=2, stale-while-revalidate=30, must-revalidate", "");
+    let swr_only = query("max-age=2, stale-while-revalidate=30", "");
+    let must = query("max-age=2, must-revalidate", "");
+    let silent = query("max-age=2", "");
+    for path in [&swr, &swr_only, &must, &silent] {
+        assert_eq!(fetch(follows, path, &[]).await.x_cache(), "miss");
+    }
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    assert_eq!(fetch(follows, &swr_only, &[]).await.x_cache(), "stale");
+    assert_eq!(fetch(follows, &silent, &[]).await.x_cache(), "stale");
+    assert_eq!(fetch(follows, &must, &[]).await.x_cache(), "miss");
+    assert_eq!(fetch(follows, &swr, &[]).await.x_cache(), "miss");
+}
+
+/// A route that must never be cached says so; a route name is refused twice.
+#[tokio::test]
+async fn a_route_can_be_never_cached_and_a_route_name_is_taken_once() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::ZERO);
+    let i = instance(
+        &server,
+        patient_policy("admin").never_cache().build().unwrap(),
+        origin.service(),
+    )
+    .await;
+    for n in 1..=2 {
+        let got = send(&i.service, get("/admin")).await;
+        assert_eq!(
+            (got.body.as_str(), got.x_cache()),
+            (format!("v{n}").as_str(), "bypass")
         );
     }
-    assert_eq!(origin.calls(), 2);
-    // Every instance's L1 holds the refilled entry, and nothing else: the invalidated
-    // one was dropped, not kept beside it. (moka counts lazily: a read runs its pending
-    // bookkeeping, at most every 300 ms, so the count is polled with hits.)
-    for (n, i) in fleet.iter().enumerate() {
-        let service = &i.service;
-        let settled = eventually(Duration::from_secs(3), || async {
-            let got = send(service, get("/items/1")).await;
-            assert_eq!(
-                (got.body.as_str(), got.x_cache()),
-                ("v2", "hit"),
-                "instance {n}"
-            );
-            i.guard.l1_entries() == 1
-        });
-        assert!(
-            settled.await,
-            "instance {n}: {} entries in L1",
-            i.guard.l1_entries()
-        );
-    }
+    let again = i
+        .guard
+        .layer(patient_policy("admin").build().unwrap())
+        .unwrap_err();
+    assert_eq!(again.field(), "route");
+    assert!(again.to_string().contains("admin"), "{again}");
 }
 
 #[tokio::test]

@@ -10,10 +10,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
+use redis::AsyncCommands;
 use stampede_guard::Policy;
 use stampede_guard::fuzzing::CachedResponse;
 use stampede_guard::lease::FencingToken;
+use stampede_guard::metrics::Event;
 use support::RedisServer;
+use support::app::{self, policy};
 use support::web::{Origin, get, instance, ready_guard, send};
 
 /// Panics anywhere in this test binary's process.
@@ -242,4 +245,105 @@ async fn garbage_in_any_field_is_answered_and_never_panics() {
         );
     }
     eprintln!("{count} kinds of garbage, each answered 200 three times, no panic");
+}
+
+#[tokio::test]
+async fn garbage_at_an_entry_key_is_a_counted_miss() {
+    let server = RedisServer::start();
+    let origin = Origin::versions(Duration::ZERO);
+    let i = app::instance(&server, policy("items").build().unwrap(), origin.service()).await;
+    let valid = stampede_guard::fuzzing::CachedResponse {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+        body: Bytes::from_static(b"planted"),
+        fresh_for: Duration::from_secs(60),
+        grace: Duration::ZERO,
+        keep: Duration::from_secs(60),
+        token: stampede_guard::lease::FencingToken::new(1),
+    }
+    .encode();
+    let mut truncated = valid.clone();
+    truncated.truncate(valid.len() - 3);
+    let mut other_version = valid.clone();
+    other_version[2] = 99;
+    let mut conn = server.conn().await;
+    let cases: Vec<(&str, Box<dyn Fn(&str) -> redis::Cmd>)> = vec![
+        (
+            "a string",
+            Box::new(|k| redis::cmd("SET").arg(k).arg("garbage").clone()),
+        ),
+        (
+            "a list",
+            Box::new(|k| redis::cmd("RPUSH").arg(k).arg("x").clone()),
+        ),
+        (
+            "a hash without data",
+            Box::new(|k| redis::cmd("HSET").arg(k).arg("t").arg("5").clone()),
+        ),
+        (
+            "garbage data",
+            Box::new(|k| {
+                redis::cmd("HSET")
+                    .arg(k)
+                    .arg("t")
+                    .arg("5")
+                    .arg("d")
+                    .arg("garbage")
+                    .clone()
+            }),
+        ),
+        (
+            "truncated",
+            Box::new({
+                let t = truncated.clone();
+                move |k| {
+                    redis::cmd("HSET")
+                        .arg(k)
+                        .arg("t")
+                        .arg("5")
+                        .arg("d")
+                        .arg(t.clone())
+                        .clone()
+                }
+            }),
+        ),
+        (
+            "another version",
+            Box::new({
+                let t = other_version.clone();
+                move |k| {
+                    redis::cmd("HSET")
+                        .arg(k)
+                        .arg("t")
+                        .arg("5")
+                        .arg("d")
+                        .arg(t.clone())
+                        .clone()
+                }
+            }),
+        ),
+    ];
+    for (n, (what, plant)) in cases.iter().enumerate() {
+        let path = format!("/items/{n}");
+        let keys = i.layer.cache_keys(&get(&path)).unwrap();
+        let _: () = plant(keys.entry()).query_async(&mut conn).await.unwrap();
+        let before = i.layer.stats().get(Event::DecodeFailure);
+        let got = send(&i.service, get(&path)).await;
+        assert_eq!(got.status, StatusCode::OK, "{what}");
+        assert_eq!(got.x_cache(), "miss", "{what}");
+        assert!(got.body.starts_with('v'), "{what}: {}", got.body);
+        assert_eq!(
+            i.layer.stats().get(Event::DecodeFailure),
+            before + 1,
+            "{what}"
+        );
+        // The fill replaced the garbage with a valid entry.
+        let data: Vec<u8> = conn.hget(keys.entry(), "d").await.unwrap();
+        assert_eq!(
+            stampede_guard::fuzzing::decode(&data).unwrap().body,
+            got.body,
+            "{what}"
+        );
+    }
+    assert_eq!(origin.calls(), cases.len() as u64);
 }

@@ -2,6 +2,7 @@
 
 #![allow(dead_code, unused_imports)] // each test or bench binary uses a part of it
 
+pub(crate) mod app;
 pub(crate) mod backend;
 pub(crate) mod cluster;
 pub(crate) mod http;

@@ -1,0 +1,588 @@
+//! Invalidation and purge: an invalidation removes the entry from every instance (one
+//! body, on a single server, on a Redis Cluster and as a user with only what
+//! `KeySpace::acl_rules` allows) and reaches every variant, whichever instance sends it;
+//! a hard purge of a tag removes exactly the tagged entries for the fleet, a soft purge
+//! under load refreshes each key once for the fleet; a successful unsafe request
+//! invalidates what it changes. Notices: those of the version before local keys are
+//! still heard, and an instance whose subscription was cut does not serve its L1
+//! entries as fresh once it is back.
+//!
+//! The purge and unsafe-method tests run each instance as an axum app served by
+//! `axum::serve`, every request on a connection of its own.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing;
+use http::{HeaderMap, Response, StatusCode, header};
+use redis::AsyncCommands;
+use stampede_guard::metrics::Event;
+use stampede_guard::{GuardLayer, Policy, StampedeGuard};
+use support::app::{by_language, guard_at, instance, patient_policy, policy, with};
+use support::http::{fetch, serve};
+use support::web::{self, Instance, Origin, get, keys, ready_guard, send};
+use support::{HANG, Mode, Proxy, Redis, RedisServer, eventually, within};
+
+#[tokio::test]
+async fn invalidation_removes_the_entry_from_every_instance() {
+    invalidation_reaches_every_instance(Redis::single()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_invalidation_removes_the_entry_from_every_instance() {
+    invalidation_reaches_every_instance(Redis::cluster()).await;
+}
+
+#[tokio::test]
+async fn as_the_least_privileged_user_invalidation_removes_the_entry_from_every_instance() {
+    invalidation_reaches_every_instance(Redis::least_privileged(&keys()).await).await;
+}
+
+async fn invalidation_reaches_every_instance(server: Redis) {
+    let origin = Origin::versions(Duration::ZERO);
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        let policy = policy("items")
+            .fresh_ttl(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        fleet.push(instance(&server, policy, origin.service()).await);
+    }
+    for i in &fleet {
+        let got = send(&i.service, get("/items/1")).await;
+        assert_eq!(got.body, "v1");
+    }
+    assert_eq!(origin.calls(), 1);
+    let item = get("/items/1");
+    let invalidation = fleet[0].layer.invalidate(&item);
+    let removed = within(HANG, invalidation, "the invalidation")
+        .await
+        .unwrap();
+    assert!(removed);
+    for i in &fleet {
+        let service = &i.service;
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                send(service, get("/items/1")).await.body == "v2"
+            })
+            .await,
+            "an instance kept the invalidated entry"
+        );
+    }
+    assert_eq!(origin.calls(), 2);
+    // Every instance's L1 holds the refilled entry, and nothing else: the invalidated
+    // one was dropped, not kept beside it. (moka counts lazily: a read runs its pending
+    // bookkeeping, at most every 300 ms, so the count is polled with hits.)
+    for (n, i) in fleet.iter().enumerate() {
+        let service = &i.service;
+        let settled = eventually(Duration::from_secs(3), || async {
+            let got = send(service, get("/items/1")).await;
+            assert_eq!(
+                (got.body.as_str(), got.x_cache()),
+                ("v2", "hit"),
+                "instance {n}"
+            );
+            i.guard.l1_entries() == 1
+        });
+        assert!(
+            settled.await,
+            "instance {n}: {} entries in L1",
+            i.guard.l1_entries()
+        );
+    }
+}
+
+/// The route of the invalidation tests: fresh for 3 hours, so that only an
+/// invalidation can make an instance fill again.
+fn fresh_for_hours() -> Policy {
+    patient_policy("items")
+        .fresh_ttl(Duration::from_secs(3 * 3600))
+        .build()
+        .unwrap()
+}
+
+/// After an invalidation of `/items/1`: every variant on each instance is filled again,
+/// the third or fourth origin call, never answered from what was invalidated.
+async fn every_variant_is_refilled<S: Clone>(instances: [&Instance<S>; 2])
+where
+    stampede_guard::Guard<S>: tower::Service<
+            web::Req,
+            Response = Response<stampede_guard::ResponseBody<web::Body>>,
+            Error = std::convert::Infallible,
+        >,
+{
+    for i in instances {
+        for lang in ["fr", "de"] {
+            let service = &i.service;
+            let refilled = eventually(Duration::from_secs(3), || async {
+                let got = send(service, with("/items/1", "accept-language", lang)).await;
+                got.body.starts_with(&format!("lang={lang} "))
+                    && (got.body.ends_with("call 3") || got.body.ends_with("call 4"))
+            });
+            assert!(refilled.await, "{lang} kept its invalidated variant");
+        }
+    }
+}
+
+/// A route learned `Vary: Accept-Language` and holds a French and a German variant on
+/// two instances, fresh for 3 hours. One invalidation, made with no `Accept-Language` at
+/// all, reaches every variant, in L2 and in every instance's L1; what hides the variants
+/// in Redis lasts as long as they could; the variants' tokens and the invalidation's are
+/// ordered (one counter is raised to every variant's token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_invalidation_reaches_every_variant() {
+    let server = RedisServer::start();
+    let origin = by_language();
+    let a = instance(&server, fresh_for_hours(), origin.service()).await;
+    let b = instance(&server, fresh_for_hours(), origin.service()).await;
+    for i in [&a, &b] {
+        for lang in ["fr", "de"] {
+            let got = send(&i.service, with("/items/1", "accept-language", lang)).await;
+            assert!(got.body.starts_with(&format!("lang={lang} ")));
+        }
+    }
+    // fr first (learned Vary from it), then de: two calls; B read both from L2.
+    assert_eq!(origin.calls(), 2);
+    for i in [&a, &b] {
+        let got = send(&i.service, with("/items/1", "accept-language", "de")).await;
+        assert_eq!(got.x_cache(), "hit");
+    }
+    let mut conn = server.conn().await;
+    let variant = |lang: &str| {
+        a.layer
+            .cache_keys(&with("/items/1", "accept-language", lang))
+            .unwrap()
+    };
+    let (fr, de) = (variant("fr"), variant("de"));
+    assert!(fr.is_variant() && de.is_variant());
+    let counter: u64 = conn.get(fr.primary_fence_key()).await.unwrap();
+    let mut tokens = Vec::new();
+    for keys in [&fr, &de] {
+        tokens.push(conn.hget::<_, _, u64>(keys.entry(), "t").await.unwrap());
+    }
+    // Raised to each variant's token as it was filled: the last one's.
+    assert_eq!(
+        Some(counter),
+        tokens.iter().copied().max(),
+        "the response's counter against its variants' tokens {tokens:?}"
+    );
+    let item = get("/items/1");
+    let invalidation = a.layer.invalidate(&item);
+    within(HANG, invalidation, "the invalidation")
+        .await
+        .unwrap();
+    let hidden_for: i64 = conn.pttl(fr.invalidated_key()).await.unwrap();
+    assert!(hidden_for > 3 * 3600 * 1000, "{hidden_for} ms");
+    let invalidation: u64 = conn.get(fr.invalidated_key()).await.unwrap();
+    every_variant_is_refilled([&a, &b]).await;
+    // One fill per variant after the invalidation, for both instances, each with a token
+    // above the invalidation's.
+    assert_eq!(origin.calls(), 4);
+    for keys in [&fr, &de] {
+        let token: u64 = conn.hget(keys.entry(), "t").await.unwrap();
+        assert!(token > invalidation);
+    }
+}
+
+/// The invalidating instance need not have learned the route's `Vary`: C, which never
+/// served the route, invalidates the response, and A's and B's variants all go (each
+/// hearer knows what it keeps; the sender does not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_from_an_instance_that_never_learned_vary_reaches_every_variant() {
+    let server = RedisServer::start();
+    let origin = by_language();
+    let a = instance(&server, fresh_for_hours(), origin.service()).await;
+    let b = instance(&server, fresh_for_hours(), origin.service()).await;
+    let c = instance(&server, fresh_for_hours(), origin.service()).await;
+    for i in [&a, &b] {
+        for lang in ["fr", "de"] {
+            send(&i.service, with("/items/1", "accept-language", lang)).await;
+        }
+        for lang in ["fr", "de"] {
+            let got = send(&i.service, with("/items/1", "accept-language", lang)).await;
+            assert_eq!(got.x_cache(), "hit");
+        }
+    }
+    assert_eq!(origin.calls(), 2);
+    let item = get("/items/1");
+    let invalidation = c.layer.invalidate(&item);
+    within(HANG, invalidation, "C's invalidation")
+        .await
+        .unwrap();
+    every_variant_is_refilled([&a, &b]).await;
+    assert_eq!(origin.calls(), 4);
+}
+
+/// An origin for `/p/{n}` whose answers are tagged `p{n}` and `group-{n % 2}` (half in
+/// `Surrogate-Key`, half in `Cache-Tag`), versioned by call, after `delay`; `/u` is
+/// untagged.
+fn tagged(calls: Arc<AtomicU64>, delay: Duration, layer: GuardLayer) -> Router {
+    let handler = move |uri: http::Uri| {
+        let calls = calls.clone();
+        async move {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(delay).await;
+            let path = uri.path().to_owned();
+            let mut headers = HeaderMap::new();
+            if let Some(id) = path.strip_prefix("/p/") {
+                let id: u64 = id.parse().unwrap();
+                let tags = format!("p{id} group-{}", id % 2);
+                if id.is_multiple_of(2) {
+                    headers.insert("surrogate-key", tags.parse().unwrap());
+                } else {
+                    headers.insert("cache-tag", tags.replace(' ', ", ").parse().unwrap());
+                }
+            }
+            (headers, format!("{path} v{n}"))
+        }
+    };
+    Router::new()
+        .route(
+            "/p/{id}",
+            routing::get(handler.clone()).layer(layer.clone()),
+        )
+        .route("/u", routing::get(handler).layer(layer))
+}
+
+fn tagged_policy() -> Policy {
+    Policy::builder("tagged")
+        .fresh_ttl(Duration::from_secs(60))
+        .grace(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// A hard purge of a tag, from one instance, removes exactly the entries tagged with
+/// it, on both instances: they are filled again (once for the fleet), and the others
+/// are still hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_purge_removes_exactly_the_tagged_entries_on_every_instance() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicU64::new(0));
+    let (a, b) = (ready_guard(&server).await, ready_guard(&server).await);
+    let (layer_a, layer_b) = (
+        a.layer(tagged_policy()).unwrap(),
+        b.layer(tagged_policy()).unwrap(),
+    );
+    let addr_a = serve(tagged(calls.clone(), Duration::ZERO, layer_a)).await;
+    let addr_b = serve(tagged(calls.clone(), Duration::ZERO, layer_b)).await;
+    let paths = ["/p/1", "/p/2", "/p/3", "/p/4", "/u"];
+    for path in paths {
+        assert_eq!(fetch(addr_a, path, &[]).await.x_cache(), "miss");
+        assert_eq!(fetch(addr_b, path, &[]).await.x_cache(), "hit");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+
+    a.purge_tags(["group-0"], stampede_guard::Purge::Hard)
+        .await
+        .unwrap();
+    // The even ones, on b first (once it heard the purge): filled again, once.
+    for path in ["/p/2", "/p/4"] {
+        assert!(
+            eventually(HANG, || async {
+                let got = fetch(addr_b, path, &[]).await;
+                got.x_cache() == "miss" || !got.body.ends_with(" v2") && !got.body.ends_with(" v4")
+            })
+            .await,
+            "{path} on b after the purge"
+        );
+        let got = fetch(addr_a, path, &[]).await;
+        assert_eq!(got.x_cache(), "hit", "{path} on a: b's new entry");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 7);
+    for path in ["/p/1", "/p/3", "/u"] {
+        for addr in [addr_a, addr_b] {
+            assert_eq!(fetch(addr, path, &[]).await.x_cache(), "hit", "{path}");
+        }
+    }
+    // A purge of one key's tag (in Cache-Tag).
+    b.purge_tags(["p3"], stampede_guard::Purge::Hard)
+        .await
+        .unwrap();
+    assert_eq!(fetch(addr_b, "/p/3", &[]).await.x_cache(), "miss");
+    assert!(
+        eventually(HANG, || async {
+            fetch(addr_a, "/p/3", &[]).await.body == "/p/3 v8"
+        })
+        .await
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 8);
+}
+
+/// A soft purge under load: every caller is answered at once from the purged entries
+/// (stale), and the origin is called once per purged key for the whole fleet, not once
+/// per caller; an entry without the tag is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soft_purge_under_load_refreshes_each_key_once_for_the_fleet() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicU64::new(0));
+    let (a, b) = (ready_guard(&server).await, ready_guard(&server).await);
+    let (layer_a, layer_b) = (
+        a.layer(tagged_policy()).unwrap(),
+        b.layer(tagged_policy()).unwrap(),
+    );
+    let delay = Duration::from_millis(200);
+    let addr_a = serve(tagged(calls.clone(), delay, layer_a.clone())).await;
+    let addr_b = serve(tagged(calls.clone(), delay, layer_b.clone())).await;
+    let keys = ["/p/1", "/p/2", "/p/3", "/p/4"];
+    for path in keys.iter().chain(&["/u"]) {
+        assert_eq!(fetch(addr_a, path, &[]).await.x_cache(), "miss");
+        assert_eq!(fetch(addr_b, path, &[]).await.x_cache(), "hit");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+
+    // Both group tags: every /p/ key.
+    a.purge_tags(["group-0", "group-1"], stampede_guard::Purge::Soft)
+        .await
+        .unwrap();
+    let mut burst = Vec::new();
+    for round in 0..10 {
+        for (i, &path) in keys.iter().enumerate() {
+            let addr = if (round + i) % 2 == 0 { addr_a } else { addr_b };
+            burst.push(tokio::spawn(
+                async move { (path, fetch(addr, path, &[]).await) },
+            ));
+        }
+    }
+    for answer in burst {
+        let (path, got) = answer.await.unwrap();
+        assert_eq!(got.status, StatusCode::OK);
+        // At once, from the entry: stale (or a hit on b before it heard the purge, or
+        // the refreshed entry once it landed).
+        assert!(
+            ["stale", "hit"].contains(&got.x_cache()),
+            "{path}: {}",
+            got.x_cache()
+        );
+    }
+    for path in keys {
+        assert!(
+            eventually(HANG, || async {
+                let (a, b) = (
+                    fetch(addr_a, path, &[]).await,
+                    fetch(addr_b, path, &[]).await,
+                );
+                a.x_cache() == "hit"
+                    && b.x_cache() == "hit"
+                    && a.body == b.body
+                    && !a.body.ends_with(&format!(" v{}", &path[3..]))
+            })
+            .await,
+            "{path} refreshed on both"
+        );
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        5 + keys.len() as u64,
+        "one call per key"
+    );
+    assert_eq!(fetch(addr_a, "/u", &[]).await.body, "/u v5");
+    let soft = layer_a.stats().get(Event::PurgedSoft) + layer_b.stats().get(Event::PurgedSoft);
+    assert!(soft >= keys.len() as u64, "{soft} soft-purged reads");
+}
+
+/// A successful unsafe request invalidates, for the fleet, the entries of its URI and
+/// of the same-origin URI its answer names in `Location`, on a route that follows the
+/// origin (RFC 9111 §4.4); a failed one does not; a route that does not follow the
+/// origin leaves them by default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_requests_invalidate_what_they_change() {
+    let server = RedisServer::start();
+    let (a, b) = (ready_guard(&server).await, ready_guard(&server).await);
+    let calls = Arc::new(AtomicU64::new(0));
+    let app = |guard: &StampedeGuard, follow: bool| {
+        let layer = guard
+            .layer(
+                Policy::builder("changing")
+                    .follow_origin(follow)
+                    .fresh_ttl(Duration::from_secs(60))
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap();
+        let calls = calls.clone();
+        let read = move |uri: http::Uri| {
+            let calls = calls.clone();
+            async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                (
+                    [(header::CACHE_CONTROL, "max-age=60")],
+                    format!("{} v{n}", uri.path()),
+                )
+            }
+        };
+        let write = |uri: http::Uri| async move {
+            match uri.path() {
+                "/list" => (StatusCode::CREATED, [(header::LOCATION, "/item")]).into_response(),
+                "/fails" => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                _ => StatusCode::NO_CONTENT.into_response(),
+            }
+        };
+        Router::new()
+            .route(
+                "/item",
+                routing::get(read.clone()).post(write).layer(layer.clone()),
+            )
+            .route(
+                "/list",
+                routing::get(read.clone()).post(write).layer(layer.clone()),
+            )
+            .route("/fails", routing::get(read).post(write).layer(layer))
+    };
+    use axum::response::IntoResponse;
+    let follows = serve(app(&a, true)).await;
+    let other = serve(app(&b, true)).await;
+    for path in ["/item", "/list", "/fails"] {
+        assert_eq!(fetch(follows, path, &[]).await.x_cache(), "miss");
+        assert_eq!(fetch(other, path, &[]).await.x_cache(), "hit");
+    }
+    let post = |addr, path| support::http::fetch_method(addr, "POST", path);
+
+    assert_eq!(
+        post(follows, "/fails").await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert_eq!(fetch(follows, "/fails", &[]).await.x_cache(), "hit");
+
+    assert_eq!(post(follows, "/item").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(fetch(follows, "/item", &[]).await.x_cache(), "miss");
+    // The other instance heard it.
+    assert!(
+        eventually(HANG, || async {
+            fetch(other, "/item", &[]).await.body == "/item v4"
+        })
+        .await
+    );
+
+    // `/list`'s answer names `/item` in `Location`: both go.
+    assert_eq!(post(other, "/list").await.status, StatusCode::CREATED);
+    assert_eq!(fetch(other, "/list", &[]).await.x_cache(), "miss");
+    assert_eq!(fetch(other, "/item", &[]).await.x_cache(), "miss");
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+
+    // A route that keeps its own policy keeps its entries.
+    let own_guard = ready_guard(&server).await;
+    let own = serve(app(&own_guard, false)).await;
+    assert_eq!(fetch(own, "/item", &[]).await.x_cache(), "hit");
+    assert_eq!(post(own, "/item").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(fetch(own, "/item", &[]).await.x_cache(), "hit");
+}
+
+/// Notices from a version before local keys (`f {entry key}`, `i {token} {entry key}`)
+/// are still heard: an invalidation whose entry this version cannot name drops all of
+/// L1 (the entries come back from L2), and a fill notice is taken without a panic or a
+/// lost subscription.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_of_the_version_before_local_keys_are_heard() {
+    let server = RedisServer::start();
+    let origin = web::Origin::versions(Duration::ZERO);
+    let a = instance(
+        &server,
+        patient_policy("items")
+            .fresh_ttl(Duration::from_secs(3600))
+            .build()
+            .unwrap(),
+        origin.service(),
+    )
+    .await;
+    for path in ["/items/1", "/items/2"] {
+        send(&a.service, get(path)).await;
+        assert_eq!(send(&a.service, get(path)).await.x_cache(), "hit");
+    }
+    let channels: Vec<String> = server.cmd(&["PUBSUB", "CHANNELS"]).await;
+    assert_eq!(channels.len(), 1, "{channels:?}");
+    let entry = a.layer.cache_keys(&get("/items/1")).unwrap();
+    let mut conn = server.conn().await;
+    let _: i64 = conn
+        .publish(&channels[0], format!("f {}", entry.entry()))
+        .await
+        .unwrap();
+    let _: i64 = conn
+        .publish(&channels[0], format!("i 7 {}", entry.entry()))
+        .await
+        .unwrap();
+    // Both entries left L1 (the second was not even named): read from L2 again.
+    for path in ["/items/1", "/items/2"] {
+        let service = &a.service;
+        let layer = &a.layer;
+        let from_l2 = eventually(Duration::from_secs(3), || async {
+            let l2 = layer.stats().get(Event::L2Hit);
+            send(service, get(path)).await;
+            layer.stats().get(Event::L2Hit) == l2 + 1
+        });
+        assert!(from_l2.await, "{path} stayed in L1");
+    }
+    assert_eq!(origin.calls(), 2);
+    // Still subscribed: a notice of this version is heard after them.
+    let item = get("/items/2");
+    let invalidation = a.layer.invalidate(&item);
+    assert!(
+        within(HANG, invalidation, "the invalidation")
+            .await
+            .unwrap()
+    );
+    assert_eq!(send(&a.service, get("/items/2")).await.body, "v3");
+}
+
+/// An instance's notice subscription is cut (its Redis traffic blackholed) while
+/// another instance invalidates an entry: the notice never reaches it. When the
+/// subscription is back, the entry it holds is not served as fresh any more: stale,
+/// while a refresh reads Redis again, then the new value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_subscription_comes_back_l1_entries_are_not_served_as_fresh() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let origin = Origin::versions(Duration::ZERO);
+    let policy = || {
+        patient_policy("items")
+            .fresh_ttl(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let a = web::instance(guard_at(&proxy.url(), |b| b), policy(), origin.service()).await;
+    let b = instance(&server, policy(), origin.service()).await;
+    assert_eq!(send(&a.service, get("/items/1")).await.body, "v1");
+    assert_eq!(send(&a.service, get("/items/1")).await.x_cache(), "hit");
+
+    proxy.set(Mode::Blackhole);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            !a.guard.notices_connected()
+        })
+        .await
+    );
+    let item = get("/items/1");
+    let invalidation = b.layer.invalidate(&item);
+    assert!(
+        within(HANG, invalidation, "the invalidation")
+            .await
+            .unwrap()
+    );
+    proxy.set(Mode::Pass);
+    proxy.reset_all();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            a.guard.notices_connected()
+        })
+        .await
+    );
+    let service = &a.service;
+    let got = send(service, get("/items/1")).await;
+    assert_eq!((got.x_cache(), got.body.as_str()), ("stale", "v1"));
+    // Fresh by its lifetime, stale here: `cache-status` says so too (no freshness left).
+    let status = got.headers["cache-status"].to_str().unwrap();
+    assert_eq!(
+        status, "stampede-guard; hit; ttl=0",
+        "x-cache and cache-status agree"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            send(service, get("/items/1")).await.body == "v2"
+        })
+        .await
+    );
+}

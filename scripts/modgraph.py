@@ -1,132 +1,238 @@
 #!/usr/bin/env python3
-"""The module graph of the library (src/, without src/bin): which module imports which.
+"""The module graph of the crate's source: which module imports which.
 
-Edges come from every `crate::`, `super::` and `self::` path outside comments and
-`#[cfg(test)] mod tests`, each name followed through `pub use` re-exports to the module
-that defines it. Prints the number of modules, edges and circles (strongly connected
-components of more than one module), each circle, and with `--floors` each module's
-floor (the longest chain of imports below it). `-v` lists every module's imports.
+The library (src/lib.rs) and each binary (src/bin/NAME/main.rs, src/bin/NAME.rs) are
+graphs of their own. Edges come from every `use` tree (groups, nesting, `self`, renames)
+and every inline `crate::`, `super::` and `self::` path outside comments and
+`#[cfg(test)]` modules, and from paths that start with the name of a child module; each
+name is followed through `pub use` re-exports to the module that defines it.
+
+Prints the number of modules, edges and circles (strongly connected components of more
+than one module) and each circle; with `--floors`, each module's floor (the longest
+chain of imports below it); with `-v`, every module's imports.
 
     python3 scripts/modgraph.py            # counts and circles
     python3 scripts/modgraph.py --floors   # and the floors
-    python3 scripts/modgraph.py --check    # exit 1 if any circle, or any module imports
-                                           # what its own ancestor module defines
+    python3 scripts/modgraph.py --check    # exit 1 on any circle, or on any module that
+                                           # imports what its own ancestor defines
 """
-import os, re, sys, itertools
+import functools
+import os
+import re
+import sys
+
 args = [a for a in sys.argv[1:] if not a.startswith('-')]
 root = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'src')
-mods = {}  # module path tuple -> file
-for dp, dn, fn in os.walk(root):
-    if 'bin' in dp.split(os.sep): continue
-    for f in fn:
-        if not f.endswith('.rs'): continue
-        p = os.path.relpath(os.path.join(dp, f), root)
-        parts = p[:-3].split(os.sep)
-        if parts[-1] in ('mod', 'lib'): parts = parts[:-1]
-        mods[tuple(parts)] = p
-reexp = {}
-def load_reexports():
-    for m, f in mods.items():
-        src = re.sub(r'//[^\n]*', '', open(os.path.join(root, f)).read())
-        for mt in re.finditer(r'pub(?:\([^)]*\))?\s+use\s+([^;]+);', src):
-            body = mt.group(1).replace('\n', ' ')
-            mg = re.match(r'(.*?)::\{(.*)\}$', body.strip())
-            items = []
-            if mg:
-                pre = mg.group(1).strip()
-                for it in mg.group(2).split(','):
-                    it = it.strip()
-                    if not it: continue
-                    items.append((pre + '::' + it.split(' as ')[0].strip(), it.split(' as ')[-1].strip().split('::')[-1]))
-            else:
-                items.append((body.strip().split(' as ')[0].strip(), body.strip().split(' as ')[-1].strip().split('::')[-1]))
-            for path, name in items:
-                segs = path.split('::')
-                if segs[0] == 'self': start = list(m); segs = segs[1:]
-                elif segs[0] == 'crate': start = []; segs = segs[1:]
-                elif segs[0] == 'super': start = list(m[:-1]); segs = segs[1:]
-                else: start = list(m)
-                reexp[(m, name)] = start + segs
-def resolve(path, depth=0):
+
+
+def crate_roots():
+    """(crate name, root file) for the library and each binary."""
+    roots = []
+    if os.path.exists(os.path.join(root, 'lib.rs')):
+        roots.append(('lib', 'lib.rs'))
+    bin_dir = os.path.join(root, 'bin')
+    if os.path.isdir(bin_dir):
+        for entry in sorted(os.listdir(bin_dir)):
+            if entry.endswith('.rs'):
+                roots.append(('bin ' + entry[:-3], os.path.join('bin', entry)))
+            elif os.path.exists(os.path.join(bin_dir, entry, 'main.rs')):
+                roots.append(('bin ' + entry, os.path.join('bin', entry, 'main.rs')))
+    return roots
+
+
+def strip(src):
+    """The source without comments, strings and `#[cfg(test)]` modules."""
+    src = re.sub(r'/\*.*?\*/', '', src, flags=re.S)
+    src = re.sub(r'//[^\n]*', '', src)
+    src = re.sub(r'"(?:\\.|[^"\\])*"', '""', src)
+    out, i = [], 0
+    for m in re.finditer(r'#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{', src):
+        if m.start() < i:
+            continue
+        out.append(src[i:m.start()])
+        depth, j = 1, m.end()
+        while j < len(src) and depth:
+            depth += {'{': 1, '}': -1}.get(src[j], 0)
+            j += 1
+        i = j
+    out.append(src[i:])
+    return ''.join(out)
+
+
+def expand(tree):
+    """The paths of a `use` tree: `a::{b, c::{d as e, self}}` gives a::b, a::c::d, a::c."""
+    tree = tree.strip()
+    if tree.startswith('::'):
+        tree = tree[2:]
+    depth, brace = 0, None
+    for i, ch in enumerate(tree):
+        if ch == '{':
+            if depth == 0:
+                brace = i
+            depth += 1
+        elif ch == '}':
+            depth -= 1
+    if brace is None:
+        path = re.split(r'\s+as\s+', tree)[0].strip()
+        return [path.split('::')] if path else []
+    prefix = tree[:brace].rstrip(':').strip()
+    inner = tree[brace + 1:tree.rindex('}')]
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(inner):
+        depth += {'{': 1, '}': -1}.get(ch, 0)
+        if ch == ',' and depth == 0:
+            parts.append(inner[start:i])
+            start = i + 1
+    parts.append(inner[start:])
+    base = prefix.split('::') if prefix else []
+    paths = []
+    for part in parts:
+        for sub in expand(part):
+            paths.append(base if sub == ['self'] else base + sub)
+    return paths
+
+
+mods = {}      # (crate, path tuple) -> file
+children = {}  # module -> names of its child modules
+for crate, root_file in crate_roots():
+    def walk(module, file):
+        mods[module] = file
+        children[module] = set()
+        src = strip(open(os.path.join(root, file)).read())
+        here = os.path.dirname(file)
+        stem = os.path.basename(file)[:-3]
+        folder = here if stem in ('mod', 'lib', 'main') else os.path.join(here, stem)
+        for m in re.finditer(r'^\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;', src, re.M):
+            name = m.group(1)
+            for candidate in (os.path.join(folder, name + '.rs'), os.path.join(folder, name, 'mod.rs')):
+                if os.path.exists(os.path.join(root, candidate)):
+                    children[module].add(name)
+                    walk((module[0], module[1] + (name,)), candidate)
+                    break
+    walk((crate, ()), root_file)
+
+sources = {m: strip(open(os.path.join(root, f)).read()) for m, f in mods.items()}
+
+
+def absolute(module, segs):
+    """The crate path that `segs`, written in `module`, starts from; None if external."""
+    crate, here = module
+    if not segs:
+        return None
+    head = segs[0]
+    if head == 'crate':
+        return list(segs[1:])
+    if head in ('super', 'self'):
+        base = list(here)
+        while segs and segs[0] in ('super', 'self'):
+            if segs[0] == 'super':
+                base = base[:-1]
+            segs = segs[1:]
+        return base + list(segs)
+    if head in children.get(module, ()):
+        return list(here) + list(segs)
+    return None
+
+
+reexports = {}  # (module, name) -> absolute path
+for module, src in sources.items():
+    for m in re.finditer(r'\bpub(?:\([^)]*\))?\s+use\s+([^;]+);', src):
+        for path in expand(m.group(1)):
+            target = absolute(module, path)
+            if target:
+                alias = re.search(r'\bas\s+(\w+)', m.group(1))
+                reexports[(module, path[-1])] = target
+    # `pub use x as y` inside groups: map the alias too.
+    for m in re.finditer(r'\bpub(?:\([^)]*\))?\s+use\s+[^;]*?(\w+(?:::\w+)*)\s+as\s+(\w+)', src):
+        target = absolute(module, m.group(1).split('::'))
+        if target:
+            reexports[(module, m.group(2))] = target
+
+
+def resolve(crate, path, depth=0):
+    """The module that defines what `path` (from the crate root) names."""
     for i in range(len(path), -1, -1):
-        if tuple(path[:i]) in mods:
-            m = tuple(path[:i])
-            if i < len(path) and (m, path[i]) in reexp and depth < 10:
-                return resolve(reexp[(m, path[i])] + path[i+1:], depth+1)
-            return m
-    return ()
-def strip_comments(s):
-    s = re.sub(r'//[^\n]*', '', s)
-    return s
-load_reexports()
+        module = (crate, tuple(path[:i]))
+        if module in mods:
+            if i < len(path) and (module, path[i]) in reexports and depth < 16:
+                return resolve(crate, reexports[(module, path[i])] + list(path[i + 1:]), depth + 1)
+            return module
+    return None
+
+
 edges = {m: set() for m in mods}
-for m, f in mods.items():
-    src = strip_comments(open(os.path.join(root, f)).read())
-    # cut #[cfg(test)] mod tests { ... } roughly: everything after '#[cfg(test)]\nmod tests'
-    i = re.search(r'#\[cfg\(test\)\]\s*mod tests', src)
-    if i: src = src[:i.start()]
-    # expand use groups crudely: collect paths
-    here = list(m) if not f.endswith(('mod.rs','lib.rs')) else list(m)
-    parent = list(m[:-1]) if not (f.endswith('mod.rs') or f.endswith('lib.rs')) else list(m[:-1])
-    # super relative to module m: parent of m
-    for mt in re.finditer(r'\b(crate|super|self)((?:::\w+)+)(::\{[^;]*?\})?', src):
-        base, rest, group = mt.group(1), mt.group(2), mt.group(3)
-        segs = rest.strip(':').split('::')
-        if base == 'crate': start = []
-        elif base == 'super': start = list(m[:-1])
-        else: start = list(m)
-        while segs and segs[0] == 'super':
-            start = start[:-1]; segs = segs[1:]
-        full = start + segs
-        targets = [full]
-        if group:
-            for g in re.findall(r'\b(\w+)(?:::(\w+))?', group[3:]):
-                targets.append(full + [x for x in g if x])
-        for t in targets:
-            r = resolve(t)
-            if r != m and r != () and not (len(r) < len(m) and m[:len(r)] == r and r != ()) :
-                edges[m].add(r)
-            elif r != m and r != () and len(r) < len(m) and m[:len(r)] == r:
-                # importing from an ancestor module (its re-exports): resolve the name further via pub use? record as edge to ancestor
-                edges[m].add(r)
-# Tarjan SCC
-idx = {}; low = {}; st = []; on = set(); sccs = []; c = [0]
+for module, src in sources.items():
+    paths = []
+    for m in re.finditer(r'\buse\s+([^;]+);', src):
+        paths.extend(expand(m.group(1)))
+    for m in re.finditer(r'(?<![\w:])((?:crate|super|self|\w+)(?:::\w+)+)', src):
+        paths.append(m.group(1).split('::'))
+    for segs in paths:
+        target = absolute(module, segs)
+        if target is None:
+            continue
+        found = resolve(module[0], target)
+        if found and found != module and found[1] != ():
+            edges[module].add(found)
+        elif found and found != module and found[1] == () and module[1] != ():
+            edges[module].add(found)
+
+# Circles: Tarjan's strongly connected components.
 sys.setrecursionlimit(10000)
-def sc(v):
-    idx[v] = low[v] = c[0]; c[0] += 1; st.append(v); on.add(v)
+index, low, stack, on, circles, counter = {}, {}, [], set(), [], [0]
+
+
+def connect(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on.add(v)
     for w in edges[v]:
-        if w not in idx: sc(w); low[v] = min(low[v], low[w])
-        elif w in on: low[v] = min(low[v], idx[w])
-    if low[v] == idx[v]:
-        comp = []
+        if w not in index:
+            connect(w)
+            low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        component = []
         while True:
-            w = st.pop(); on.discard(w); comp.append(w)
-            if w == v: break
-        sccs.append(comp)
+            w = stack.pop()
+            on.discard(w)
+            component.append(w)
+            if w == v:
+                break
+        if len(component) > 1:
+            circles.append(component)
+
+
 for v in mods:
-    if v not in idx: sc(v)
-n = lambda m: '::'.join(m) or 'crate'
-cyc = [s for s in sccs if len(s) > 1]
-print(f"{len(mods)} modules, {sum(len(e) for e in edges.values())} edges, {len(cyc)} circles")
-for s in cyc:
-    print("circle:", ', '.join(sorted(n(x) for x in s)))
+    if v not in index:
+        connect(v)
+
+
+def name(module):
+    crate, path = module
+    return (crate + ':' if crate != 'lib' else '') + ('::'.join(path) or 'crate')
+
+
+up = sorted((name(m), name(w)) for m in mods for w in edges[m]
+            if w[0] == m[0] and len(w[1]) < len(m[1]) and m[1][:len(w[1])] == w[1])
+print(f"{len(mods)} modules, {sum(len(e) for e in edges.values())} edges, {len(circles)} circles")
+for circle in circles:
+    print("circle:", ', '.join(sorted(name(m) for m in circle)))
+if up:
+    print("imports up to an ancestor:", ', '.join(f"{a} -> {b}" for a, b in up))
 if '-v' in sys.argv:
     for m in sorted(mods):
-        print(n(m), '->', ', '.join(sorted(n(x) for x in edges[m])))
-if '--floors' in sys.argv and not cyc:
-    import functools
+        print(name(m), '->', ', '.join(sorted(name(w) for w in edges[m])))
+if '--floors' in sys.argv and not circles:
     @functools.lru_cache(None)
     def floor(m):
         return 1 + max((floor(w) for w in edges[m]), default=-1)
     by = {}
-    for m in mods: by.setdefault(floor(m), []).append(n(m))
-    for f in sorted(by): print(f"floor {f}: {', '.join(sorted(by[f]))}")
-    # imports of a module's own ancestors (a child reaching up to its parent's items)
-    up = [(n(m), n(w)) for m in mods for w in edges[m] if len(w) < len(m) and m[:len(w)] == w]
-    print("imports up to an ancestor:", up or "none")
-
-if '--check' in sys.argv:
-    up = [(n(m), n(w)) for m in mods for w in edges[m] if len(w) < len(m) and m[:len(w)] == w]
-    if cyc or up:
-        print("module graph: circles or imports up to an ancestor", file=sys.stderr)
-        sys.exit(1)
+    for m in mods:
+        by.setdefault((m[0], floor(m)), []).append(name(m))
+    for (crate, f) in sorted(by):
+        print(f"{crate} floor {f}: {', '.join(sorted(by[(crate, f)]))}")
+if '--check' in sys.argv and (circles or up):
+    sys.exit(1)

@@ -52,6 +52,9 @@ names! {
     /// Waits for another instance's fill that began (those in progress: this minus
     /// [`COLD_WAITS`]).
     COLD_WAITS_STARTED: Counter = "stampede_guard_cold_waits_started_total", "Waits for another instance's fill that began.";
+    /// Callers that waited for a fill already in flight in this process (instead of
+    /// calling the origin themselves): what the local single-flight saved.
+    COALESCED: Counter = "stampede_guard_coalesced_total", "Callers that waited for a fill already in flight in this process instead of calling the origin.";
     /// Stale responses served because the origin failed.
     STALE_IF_ERROR: Counter = "stampede_guard_stale_if_error_total", "Stale entries served because the origin failed.";
     /// Redis operations that failed, by operation and kind (counted by the store, for all
@@ -175,6 +178,7 @@ events! {
     NotStored => (NOT_STORED), "An origin response was not stored.";
     ColdFill => (COLD_FILLS), "This process filled a cold miss.";
     ColdWaitStarted => (COLD_WAITS_STARTED), "A fill found another instance's lease and began to wait for its entry.";
+    Coalesced => (COALESCED), "A caller joined a fill already in flight in this process, and waits for its result.";
     ColdWaitNotified => (COLD_WAITS, "result" => "notified"), "A wait for another instance's fill ended with the entry.";
     ColdWaitTimedOut => (COLD_WAITS, "result" => "timed_out"), "A wait for another instance's fill ran out.";
     ColdWaitEnded => (COLD_WAITS, "result" => "ended"), "A wait for another instance's fill ended early: its lease ended without a write.";

@@ -48,7 +48,7 @@ pub enum Purge {
 
 impl Purge {
     /// The purge's name, as used in metric labels.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Hard => "hard",
             Self::Soft => "soft",

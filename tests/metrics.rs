@@ -237,6 +237,21 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
     if read_errors != 1.0 {
         wrong.push(format!("read errors: {read_errors} (want 1)"));
     }
+    // Every error series is there from the store's first operation, at zero until it
+    // counts: a burst that comes before a scrape is still an increase to `rate()`.
+    let errors = got
+        .keys()
+        .filter(|k| k.starts_with("stampede_guard_redis_errors_total{"))
+        .count();
+    if errors != 60 {
+        wrong.push(format!(
+            "error series: {errors} (want 10 operations x 6 kinds)"
+        ));
+    }
+    let never = "stampede_guard_redis_errors_total{kind=\"response\",operation=\"inspect\"}";
+    if got.get(never) != Some(&0.0) {
+        wrong.push(format!("{never}: {:?} (want 0)", got.get(never)));
+    }
     // Histograms render with the crate's buckets.
     assert!(
         rendered.contains(

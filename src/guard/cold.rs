@@ -7,7 +7,7 @@
 //! alone; a claim may also find that an entry landed meanwhile (here, or from the
 //! instance that holds the lease, whose notice wakes it), or that there is nothing to
 //! call the origin for. With a claim it calls the origin once, and what the call comes
-//! to is one [`Landed`] for all its callers (see [`flight`](super::inflight) for each
+//! to is one [`Landed`] for all its callers (see [`inflight`](super::inflight) for each
 //! ending and what the callers get). Each caller then turns it into its answer.
 
 use std::panic::AssertUnwindSafe;
@@ -125,7 +125,10 @@ where
                 own: Some(own_rx),
             }
         }
-        Joined::Follow(waiting) => Flight { waiting, own: None },
+        Joined::Follow(waiting) => {
+            route.stats.record(Event::Coalesced);
+            Flight { waiting, own: None }
+        }
     }
 }
 

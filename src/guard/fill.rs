@@ -15,7 +15,7 @@
 //! lets its readers compete again).
 //!
 //! Refreshes and cold fills both work this way; what a fill's ending means for the
-//! callers that waited for it is the cold path's (see `flight`).
+//! callers that waited for it is the cold path's (see `inflight`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! What a request is to the cache: whether it is answered from it at all (its method,
 //! its credentials, the route), and what tells it apart from other requests (its
-//! identity: method, host, path, the keyed query and headers; its variant: the headers
+//! identity: host, path, the keyed query and headers; its variant: the headers
 //! its URL's responses vary on).
 
 use http::header::{self, HeaderName, IF_MODIFIED_SINCE, IF_NONE_MATCH};

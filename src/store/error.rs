@@ -229,3 +229,38 @@ impl std::error::Error for StoreError {
             .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ALL` lists every variant once, in order. A new variant fails to compile in the
+    /// matches below: give it the next number, and put it in `ALL`.
+    #[test]
+    fn every_operation_and_kind_is_listed() {
+        let operation = |op: Operation| match op {
+            Operation::Acquire => 0,
+            Operation::Renew => 1,
+            Operation::Release => 2,
+            Operation::Ping => 3,
+            Operation::Read => 4,
+            Operation::Write => 5,
+            Operation::Invalidate => 6,
+            Operation::Subscribe => 7,
+            Operation::Publish => 8,
+            Operation::Inspect => 9,
+        };
+        let kind = |kind: StoreErrorKind| match kind {
+            StoreErrorKind::NoConnection => 0,
+            StoreErrorKind::Timeout => 1,
+            StoreErrorKind::ConnectionLost => 2,
+            StoreErrorKind::Server => 3,
+            StoreErrorKind::Response => 4,
+            StoreErrorKind::CircuitOpen => 5,
+        };
+        let numbered: Vec<usize> = Operation::ALL.into_iter().map(operation).collect();
+        assert_eq!(numbered, (0..10).collect::<Vec<_>>());
+        let numbered: Vec<usize> = StoreErrorKind::ALL.into_iter().map(kind).collect();
+        assert_eq!(numbered, (0..6).collect::<Vec<_>>());
+    }
+}

@@ -99,7 +99,7 @@ impl fmt::Debug for Args {
             .field("config", &self.config)
             .field("listen", &self.listen)
             .field("upstream", &self.upstream)
-            .field("redis", &self.redis.as_deref().map(crate::config::redacted))
+            .field("redis", &self.redis.as_deref().map(redacted))
             .field("follow_origin", &self.follow_origin)
             .field("fresh", &self.fresh)
             .field("grace", &self.grace)
@@ -137,6 +137,25 @@ pub(crate) fn upstream(text: &str) -> Result<Uri, String> {
             "`{text}`: only http:// origins are supported, not {other}://"
         )),
         _ => Err(format!("`{text}` must be an absolute http:// URL")),
+    }
+}
+
+/// `url` with its password (and a user-only credential) replaced by `***`: for logs.
+pub(crate) fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => "***".to_owned(),
+            };
+            format!("{scheme}://{user}@{host}{tail}")
+        }
+        None => url.to_owned(),
     }
 }
 

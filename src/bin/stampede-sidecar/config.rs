@@ -13,7 +13,7 @@ use http::Uri;
 use serde::Deserialize;
 use stampede_guard::{ColdMiss, ConfigError, Policy};
 
-use crate::args::{self, Args};
+use crate::args::{self, Args, redacted};
 
 /// Settings with no flag and no file value.
 mod defaults {
@@ -559,25 +559,6 @@ fn policy(place: &Place<'_>, name: &str, fields: &PolicyFields) -> Result<Policy
     builder
         .build()
         .map_err(|e| place.error(file_field(e.field()), e.to_string()))
-}
-
-/// `url` with its password (and a user-only credential) replaced by `***`: for logs.
-pub(crate) fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***"),
-                None => "***".to_owned(),
-            };
-            format!("{scheme}://{user}@{host}{tail}")
-        }
-        None => url.to_owned(),
-    }
 }
 
 #[cfg(test)]

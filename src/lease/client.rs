@@ -1,3 +1,6 @@
+//! The lease client: taking, renewing and giving back leases, each one Lua script run
+//! within the store's deadline, and the checks of a lease TTL against it.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

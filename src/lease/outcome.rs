@@ -1,3 +1,6 @@
+//! What a lease operation came to: a held [`Lease`] with its fencing token, or why not
+//! (busy, timed out, unavailable), and how a renewal or a release ended.
+
 use std::fmt;
 use std::time::{Duration, Instant};
 

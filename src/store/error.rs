@@ -1,3 +1,5 @@
+//! How a Redis operation failed: the operation, the kind of failure, and its cause.
+
 use std::fmt;
 
 /// What the crate was doing when Redis failed; a bounded set, fit for a metric label.

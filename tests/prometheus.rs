@@ -202,6 +202,11 @@ impl Spawned {
         let log = std::fs::File::create(dir.path().join("log")).unwrap();
         let child = command
             .args(args)
+            // The sidecar's key secret (Prometheus ignores it).
+            .env(
+                "STAMPEDE_GUARD_SECRET",
+                "a prometheus test secret of 16+ bytes",
+            )
             .current_dir(dir.path())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

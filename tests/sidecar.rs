@@ -307,6 +307,47 @@ fn a_bad_config_exits_2_naming_the_file_the_route_and_the_field() {
     assert!(text(&missing.stderr).contains("no-such-file.toml"));
 }
 
+/// With Redis, keys are hashed with a secret the fleet shares: without one the sidecar
+/// refuses to start (exit 2, naming it and how to make one), where it once used a
+/// secret everyone knows. `--secret-file` gives it; without Redis, the process makes a
+/// random one of its own.
+#[test]
+fn with_redis_a_secret_is_required() {
+    let no_secret = |args: &[&str]| {
+        let child = Command::new(BIN)
+            .args(args)
+            .env_clear()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the sidecar starts");
+        wait_output(child)
+    };
+    let redis = ["--redis", "redis://127.0.0.1:1", "--check"];
+    let out = no_secret(&redis);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("STAMPEDE_GUARD_SECRET"), "{err}");
+    assert!(err.contains("openssl rand"), "how to make one:\n{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret");
+    std::fs::write(&file, format!("{SECRET}\n")).unwrap();
+    let file = file.to_str().unwrap();
+    let out = no_secret(&[&redis[..2], &["--secret-file", file, "--check"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = no_secret(&[&redis[..2], &["--secret-file", "no-such-file", "--check"]].concat());
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("secret_file") && err.contains("no-such-file"),
+        "{err}"
+    );
+
+    let local = no_secret(&["--check"]);
+    assert_eq!(local.status.code(), Some(0), "{}", text(&local.stderr));
+}
+
 #[test]
 fn the_documented_config_is_accepted() {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sidecar.toml");

@@ -74,7 +74,7 @@ CONF
 }
 
 start_sidecar() { # index port
-  ./target/release/stampede-sidecar --listen "127.0.0.1:$2" --upstream "http://127.0.0.1:$ORIGIN" \
+  STAMPEDE_GUARD_SECRET=compare-bench-secret-of-16-bytes ./target/release/stampede-sidecar --listen "127.0.0.1:$2" --upstream "http://127.0.0.1:$ORIGIN" \
     --redis "redis://127.0.0.1:$REDIS" --follow-origin false --fresh "${FRESH}s" --grace 30s --lease 2s \
     > "$work/sidecar-$1.log" 2>&1 & pids+=($!)
 }

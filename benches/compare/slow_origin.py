@@ -11,6 +11,7 @@ Prints origin calls, the most in flight at once, the answers and the slowest one
 import collections
 import http.server
 import json
+import os
 import socket
 import socketserver
 import subprocess
@@ -76,6 +77,7 @@ def main(sidecar):
          "--upstream", f"http://127.0.0.1:{origin_port}",
          "--redis", f"redis://127.0.0.1:{redis_port}", "--lease", "1s"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "STAMPEDE_GUARD_SECRET": "slow-origin-bench-secret-16+"},
     )
     try:
         for _ in range(200):

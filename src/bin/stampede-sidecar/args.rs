@@ -86,6 +86,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) drain_timeout: Option<Duration>,
 
+    /// A file holding the secret that keys are hashed with (its whole content, less
+    /// trailing whitespace), when `STAMPEDE_GUARD_SECRET` is not set. Every sidecar of
+    /// a fleet needs the same one; with `--redis`, one of the two is required.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) secret_file: Option<std::path::PathBuf>,
+
     /// Check the settings (flags, config file, every route's policy) and exit: 0 if
     /// they would run, 2 naming what is refused. Connects nothing, binds nothing.
     #[arg(long)]
@@ -99,6 +105,7 @@ impl fmt::Debug for Args {
             .field("config", &self.config)
             .field("listen", &self.listen)
             .field("upstream", &self.upstream)
+            .field("secret_file", &self.secret_file)
             .field("redis", &self.redis.as_deref().map(redacted))
             .field("follow_origin", &self.follow_origin)
             .field("fresh", &self.fresh)

@@ -27,7 +27,6 @@ mod defaults {
     pub(super) const COLD_WAIT: Duration = Duration::from_secs(2);
     pub(super) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
     pub(super) const ENV: &str = "sidecar";
-    pub(super) const SERVICE: &str = "proxy";
     /// The route name of requests that match no route.
     pub(super) const ROUTE: &str = "default";
 }
@@ -95,6 +94,7 @@ with_policy_fields! {
         drain_timeout: Option<String>,
         env: Option<String>,
         service: Option<String>,
+        secret_file: Option<PathBuf>,
         l1_capacity: Option<u64>,
         refresh_budget: Option<usize>,
         default: Option<Unrouted>,
@@ -235,7 +235,11 @@ pub(crate) struct Settings {
     pub(crate) admin_token: Option<String>,
     pub(crate) drain_timeout: Duration,
     pub(crate) env: String,
+    /// By default, named after the upstream (see [`service_of`]): sidecars fronting
+    /// different origins on one Redis never share keys.
     pub(crate) service: String,
+    /// Where the key secret is read from when `STAMPEDE_GUARD_SECRET` is not set.
+    pub(crate) secret_file: Option<PathBuf>,
     pub(crate) l1_capacity: Option<u64>,
     pub(crate) refresh_budget: Option<usize>,
     /// The policy of requests that match no route, or `None` to pass them through.
@@ -290,6 +294,10 @@ impl Settings {
             (None, Some(text)) => args::upstream(text).map_err(|e| top.error("upstream", e))?,
             (None, None) => Uri::from_static(defaults::UPSTREAM),
         };
+        let service = file
+            .service
+            .clone()
+            .unwrap_or_else(|| service_of(&upstream));
         let drain_timeout = match args.drain_timeout {
             Some(d) => d,
             None => top
@@ -390,7 +398,8 @@ impl Settings {
             admin_token: args.admin_token.clone().or(file.admin_token),
             drain_timeout,
             env: file.env.unwrap_or_else(|| defaults::ENV.to_owned()),
-            service: file.service.unwrap_or_else(|| defaults::SERVICE.to_owned()),
+            service,
+            secret_file: args.secret_file.clone().or(file.secret_file),
             l1_capacity: file.l1_capacity,
             refresh_budget: file.refresh_budget,
             default,
@@ -561,6 +570,23 @@ fn policy(place: &Place<'_>, name: &str, fields: &PolicyFields) -> Result<Policy
         .map_err(|e| place.error(file_field(e.field()), e.to_string()))
 }
 
+/// The default service of the key space: the upstream's host and port, in the characters
+/// a key part takes (`http://Origin.example:8080` is `origin-example-8080`). Two fleets
+/// fronting different origins on one Redis then never compute the same keys.
+fn service_of(upstream: &Uri) -> String {
+    let host = upstream.host().unwrap_or("origin");
+    let port = upstream.port_u16().unwrap_or(80);
+    let mut service: String = format!("{host}-{port}")
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '-',
+        })
+        .collect();
+    service.truncate(48);
+    service
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,5 +688,31 @@ mod tests {
         assert!(!format!("{args:?}").contains("hunter2"));
         let settings = Settings::resolve(&args, File::default()).unwrap();
         assert!(!format!("{settings:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn the_default_service_is_named_after_the_upstream() {
+        let service = |uri: &str| service_of(&uri.parse().unwrap());
+        assert_eq!(service("http://127.0.0.1:9000"), "127-0-0-1-9000");
+        assert_eq!(service("http://Origin.example"), "origin-example-80");
+        assert_ne!(
+            service("http://a.example:80"),
+            service("http://b.example:80")
+        );
+        let long = service(&format!("http://{}.example:8080", "x".repeat(80)));
+        assert_eq!(long.len(), 48);
+        // Every default is a service the key space takes.
+        for uri in [
+            "http://127.0.0.1:9000",
+            "http://[::1]:8080",
+            "http://Origin.example",
+        ] {
+            stampede_guard::KeySpace::builder()
+                .env("sidecar")
+                .service(service(uri))
+                .secret("a test secret of sixteen bytes")
+                .build()
+                .unwrap();
+        }
     }
 }

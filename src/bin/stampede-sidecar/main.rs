@@ -191,25 +191,54 @@ async fn run(settings: Settings) -> Result<(), Failure> {
     }
 }
 
+/// How to make a secret, for the messages that ask for one.
+const MAKE_ONE: &str = "make one with `openssl rand -hex 32` and give every sidecar of the \
+                        fleet the same";
+
+/// The secret keys are hashed with: `STAMPEDE_GUARD_SECRET`, else the file
+/// `--secret-file` names. With Redis one of them is required (a fleet's sidecars must
+/// share it, and a known one would let anyone compute the keys); without Redis, keys
+/// never leave the process, and a random secret of its own does.
+fn secret(settings: &Settings) -> Result<Vec<u8>, Failure> {
+    if let Ok(secret) = std::env::var("STAMPEDE_GUARD_SECRET") {
+        return Ok(secret.into_bytes());
+    }
+    if let Some(path) = &settings.secret_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Failure::Setting(settings.setting_error(
+                "secret_file",
+                format!("cannot read {}: {e}", path.display()),
+            ))
+        })?;
+        return Ok(text.trim_end().as_bytes().to_vec());
+    }
+    if settings.redis.is_some() {
+        return Err(Failure::Setting(settings.setting_error(
+            "STAMPEDE_GUARD_SECRET",
+            format!(
+                "not set, and no --secret-file: with --redis, keys are hashed with a secret \
+                 the fleet shares; {MAKE_ONE}"
+            ),
+        )));
+    }
+    // Three ULIDs: 240 random bits from a cryptographic generator.
+    let random: String = (0..3).map(|_| ulid::Ulid::generate().to_string()).collect();
+    Ok(random.into_bytes())
+}
+
 /// The guard, on the settings' Redis (or none) and key space.
 fn guard(settings: &Settings) -> Result<StampedeGuard, Failure> {
     let refused = |field: &str, error: &dyn fmt::Display| {
         Failure::Setting(settings.setting_error(field, error.to_string()))
     };
-    let secret = std::env::var("STAMPEDE_GUARD_SECRET").unwrap_or_else(|_| {
-        eprintln!(
-            "STAMPEDE_GUARD_SECRET is not set: keys are hashed with a secret everyone knows \
-             (set the same one on every sidecar of the fleet)"
-        );
-        "set STAMPEDE_GUARD_SECRET in production".to_owned()
-    });
+    let secret = secret(settings)?;
     let keys = KeySpace::builder()
         .env(settings.env.as_str())
         .service(settings.service.as_str())
-        .secret(secret.into_bytes())
+        .secret(secret)
         .build()
         .map_err(|e| match e.field() {
-            "secret" => refused("STAMPEDE_GUARD_SECRET", &e),
+            "secret" => refused("STAMPEDE_GUARD_SECRET", &format!("{e}; {MAKE_ONE}")),
             field => refused(field, &e),
         })?;
     let store = match &settings.redis {

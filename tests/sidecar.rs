@@ -348,6 +348,81 @@ fn with_redis_a_secret_is_required() {
     assert_eq!(local.status.code(), Some(0), "{}", text(&local.stderr));
 }
 
+/// A proxy's headers, both ways (RFC 9110 §7.6): the origin never sees the client's
+/// hop-by-hop headers (nor one its `Connection` lists), the client never sees the
+/// origin's, and `Via` names the sidecar on both sides, on a request passed through
+/// (a POST), a fill and a hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_stay_on_their_hop_and_via_names_the_sidecar() {
+    let seen = Arc::new(Mutex::new(Vec::<http::HeaderMap>::new()));
+    let app = Router::new().fallback({
+        let seen = seen.clone();
+        move |headers: http::HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(headers);
+                (
+                    [
+                        ("cache-control", "max-age=60"),
+                        ("connection", "x-origin-hop"),
+                        ("x-origin-hop", "1"),
+                        ("keep-alive", "timeout=5"),
+                        ("proxy-authenticate", "Basic"),
+                        ("x-origin-kept", "1"),
+                    ],
+                    "body",
+                )
+            }
+        }
+    });
+    let origin = serve(app).await;
+    let sidecar = Sidecar::start(&["--upstream", &format!("http://{origin}")]);
+    let hop = [
+        ("connection", "keep-alive, x-client-hop"),
+        ("x-client-hop", "1"),
+        ("keep-alive", "timeout=5"),
+        ("proxy-authorization", "Basic c2VjcmV0"),
+        ("proxy-connection", "keep-alive"),
+        ("x-client-kept", "1"),
+    ];
+    let posted = post_json(sidecar.listen, "/items/1", &hop, "{}").await;
+    let filled = fetch(sidecar.listen, "/items/2", &hop).await;
+    let hit = fetch(sidecar.listen, "/items/2", &hop).await;
+    assert_eq!(
+        [posted.x_cache(), filled.x_cache(), hit.x_cache()],
+        ["bypass", "miss", "hit"]
+    );
+    for got in [&posted, &filled, &hit] {
+        assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+        for gone in [
+            "connection",
+            "x-origin-hop",
+            "keep-alive",
+            "proxy-authenticate",
+        ] {
+            assert!(!got.headers.contains_key(gone), "{gone}: {:?}", got.headers);
+        }
+        assert_eq!(got.headers["x-origin-kept"], "1");
+        let via: Vec<_> = got.headers.get_all("via").iter().collect();
+        assert_eq!(via, ["1.1 stampede-sidecar"], "{:?}", got.headers);
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2, "the POST and the fill");
+    for headers in seen.iter() {
+        for gone in [
+            "connection",
+            "x-client-hop",
+            "keep-alive",
+            "proxy-authorization",
+            "proxy-connection",
+        ] {
+            assert!(!headers.contains_key(gone), "{gone}: {headers:?}");
+        }
+        assert_eq!(headers["x-client-kept"], "1");
+        assert_eq!(headers["via"], "1.1 stampede-sidecar");
+    }
+}
+
 #[test]
 fn the_documented_config_is_accepted() {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sidecar.toml");

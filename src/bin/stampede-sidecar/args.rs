@@ -86,6 +86,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) drain_timeout: Option<Duration>,
 
+    /// The name this proxy gives itself in `Via` (to the origin and to clients), or
+    /// `""` for no `Via` [default: stampede-sidecar].
+    #[arg(long, value_name = "NAME")]
+    pub(crate) via: Option<String>,
+
     /// A file holding the secret that keys are hashed with (its whole content, less
     /// trailing whitespace), when `STAMPEDE_GUARD_SECRET` is not set. Every sidecar of
     /// a fleet needs the same one; with `--redis`, one of the two is required.
@@ -106,6 +111,7 @@ impl fmt::Debug for Args {
             .field("listen", &self.listen)
             .field("upstream", &self.upstream)
             .field("secret_file", &self.secret_file)
+            .field("via", &self.via)
             .field("redis", &self.redis.as_deref().map(redacted))
             .field("follow_origin", &self.follow_origin)
             .field("fresh", &self.fresh)

@@ -27,6 +27,7 @@ mod defaults {
     pub(super) const COLD_WAIT: Duration = Duration::from_secs(2);
     pub(super) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
     pub(super) const ENV: &str = "sidecar";
+    pub(super) const VIA: &str = "stampede-sidecar";
     /// The route name of requests that match no route.
     pub(super) const ROUTE: &str = "default";
 }
@@ -91,6 +92,7 @@ with_policy_fields! {
         metrics: Option<SocketAddr>,
         admin: Option<SocketAddr>,
         admin_token: Option<String>,
+        via: Option<String>,
         drain_timeout: Option<String>,
         env: Option<String>,
         service: Option<String>,
@@ -233,6 +235,8 @@ pub(crate) struct Settings {
     pub(crate) metrics: Option<SocketAddr>,
     pub(crate) admin: Option<SocketAddr>,
     pub(crate) admin_token: Option<String>,
+    /// What `Via` names this proxy; none when turned off (`via = ""`).
+    pub(crate) via: Option<String>,
     pub(crate) drain_timeout: Duration,
     pub(crate) env: String,
     /// By default, named after the upstream (see [`service_of`]): sidecars fronting
@@ -298,6 +302,17 @@ impl Settings {
             .service
             .clone()
             .unwrap_or_else(|| service_of(&upstream));
+        let via = match args.via.clone().or(file.via.clone()) {
+            None => Some(defaults::VIA.to_owned()),
+            Some(name) if name.is_empty() => None,
+            Some(name) if name.bytes().all(is_tchar) => Some(name),
+            Some(name) => {
+                return Err(top.error(
+                    "via",
+                    format!("`{name}` is not a token (letters, digits and !#$%&'*+-.^_`|~)"),
+                ));
+            }
+        };
         let drain_timeout = match args.drain_timeout {
             Some(d) => d,
             None => top
@@ -396,6 +411,7 @@ impl Settings {
             metrics: args.metrics.or(file.metrics),
             admin: args.admin.or(file.admin),
             admin_token: args.admin_token.clone().or(file.admin_token),
+            via,
             drain_timeout,
             env: file.env.unwrap_or_else(|| defaults::ENV.to_owned()),
             service,
@@ -568,6 +584,11 @@ fn policy(place: &Place<'_>, name: &str, fields: &PolicyFields) -> Result<Policy
     builder
         .build()
         .map_err(|e| place.error(file_field(e.field()), e.to_string()))
+}
+
+/// A character of an HTTP token (RFC 9110 §5.6.2): what `Via` takes as a proxy's name.
+fn is_tchar(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
 }
 
 /// The default service of the key space: the upstream's host and port, in the characters

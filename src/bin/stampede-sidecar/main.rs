@@ -94,7 +94,11 @@ fn main() -> ExitCode {
 /// `--check`: builds what `run` would build, short of connecting and binding.
 fn check(settings: &Settings) -> Result<(), Failure> {
     let guard = guard(settings)?;
-    Routes::new(&guard, settings, &Upstream::new(settings.upstream.clone()))?;
+    Routes::new(
+        &guard,
+        settings,
+        &Upstream::new(settings.upstream.clone(), settings.via.as_deref()),
+    )?;
     println!("settings ok: {} route(s)", settings.routes.len());
     Ok(())
 }
@@ -111,7 +115,7 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         println!("metrics on http://{addr}/metrics");
     }
     let guard = guard(&settings)?;
-    let upstream = Upstream::new(settings.upstream.clone());
+    let upstream = Upstream::new(settings.upstream.clone(), settings.via.as_deref());
     let routes = Routes::new(&guard, &settings, &upstream)?;
     let listener = bind(settings.listen).await?;
     let shutdown = Shutdown::new();

@@ -1,11 +1,18 @@
 //! The origin: every request the cache does not answer is sent there, to the same path
 //! and query, with the origin's host.
+//!
+//! As a proxy does (RFC 9110 §7.6), in both directions: the hop-by-hop headers, and
+//! those a `Connection` header lists, are removed (a client's `Connection: close` does
+//! not close a pooled connection to the origin, its `Proxy-Authorization` never reaches
+//! it, and the origin's `Keep-Alive` says nothing of the client's connection); and
+//! `Via` names this proxy, unless it is turned off.
 
 use std::convert::Infallible;
 
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, Uri};
+use http::header::{CONNECTION, VIA};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -20,17 +27,21 @@ pub(crate) type UpstreamBody = BoxBody<Bytes, hyper::Error>;
 pub(crate) struct Upstream {
     client: Client<HttpConnector, Body>,
     origin: Uri,
+    /// What `Via` says of this proxy (`1.1 stampede-sidecar`); none when turned off.
+    via: Option<HeaderValue>,
 }
 
 impl Upstream {
     /// `origin` is an absolute `http://` URL (checked when the settings were read); its
-    /// path, if any, is not used.
-    pub(crate) fn new(origin: Uri) -> Self {
+    /// path, if any, is not used. `via`: the name this proxy gives itself in `Via`
+    /// (checked when the settings were read), or none.
+    pub(crate) fn new(origin: Uri, via: Option<&str>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             origin,
+            via: via.and_then(|name| HeaderValue::from_str(&format!("1.1 {name}")).ok()),
         }
     }
 
@@ -74,13 +85,59 @@ impl Upstream {
             Ok(uri) => uri,
             Err(_) => return bad_gateway(),
         };
+        strip_hop_by_hop(request.headers_mut());
+        self.add_via(request.headers_mut());
         match self.client.request(request).await {
-            Ok(response) => response.map(BodyExt::boxed),
+            Ok(mut response) => {
+                strip_hop_by_hop(response.headers_mut());
+                self.add_via(response.headers_mut());
+                response.map(BodyExt::boxed)
+            }
             Err(error) => {
                 tracing::warn!(%error, "origin unreachable");
                 bad_gateway()
             }
         }
+    }
+}
+
+impl Upstream {
+    /// Appends this proxy to `Via` (after the hops already named).
+    fn add_via(&self, headers: &mut HeaderMap) {
+        if let Some(via) = &self.via {
+            headers.append(VIA, via.clone());
+        }
+    }
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1; `Keep-Alive` and `Proxy-Connection` from
+/// before it): they describe one connection, never the message.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes the hop-by-hop headers and those the `Connection` header lists.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
     }
 }
 
@@ -92,4 +149,35 @@ fn bad_gateway() -> Response<UpstreamBody> {
     );
     *response.status_mut() = StatusCode::BAD_GATEWAY;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_lists_go() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "close, X-Hop"),
+            ("connection", "x-other"),
+            ("x-hop", "1"),
+            ("x-other", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic c2VjcmV0"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "trailers"),
+            ("upgrade", "websocket"),
+            ("x-kept", "1"),
+            ("cache-control", "max-age=5"),
+        ] {
+            headers.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept", "cache-control"]);
+    }
 }

@@ -232,6 +232,8 @@ fn help_and_version_exit_zero() {
         "--metrics",
         "--admin",
         "--drain-timeout",
+        "--secret-file",
+        "--via",
     ] {
         assert!(out.contains(flag), "--help does not mention {flag}:\n{out}");
     }

@@ -736,4 +736,17 @@ mod tests {
                 .unwrap();
         }
     }
+
+    #[test]
+    fn via_names_a_token_or_nothing() {
+        let via = |flags: &[&str], text: &str| load(flags, text).map(|s| s.via);
+        assert_eq!(via(&[], "").unwrap().as_deref(), Some("stampede-sidecar"));
+        assert_eq!(
+            via(&[], "via = \"edge-7\"\n").unwrap().as_deref(),
+            Some("edge-7")
+        );
+        assert_eq!(via(&["--via", ""], "via = \"edge-7\"\n").unwrap(), None);
+        let refused = via(&[], "via = \"two words\"\n").unwrap_err().to_string();
+        assert!(refused.contains("via"), "{refused}");
+    }
 }

@@ -1440,7 +1440,9 @@ async fn a_term_that_ends_releases_its_lease_and_one_that_panics_leaves_it_to_it
     let redis = RedisServer::start();
     let name = scheduler_lease();
     let leadership = Leadership::builder(leases(&redis, "pod-a"), name.clone())
-        .lease_ttl(Duration::from_millis(1500))
+        // Long enough that the check right after the panic finds the lease on a loaded
+        // machine (1.5 s once ran out there before the check).
+        .lease_ttl(Duration::from_secs(6))
         .build()
         .unwrap();
 

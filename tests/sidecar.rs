@@ -234,6 +234,7 @@ fn help_and_version_exit_zero() {
         "--drain-timeout",
         "--secret-file",
         "--via",
+        "--trusted-proxy",
     ] {
         assert!(out.contains(flag), "--help does not mention {flag}:\n{out}");
     }
@@ -422,6 +423,54 @@ async fn hop_by_hop_headers_stay_on_their_hop_and_via_names_the_sidecar() {
         }
         assert_eq!(headers["x-client-kept"], "1");
         assert_eq!(headers["via"], "1.1 stampede-sidecar");
+    }
+}
+
+/// `X-Forwarded-For` and `-Proto` say who the client is: a client's own values are
+/// replaced by the peer's address (they cannot be spoofed), and kept, with the peer's
+/// address appended, when the peer is a trusted proxy. On a request passed through and
+/// on a fill alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x_forwarded_for_is_the_peer_unless_the_peer_is_trusted() {
+    let seen = Arc::new(Mutex::new(Vec::<http::HeaderMap>::new()));
+    let app = Router::new().fallback({
+        let seen = seen.clone();
+        move |headers: http::HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(headers);
+                ([("cache-control", "max-age=60")], "body")
+            }
+        }
+    });
+    let origin = serve(app).await;
+    let spoofed = [
+        ("x-forwarded-for", "203.0.113.7"),
+        ("x-forwarded-proto", "https"),
+    ];
+    for (trusted, want_for, want_proto) in [
+        (None, "127.0.0.1", "http"),
+        (Some("127.0.0.0/8"), "203.0.113.7, 127.0.0.1", "https"),
+    ] {
+        seen.lock().unwrap().clear();
+        let mut args = vec!["--upstream".to_owned(), format!("http://{origin}")];
+        if let Some(block) = trusted {
+            args.extend(["--trusted-proxy".to_owned(), block.to_owned()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let sidecar = Sidecar::start(&args);
+        let posted = post_json(sidecar.listen, "/items/1", &spoofed, "{}").await;
+        let filled = fetch(sidecar.listen, "/items/2", &spoofed).await;
+        assert_eq!([posted.x_cache(), filled.x_cache()], ["bypass", "miss"]);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2, "the POST and the fill");
+        let (post, fill) = (&seen[0], &seen[1]);
+        assert_eq!(post["x-forwarded-for"], want_for, "{trusted:?}");
+        assert_eq!(post["x-forwarded-proto"], want_proto, "{trusted:?}");
+        assert_eq!(fill["x-forwarded-for"], want_for, "{trusted:?}");
+        // A fill never forwards the client's scheme (it would poison the entry for
+        // everyone): the sidecar's own.
+        assert_eq!(fill["x-forwarded-proto"], "http", "{trusted:?}");
     }
 }
 

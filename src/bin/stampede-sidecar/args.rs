@@ -91,6 +91,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "NAME")]
     pub(crate) via: Option<String>,
 
+    /// A peer whose `X-Forwarded-For` and `X-Forwarded-Proto` are kept (a load balancer
+    /// in front): an address or a block (`10.0.0.0/8`); repeat for more. Anyone else's
+    /// are replaced by what the sidecar sees.
+    #[arg(long = "trusted-proxy", value_name = "CIDR")]
+    pub(crate) trusted_proxies: Vec<String>,
+
     /// A file holding the secret that keys are hashed with (its whole content, less
     /// trailing whitespace), when `STAMPEDE_GUARD_SECRET` is not set. Every sidecar of
     /// a fleet needs the same one; with `--redis`, one of the two is required.
@@ -112,6 +118,7 @@ impl fmt::Debug for Args {
             .field("upstream", &self.upstream)
             .field("secret_file", &self.secret_file)
             .field("via", &self.via)
+            .field("trusted_proxies", &self.trusted_proxies)
             .field("redis", &self.redis.as_deref().map(redacted))
             .field("follow_origin", &self.follow_origin)
             .field("fresh", &self.fresh)

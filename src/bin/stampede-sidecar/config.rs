@@ -14,6 +14,7 @@ use serde::Deserialize;
 use stampede_guard::{ColdMiss, ConfigError, Policy};
 
 use crate::args::{self, Args, redacted};
+use crate::upstream::Cidr;
 
 /// Settings with no flag and no file value.
 mod defaults {
@@ -93,6 +94,7 @@ with_policy_fields! {
         admin: Option<SocketAddr>,
         admin_token: Option<String>,
         via: Option<String>,
+        trusted_proxies: Option<Vec<String>>,
         drain_timeout: Option<String>,
         env: Option<String>,
         service: Option<String>,
@@ -237,6 +239,8 @@ pub(crate) struct Settings {
     pub(crate) admin_token: Option<String>,
     /// What `Via` names this proxy; none when turned off (`via = ""`).
     pub(crate) via: Option<String>,
+    /// The peers whose `X-Forwarded-For` and `-Proto` are kept.
+    pub(crate) trusted_proxies: Vec<Cidr>,
     pub(crate) drain_timeout: Duration,
     pub(crate) env: String,
     /// By default, named after the upstream (see [`service_of`]): sidecars fronting
@@ -302,6 +306,14 @@ impl Settings {
             .service
             .clone()
             .unwrap_or_else(|| service_of(&upstream));
+        let trusted_proxies = if args.trusted_proxies.is_empty() {
+            file.trusted_proxies.clone().unwrap_or_default()
+        } else {
+            args.trusted_proxies.clone()
+        }
+        .iter()
+        .map(|text| Cidr::parse(text).map_err(|e| top.error("trusted_proxies", e)))
+        .collect::<Result<Vec<_>, _>>()?;
         let via = match args.via.clone().or(file.via.clone()) {
             None => Some(defaults::VIA.to_owned()),
             Some(name) if name.is_empty() => None,
@@ -412,6 +424,7 @@ impl Settings {
             admin: args.admin.or(file.admin),
             admin_token: args.admin_token.clone().or(file.admin_token),
             via,
+            trusted_proxies,
             drain_timeout,
             env: file.env.unwrap_or_else(|| defaults::ENV.to_owned()),
             service,
@@ -748,5 +761,24 @@ mod tests {
         assert_eq!(via(&["--via", ""], "via = \"edge-7\"\n").unwrap(), None);
         let refused = via(&[], "via = \"two words\"\n").unwrap_err().to_string();
         assert!(refused.contains("via"), "{refused}");
+    }
+
+    #[test]
+    fn trusted_proxies_are_address_blocks() {
+        let trusted = load(&[], "trusted_proxies = [\"10.0.0.0/8\", \"::1\"]\n").unwrap();
+        assert_eq!(trusted.trusted_proxies.len(), 2);
+        let flagged = load(
+            &["--trusted-proxy", "127.0.0.1"],
+            "trusted_proxies = [\"10.0.0.0/8\"]\n",
+        );
+        assert_eq!(
+            flagged.unwrap().trusted_proxies.len(),
+            1,
+            "the flags replace the file's"
+        );
+        let refused = load(&["--trusted-proxy", "10.0.0.0/40"], "")
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("trusted_proxies"), "{refused}");
     }
 }

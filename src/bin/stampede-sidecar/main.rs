@@ -97,7 +97,11 @@ fn check(settings: &Settings) -> Result<(), Failure> {
     Routes::new(
         &guard,
         settings,
-        &Upstream::new(settings.upstream.clone(), settings.via.as_deref()),
+        &Upstream::new(
+            settings.upstream.clone(),
+            settings.via.as_deref(),
+            settings.trusted_proxies.clone(),
+        ),
     )?;
     println!("settings ok: {} route(s)", settings.routes.len());
     Ok(())
@@ -115,7 +119,11 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         println!("metrics on http://{addr}/metrics");
     }
     let guard = guard(&settings)?;
-    let upstream = Upstream::new(settings.upstream.clone(), settings.via.as_deref());
+    let upstream = Upstream::new(
+        settings.upstream.clone(),
+        settings.via.as_deref(),
+        settings.trusted_proxies.clone(),
+    );
     let routes = Routes::new(&guard, &settings, &upstream)?;
     let listener = bind(settings.listen).await?;
     let shutdown = Shutdown::new();
@@ -152,7 +160,10 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         },
     );
 
-    let app = axum::Router::new().fallback_service(routes);
+    // Each request carries its peer's address (for `X-Forwarded-For`).
+    let app = axum::Router::new()
+        .fallback_service(routes)
+        .into_make_service_with_connect_info::<SocketAddr>();
     let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.started());
     let mut server = tokio::spawn(async move { server.await });
     let signal = tokio::select! {

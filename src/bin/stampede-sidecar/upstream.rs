@@ -5,9 +5,15 @@
 //! those a `Connection` header lists, are removed (a client's `Connection: close` does
 //! not close a pooled connection to the origin, its `Proxy-Authorization` never reaches
 //! it, and the origin's `Keep-Alive` says nothing of the client's connection); and
-//! `Via` names this proxy, unless it is turned off.
+//! `Via` names this proxy, unless it is turned off. `X-Forwarded-For` and
+//! `X-Forwarded-Proto` say who the client is: set from the peer's address (a client's
+//! own values are dropped, so they cannot be spoofed), or, from a peer in the trusted
+//! list (a load balancer in front), kept with the peer's address appended.
 
 use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+
+use axum::extract::ConnectInfo;
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -29,19 +35,22 @@ pub(crate) struct Upstream {
     origin: Uri,
     /// What `Via` says of this proxy (`1.1 stampede-sidecar`); none when turned off.
     via: Option<HeaderValue>,
+    /// The peers whose `X-Forwarded-For` and `-Proto` are kept.
+    trusted: Vec<Cidr>,
 }
 
 impl Upstream {
     /// `origin` is an absolute `http://` URL (checked when the settings were read); its
     /// path, if any, is not used. `via`: the name this proxy gives itself in `Via`
     /// (checked when the settings were read), or none.
-    pub(crate) fn new(origin: Uri, via: Option<&str>) -> Self {
+    pub(crate) fn new(origin: Uri, via: Option<&str>, trusted: Vec<Cidr>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             origin,
             via: via.and_then(|name| HeaderValue::from_str(&format!("1.1 {name}")).ok()),
+            trusted,
         }
     }
 
@@ -87,6 +96,11 @@ impl Upstream {
         };
         strip_hop_by_hop(request.headers_mut());
         self.add_via(request.headers_mut());
+        let peer = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(addr)| addr.ip());
+        self.forwarded_for(request.headers_mut(), peer);
         match self.client.request(request).await {
             Ok(mut response) => {
                 strip_hop_by_hop(response.headers_mut());
@@ -102,10 +116,85 @@ impl Upstream {
 }
 
 impl Upstream {
+    /// Sets `X-Forwarded-For` and `X-Forwarded-Proto` from the peer: a trusted peer's
+    /// are kept, and its address appended to the first; anyone else's are replaced.
+    /// Without a peer (a fill made for another caller carries that caller's), they are
+    /// left out.
+    fn forwarded_for(&self, headers: &mut HeaderMap, peer: Option<IpAddr>) {
+        let trusted = peer.is_some_and(|ip| self.trusted.iter().any(|cidr| cidr.contains(ip)));
+        if !trusted {
+            headers.remove(X_FORWARDED_FOR);
+            headers.remove(X_FORWARDED_PROTO);
+        }
+        let Some(peer) = peer else { return };
+        let chain = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(before) if trusted => format!("{before}, {peer}"),
+            _ => peer.to_string(),
+        };
+        if let Ok(value) = HeaderValue::from_str(&chain) {
+            headers.insert(X_FORWARDED_FOR, value);
+        }
+        if !headers.contains_key(X_FORWARDED_PROTO) {
+            // The sidecar's listener speaks plain HTTP.
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        }
+    }
+
     /// Appends this proxy to `Via` (after the hops already named).
     fn add_via(&self, headers: &mut HeaderMap) {
         if let Some(via) = &self.via {
             headers.append(VIA, via.clone());
+        }
+    }
+}
+
+const X_FORWARDED_FOR: &str = "x-forwarded-for";
+const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
+
+/// An address block: an address and how many of its leading bits a peer must share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cidr {
+    addr: IpAddr,
+    bits: u8,
+}
+
+impl Cidr {
+    /// `10.0.0.0/8`, `fd00::/8`, or one address (`127.0.0.1`, `::1`).
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+        let (addr, bits) = match text.split_once('/') {
+            Some((addr, bits)) => (addr, Some(bits)),
+            None => (text, None),
+        };
+        let addr: IpAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{text}` is not an address or an address block"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let bits = match bits {
+            None => max,
+            Some(bits) => match bits.trim().parse::<u8>() {
+                Ok(bits) if bits <= max => bits,
+                _ => return Err(format!("`{text}`: the prefix must be 0 to {max}")),
+            },
+        };
+        Ok(Self { addr, bits })
+    }
+
+    fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 @ IpAddr::V4(_) => v4,
+        };
+        let prefix = |a: u128, b: u128, width: u32| {
+            let shift = width - u32::from(self.bits);
+            shift >= width || (a >> shift) == (b >> shift)
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(block), IpAddr::V4(ip)) => {
+                prefix(u32::from(block).into(), u32::from(ip).into(), 32)
+            }
+            (IpAddr::V6(block), IpAddr::V6(ip)) => prefix(block.into(), ip.into(), 128),
+            _ => false,
         }
     }
 }
@@ -154,6 +243,24 @@ fn bad_gateway() -> Response<UpstreamBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn address_blocks() {
+        let block = |text: &str| Cidr::parse(text).unwrap();
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        assert!(block("10.0.0.0/8").contains(ip("10.200.3.4")));
+        assert!(!block("10.0.0.0/8").contains(ip("11.0.0.1")));
+        assert!(block("127.0.0.1").contains(ip("127.0.0.1")));
+        assert!(!block("127.0.0.1").contains(ip("127.0.0.2")));
+        assert!(block("0.0.0.0/0").contains(ip("203.0.113.9")));
+        assert!(block("fd00::/8").contains(ip("fd12::1")));
+        assert!(!block("fd00::/8").contains(ip("fe80::1")));
+        assert!(block("10.0.0.0/8").contains(ip("::ffff:10.1.2.3")));
+        assert!(!block("::1").contains(ip("127.0.0.1")));
+        for bad in ["10.0.0.0/33", "fd00::/129", "nope", "10.0.0.0/x", ""] {
+            assert!(Cidr::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn hop_by_hop_headers_and_those_connection_lists_go() {

@@ -147,10 +147,7 @@ fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn get(uri: &str) -> http::request::Builder {
-        Request::get(uri).header("host", "example.com")
-    }
+    use crate::http::request::tests::get;
 
     #[test]
     fn a_strict_fill_request_carries_only_what_is_keyed() {

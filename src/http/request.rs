@@ -230,7 +230,7 @@ fn params(query: &str) -> impl Iterator<Item = &str> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// The byte scan splits a query exactly where `str::split('&')` does, empty
@@ -255,14 +255,16 @@ mod tests {
         }
     }
 
-    fn policy() -> Policy {
+    /// A route keyed on `accept-language` (the other rules' tests use it too).
+    pub(in crate::http) fn policy() -> Policy {
         Policy::builder("items")
             .key_headers(["accept-language"])
             .build()
             .unwrap()
     }
 
-    fn get(uri: &str) -> http::request::Builder {
+    /// A GET of `uri` at `example.com`.
+    pub(in crate::http) fn get(uri: &str) -> http::request::Builder {
         Request::get(uri).header("host", "example.com")
     }
 

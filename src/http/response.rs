@@ -222,20 +222,9 @@ pub(crate) fn strip_unstorable(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::Request;
+    use crate::http::request::tests::{get, policy};
 
     use crate::http::request::{identity, variant};
-
-    fn policy() -> Policy {
-        Policy::builder("items")
-            .key_headers(["accept-language"])
-            .build()
-            .unwrap()
-    }
-
-    fn get(uri: &str) -> http::request::Builder {
-        Request::get(uri).header("host", "example.com")
-    }
 
     #[test]
     fn private_responses_are_not_stored() {

@@ -36,16 +36,7 @@ impl RedisStore {
     /// # Ok::<(), stampede_guard::ConfigError>(())
     /// ```
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            target: Target::Single(url.into()),
-            username: None,
-            password: None,
-            tls: Tls::default(),
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            pool_size: DEFAULT_POOL_SIZE,
-            breaker: BreakerConfig::default(),
-        }
+        RedisStoreBuilder::new(Target::Single(url.into()))
     }
 
     /// Starts a store for a Redis Cluster, given some of its nodes as URLs (any of them;
@@ -71,16 +62,7 @@ impl RedisStore {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        RedisStoreBuilder {
-            target: Target::Cluster(nodes.into_iter().map(Into::into).collect()),
-            username: None,
-            password: None,
-            tls: Tls::default(),
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            pool_size: DEFAULT_POOL_SIZE,
-            breaker: BreakerConfig::default(),
-        }
+        RedisStoreBuilder::new(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
     }
 
     /// Starts a store for the primary that Redis Sentinel watches under `service`
@@ -107,19 +89,10 @@ impl RedisStore {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        RedisStoreBuilder {
-            target: Target::Sentinel(
-                sentinels.into_iter().map(Into::into).collect(),
-                service.into(),
-            ),
-            username: None,
-            password: None,
-            tls: Tls::default(),
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            pool_size: DEFAULT_POOL_SIZE,
-            breaker: BreakerConfig::default(),
-        }
+        RedisStoreBuilder::new(Target::Sentinel(
+            sentinels.into_iter().map(Into::into).collect(),
+            service.into(),
+        ))
     }
 }
 
@@ -197,6 +170,20 @@ impl fmt::Debug for RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
+    /// A builder for `target` with every default.
+    fn new(target: Target) -> Self {
+        Self {
+            target,
+            username: None,
+            password: None,
+            tls: Tls::default(),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+            breaker: BreakerConfig::default(),
+        }
+    }
+
     /// The deadline of one operation, pool check-out included (default 100 ms). It must
     /// be well below every lease TTL used with the store; lease clients check that.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {

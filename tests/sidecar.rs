@@ -16,8 +16,11 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use http::{StatusCode, Uri};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::http::{fetch, post_json, serve};
-use support::{HANG, RedisServer, eventually};
+use support::{HANG, Mode, Proxy, RedisServer, eventually, joined, within};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stampede-sidecar");
@@ -99,7 +102,7 @@ impl Sidecar {
             let addr = |line: &str| -> SocketAddr {
                 let url = line
                     .split_whitespace()
-                    .find(|w| w.starts_with("http://"))
+                    .find(|w| w.starts_with("http://") || w.starts_with("https://"))
                     .unwrap();
                 url.parse::<Uri>()
                     .unwrap()
@@ -256,7 +259,8 @@ fn a_bad_flag_or_value_exits_2_naming_it() {
     for (flag, value) in [
         ("--fresh", "1x"),
         ("--listen", "nowhere"),
-        ("--upstream", "https://example.com"),
+        ("--upstream", "ftp://example.com"),
+        ("--header-read-timeout", "soon"),
     ] {
         let out = run(&[flag, value]);
         assert_eq!(out.status.code(), Some(2), "{flag} {value}");
@@ -472,6 +476,378 @@ async fn x_forwarded_for_is_the_peer_unless_the_peer_is_trusted() {
         // everyone): the sidecar's own.
         assert_eq!(fill["x-forwarded-proto"], "http", "{trusted:?}");
     }
+}
+
+/// A listener that never accepts, its backlog full: a connection to it is never
+/// established, as to a host that drops packets. The connections that filled it are
+/// returned with it (they must stay open).
+async fn unaccepting() -> (SocketAddr, TcpListener, Vec<TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut filled = Vec::new();
+    for _ in 0..64 {
+        match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => filled.push(stream),
+            _ => return (addr, listener, filled),
+        }
+    }
+    panic!("the backlog of a listener that never accepts did not fill");
+}
+
+/// An origin that does not answer in time is a 504 within the configured timeout, for
+/// what the cache cannot answer (a POST, a GET with a cookie), while a cached key goes
+/// on answering from the cache: an origin that accepts and never answers, and one that
+/// never accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_origin_is_a_504_in_time_and_the_cache_still_answers() {
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let proxy = Proxy::start(origin).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{}", proxy.addr()),
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "60s",
+        "--response-timeout",
+        "1s",
+    ]);
+    let cached = fetch(sidecar.listen, "/items/1", &[]).await;
+    assert_eq!(cached.x_cache(), "miss");
+
+    // Accepts, and never answers.
+    proxy.set(Mode::Blackhole);
+    let started = Instant::now();
+    let (posted, cookied) = tokio::join!(
+        post_json(sidecar.listen, "/items/2", &[], "{}"),
+        fetch(sidecar.listen, "/items/3", &[("cookie", "session=1")]),
+    );
+    let waited = started.elapsed();
+    for got in [&posted, &cookied] {
+        assert_eq!(got.status, StatusCode::GATEWAY_TIMEOUT, "{}", got.body);
+        assert!(got.body.contains("did not answer in time"), "{}", got.body);
+    }
+    assert!(
+        waited >= Duration::from_millis(950) && waited < HANG / 2,
+        "the response timeout is 1s: {waited:?}"
+    );
+    let hit = fetch(sidecar.listen, "/items/1", &[]).await;
+    assert_eq!(
+        (hit.x_cache(), hit.body.as_str()),
+        ("hit", "/items/1 call 1")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Never accepts: the connect timeout.
+    let (unaccepting, _listener, _filled) = unaccepting().await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{unaccepting}"),
+        "--connect-timeout",
+        "1s",
+    ]);
+    let started = Instant::now();
+    let posted = post_json(sidecar.listen, "/items/2", &[], "{}").await;
+    let waited = started.elapsed();
+    assert_eq!(
+        posted.status,
+        StatusCode::GATEWAY_TIMEOUT,
+        "{}",
+        posted.body
+    );
+    assert!(
+        posted
+            .body
+            .contains("did not accept the connection in time"),
+        "{}",
+        posted.body
+    );
+    assert!(
+        waited >= Duration::from_millis(950) && waited < HANG / 2,
+        "the connect timeout is 1s: {waited:?}"
+    );
+}
+
+/// Reads from `stream` until `want` has arrived or the stream ends; returns what came.
+async fn read_until(stream: &mut TcpStream, want: &str) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains(want) {
+        match within(
+            HANG,
+            stream.read(&mut buf),
+            format!("reading until {want:?}"),
+        )
+        .await
+        {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Waits for `stream` to be closed by the sidecar (an end or a reset), and returns
+/// when.
+async fn closed(mut stream: TcpStream) -> Instant {
+    let mut buf = [0u8; 64];
+    loop {
+        match within(HANG, stream.read(&mut buf), "a connection's close").await {
+            Ok(0) | Err(_) => return Instant::now(),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Slowloris: a thousand connections that each send half a header block hold nothing
+/// for long. A normal client is answered meanwhile, and each of them is closed once the
+/// header-read timeout has passed, and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_headers_are_cut_after_the_header_read_timeout() {
+    let (origin, _calls, _gate) = origin(u64::MAX).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--header-read-timeout",
+        "5s",
+    ]);
+    let started = Instant::now();
+    let mut slow = Vec::with_capacity(1000);
+    for _ in 0..1000 {
+        let mut stream = TcpStream::connect(sidecar.listen).await.unwrap();
+        stream
+            .write_all(b"GET /items/1 HTTP/1.1\r\nHost: shop.example\r\nX-Half: ")
+            .await
+            .unwrap();
+        slow.push(stream);
+    }
+    let normal = fetch(sidecar.listen, "/items/2", &[]).await;
+    assert_eq!(normal.status, StatusCode::OK);
+    assert_eq!(normal.body, "/items/2 call 1");
+    let closes: Vec<_> = slow.into_iter().map(|s| tokio::spawn(closed(s))).collect();
+    let mut first = None::<Instant>;
+    for close in closes {
+        let at = joined(close, HANG, "a slow connection's close").await;
+        first = Some(first.map_or(at, |first| first.min(at)));
+    }
+    let first = first.unwrap().duration_since(started);
+    assert!(
+        first >= Duration::from_millis(4900),
+        "none is closed before the header-read timeout (5s): the first after {first:?}"
+    );
+}
+
+/// The client side's other limits: a connection idle past the keep-alive timeout is
+/// closed (not before); a body that does not arrive within the request-body timeout is
+/// answered 408; beyond `--max-connections`, a new connection waits until one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_slow_bodies_and_the_connection_cap() {
+    let app = Router::new().fallback(|body: String| async move { format!("got {body}") });
+    let origin = serve(app).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--keep-alive-timeout",
+        "2s",
+        "--request-body-timeout",
+        "2s",
+        "--header-read-timeout",
+        "3s",
+        "--max-connections",
+        "2",
+    ]);
+
+    let mut idle = TcpStream::connect(sidecar.listen).await.unwrap();
+    idle.write_all(b"GET /a HTTP/1.1\r\nHost: shop.example\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_until(&mut idle, "got ").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let answered = Instant::now();
+    let idled = closed(idle).await.duration_since(answered);
+    assert!(
+        idled >= Duration::from_millis(1950),
+        "closed after {idled:?}, before the keep-alive timeout (2s)"
+    );
+
+    let mut slow = TcpStream::connect(sidecar.listen).await.unwrap();
+    slow.write_all(b"POST /b HTTP/1.1\r\nHost: shop.example\r\nContent-Length: 10\r\n\r\nabc")
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    let answer = read_until(&mut slow, "\r\n\r\n").await;
+    let waited = sent.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        waited >= Duration::from_millis(1950),
+        "answered after {waited:?}, before the request-body timeout (2s)"
+    );
+    drop(slow);
+
+    // Two connections that say nothing hold both places; a third waits in the accept
+    // queue until the header-read timeout (3s) closes them.
+    let quiet: Vec<TcpStream> = vec![
+        TcpStream::connect(sidecar.listen).await.unwrap(),
+        TcpStream::connect(sidecar.listen).await.unwrap(),
+    ];
+    let asked = Instant::now();
+    let third = fetch(sidecar.listen, "/c", &[]).await;
+    let waited = asked.elapsed();
+    assert_eq!(third.status, StatusCode::OK, "{}", third.body);
+    assert!(
+        waited >= Duration::from_millis(2500),
+        "served after {waited:?}: the cap of 2 was not held"
+    );
+    drop(quiet);
+}
+
+/// An HTTP/2 client with prior knowledge (h2c) is served as an HTTP/1.1 one is: a
+/// hundred concurrent streams on one connection for a cold key make one origin call,
+/// and then it gets hits, and a miss for another key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_share_one_fill_and_get_hits() {
+    let (origin, calls, gate) = origin(0).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "60s",
+        "--lease",
+        "30s",
+    ]);
+    let stream = TcpStream::connect(sidecar.listen).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let get = |path: &str| {
+        let mut sender = sender.clone();
+        let request = http::Request::get(format!("http://shop.example{path}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        async move {
+            let response = sender.send_request(request).await.unwrap();
+            let (parts, body) = response.into_parts();
+            let body = http_body_util::BodyExt::collect(body)
+                .await
+                .unwrap()
+                .to_bytes();
+            (parts, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let streams: Vec<_> = (0..100).map(|_| tokio::spawn(get("/cold"))).collect();
+    assert!(
+        eventually(HANG, || async { calls.load(Ordering::SeqCst) == 1 }).await,
+        "the fill reaches the origin"
+    );
+    gate.send_replace(true);
+    for stream in streams {
+        let (parts, body) = joined(stream, HANG, "an h2 stream").await;
+        assert_eq!(parts.version, http::Version::HTTP_2);
+        assert_eq!(parts.status, StatusCode::OK);
+        assert_eq!(body, "/cold call 1");
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "one origin call for 100 streams"
+    );
+    let (hit, body) = get("/cold").await;
+    assert_eq!(
+        (hit.headers["x-cache"].to_str().unwrap(), body.as_str()),
+        ("hit", "/cold call 1")
+    );
+    let (miss, body) = get("/other").await;
+    assert_eq!(
+        (miss.headers["x-cache"].to_str().unwrap(), body.as_str()),
+        ("miss", "/other call 2")
+    );
+}
+
+/// TLS termination and HTTP/2 to the origin: a sidecar with `--tls-cert` in front of
+/// the origin, and one in front of it with an https:// upstream (checked against
+/// `--upstream-ca`), which speaks HTTP/2 to it by ALPN; and a sidecar that speaks h2c
+/// to an http:// upstream with `--upstream-http2`. Each hop's `Via` names the
+/// version it received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_termination_and_http2_to_the_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    support::tls::authority(dir.path(), "ca");
+    support::tls::signed(
+        dir.path(),
+        "server",
+        "127.0.0.1",
+        "subjectAltName=IP:127.0.0.1",
+    );
+    let file = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let seen = Arc::new(Mutex::new(Vec::<http::HeaderMap>::new()));
+    let app = Router::new().fallback({
+        let seen = seen.clone();
+        move |headers: http::HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(headers);
+                ([("cache-control", "max-age=60")], "body")
+            }
+        }
+    });
+    let origin = serve(app).await;
+    let edge = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--tls-cert",
+        &file("server.crt"),
+        "--tls-key",
+        &file("server.key"),
+    ]);
+    let front = Sidecar::start(&[
+        "--upstream",
+        &format!("https://{}", edge.listen),
+        "--upstream-ca",
+        &file("ca.crt"),
+    ]);
+    let got = fetch(front.listen, "/tls", &[]).await;
+    assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    assert_eq!(got.body, "body");
+    {
+        let seen = seen.lock().unwrap();
+        let via: Vec<_> = seen[0].get_all("via").iter().collect();
+        assert_eq!(via, ["1.1 stampede-sidecar", "2 stampede-sidecar"]);
+        assert_eq!(seen[0]["x-forwarded-proto"], "https");
+    }
+
+    let plain = Sidecar::start(&["--upstream", &format!("http://{origin}")]);
+    let h2c = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{}", plain.listen),
+        "--upstream-http2",
+        "true",
+    ]);
+    let got = fetch(h2c.listen, "/h2c", &[]).await;
+    assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    let seen = seen.lock().unwrap();
+    let via: Vec<_> = seen[1].get_all("via").iter().collect();
+    assert_eq!(via, ["1.1 stampede-sidecar", "2 stampede-sidecar"]);
+    assert_eq!(seen[1]["x-forwarded-proto"], "http");
+
+    // A certificate that is not PEM is refused at start, naming the setting.
+    let not_pem = file("not.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let out = run(&[
+        "--tls-cert",
+        &not_pem,
+        "--tls-key",
+        &file("server.key"),
+        "--check",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("tls_cert") && err.contains("not.pem"), "{err}");
 }
 
 #[test]

@@ -14,7 +14,8 @@ use serde::Deserialize;
 use stampede_guard::{ColdMiss, ConfigError, Policy};
 
 use crate::args::{self, Args, redacted};
-use crate::upstream::Cidr;
+use crate::server::{Limits, Tls};
+use crate::upstream::{Cidr, Origin};
 
 /// Settings with no flag and no file value.
 mod defaults {
@@ -29,6 +30,13 @@ mod defaults {
     pub(super) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
     pub(super) const ENV: &str = "sidecar";
     pub(super) const VIA: &str = "stampede-sidecar";
+    pub(super) const MAX_CONNECTIONS: usize = 10_000;
+    pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+    pub(super) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(60);
+    pub(super) const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+    pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    pub(super) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+    pub(super) const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
     /// The route name of requests that match no route.
     pub(super) const ROUTE: &str = "default";
 }
@@ -96,6 +104,17 @@ with_policy_fields! {
         via: Option<String>,
         trusted_proxies: Option<Vec<String>>,
         drain_timeout: Option<String>,
+        max_connections: Option<usize>,
+        header_read_timeout: Option<String>,
+        keep_alive_timeout: Option<String>,
+        request_body_timeout: Option<String>,
+        connect_timeout: Option<String>,
+        response_timeout: Option<String>,
+        upstream_idle_timeout: Option<String>,
+        upstream_http2: Option<bool>,
+        upstream_ca: Option<PathBuf>,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
         env: Option<String>,
         service: Option<String>,
         secret_file: Option<PathBuf>,
@@ -237,11 +256,11 @@ pub(crate) struct Settings {
     pub(crate) metrics: Option<SocketAddr>,
     pub(crate) admin: Option<SocketAddr>,
     pub(crate) admin_token: Option<String>,
-    /// What `Via` names this proxy; none when turned off (`via = ""`).
-    pub(crate) via: Option<String>,
-    /// The peers whose `X-Forwarded-For` and `-Proto` are kept.
-    pub(crate) trusted_proxies: Vec<Cidr>,
     pub(crate) drain_timeout: Duration,
+    /// The client side: connections, their timeouts, TLS.
+    pub(crate) limits: Limits,
+    /// How the origin is spoken to.
+    pub(crate) origin: Origin,
     pub(crate) env: String,
     /// By default, named after the upstream (see [`service_of`]): sidecars fronting
     /// different origins on one Redis never share keys.
@@ -267,6 +286,8 @@ impl fmt::Debug for Settings {
             .field("admin", &self.admin)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("drain_timeout", &self.drain_timeout)
+            .field("limits", &self.limits)
+            .field("origin", &self.origin)
             .field("default", &self.default)
             .field("routes", &self.routes)
             .finish_non_exhaustive()
@@ -331,6 +352,82 @@ impl Settings {
                 .duration("drain_timeout", &file.drain_timeout)?
                 .unwrap_or(defaults::DRAIN_TIMEOUT),
         };
+        let timeout = |field: &str, flag: Option<Duration>, text: &Option<String>, default| {
+            let value = match flag {
+                Some(d) => d,
+                None => top.duration(field, text)?.unwrap_or(default),
+            };
+            if value.is_zero() {
+                return Err(top.error(field, "must be more than 0s"));
+            }
+            Ok(value)
+        };
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(defaults::MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err(top.error("max_connections", "must be at least 1"));
+        }
+        let tls = match (
+            args.tls_cert.clone().or(file.tls_cert.clone()),
+            args.tls_key.clone().or(file.tls_key.clone()),
+        ) {
+            (Some(cert), Some(key)) => Some(Tls { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => return Err(top.error("tls_key", "is needed with tls_cert")),
+            (None, Some(_)) => return Err(top.error("tls_cert", "is needed with tls_key")),
+        };
+        let limits = Limits {
+            max_connections,
+            header_read: timeout(
+                "header_read_timeout",
+                args.header_read_timeout,
+                &file.header_read_timeout,
+                defaults::HEADER_READ_TIMEOUT,
+            )?,
+            keep_alive: timeout(
+                "keep_alive_timeout",
+                args.keep_alive_timeout,
+                &file.keep_alive_timeout,
+                defaults::KEEP_ALIVE_TIMEOUT,
+            )?,
+            body_read: timeout(
+                "request_body_timeout",
+                args.request_body_timeout,
+                &file.request_body_timeout,
+                defaults::REQUEST_BODY_TIMEOUT,
+            )?,
+            tls,
+        };
+        let origin = Origin {
+            uri: upstream.clone(),
+            connect: timeout(
+                "connect_timeout",
+                args.connect_timeout,
+                &file.connect_timeout,
+                defaults::CONNECT_TIMEOUT,
+            )?,
+            response: timeout(
+                "response_timeout",
+                args.response_timeout,
+                &file.response_timeout,
+                defaults::RESPONSE_TIMEOUT,
+            )?,
+            idle: timeout(
+                "upstream_idle_timeout",
+                args.upstream_idle_timeout,
+                &file.upstream_idle_timeout,
+                defaults::UPSTREAM_IDLE_TIMEOUT,
+            )?,
+            http2: args.upstream_http2.or(file.upstream_http2).unwrap_or(false),
+            ca: args.upstream_ca.clone().or(file.upstream_ca.clone()),
+            via,
+            trusted_proxies,
+        };
+        if origin.ca.is_some() && upstream.scheme_str() != Some("https") {
+            return Err(top.error("upstream_ca", "is for an https:// upstream"));
+        }
         if let Some(mode) = &file.default
             && *mode == Unrouted::Pass
             && file.routes.is_empty()
@@ -423,9 +520,9 @@ impl Settings {
             metrics: args.metrics.or(file.metrics),
             admin: args.admin.or(file.admin),
             admin_token: args.admin_token.clone().or(file.admin_token),
-            via,
-            trusted_proxies,
             drain_timeout,
+            limits,
+            origin,
             env: file.env.unwrap_or_else(|| defaults::ENV.to_owned()),
             service,
             secret_file: args.secret_file.clone().or(file.secret_file),
@@ -609,7 +706,13 @@ fn is_tchar(byte: u8) -> bool {
 /// fronting different origins on one Redis then never compute the same keys.
 fn service_of(upstream: &Uri) -> String {
     let host = upstream.host().unwrap_or("origin");
-    let port = upstream.port_u16().unwrap_or(80);
+    let port = upstream
+        .port_u16()
+        .unwrap_or(if upstream.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
     let mut service: String = format!("{host}-{port}")
         .chars()
         .map(|c| match c.to_ascii_lowercase() {
@@ -751,8 +854,34 @@ mod tests {
     }
 
     #[test]
+    fn limits_have_defaults_flags_and_refusals() {
+        let settings = load(&[], "").unwrap();
+        assert_eq!(settings.limits.header_read, Duration::from_secs(10));
+        assert_eq!(settings.limits.max_connections, 10_000);
+        assert_eq!(settings.origin.connect, Duration::from_secs(5));
+        assert!(!settings.origin.http2);
+        let set = load(
+            &["--connect-timeout", "250ms"],
+            "connect_timeout = \"9s\"\nresponse_timeout = \"3s\"\nmax_connections = 7\n",
+        )
+        .unwrap();
+        assert_eq!(set.origin.connect, Duration::from_millis(250));
+        assert_eq!(set.origin.response, Duration::from_secs(3));
+        assert_eq!(set.limits.max_connections, 7);
+        for (text, field) in [
+            ("keep_alive_timeout = \"0s\"\n", "keep_alive_timeout"),
+            ("max_connections = 0\n", "max_connections"),
+            ("tls_cert = \"c.pem\"\n", "tls_key"),
+            ("upstream_ca = \"ca.pem\"\n", "upstream_ca"),
+        ] {
+            let refused = load(&[], text).unwrap_err().to_string();
+            assert!(refused.contains(field), "{text}: {refused}");
+        }
+    }
+
+    #[test]
     fn via_names_a_token_or_nothing() {
-        let via = |flags: &[&str], text: &str| load(flags, text).map(|s| s.via);
+        let via = |flags: &[&str], text: &str| load(flags, text).map(|s| s.origin.via);
         assert_eq!(via(&[], "").unwrap().as_deref(), Some("stampede-sidecar"));
         assert_eq!(
             via(&[], "via = \"edge-7\"\n").unwrap().as_deref(),
@@ -766,13 +895,13 @@ mod tests {
     #[test]
     fn trusted_proxies_are_address_blocks() {
         let trusted = load(&[], "trusted_proxies = [\"10.0.0.0/8\", \"::1\"]\n").unwrap();
-        assert_eq!(trusted.trusted_proxies.len(), 2);
+        assert_eq!(trusted.origin.trusted_proxies.len(), 2);
         let flagged = load(
             &["--trusted-proxy", "127.0.0.1"],
             "trusted_proxies = [\"10.0.0.0/8\"]\n",
         );
         assert_eq!(
-            flagged.unwrap().trusted_proxies.len(),
+            flagged.unwrap().origin.trusted_proxies.len(),
             1,
             "the flags replace the file's"
         );

@@ -14,7 +14,9 @@
 mod admin;
 mod args;
 mod config;
+mod peer;
 mod routes;
+mod server;
 mod shutdown;
 mod upstream;
 
@@ -94,17 +96,29 @@ fn main() -> ExitCode {
 /// `--check`: builds what `run` would build, short of connecting and binding.
 fn check(settings: &Settings) -> Result<(), Failure> {
     let guard = guard(settings)?;
-    Routes::new(
-        &guard,
-        settings,
-        &Upstream::new(
-            settings.upstream.clone(),
-            settings.via.as_deref(),
-            settings.trusted_proxies.clone(),
-        ),
-    )?;
+    Routes::new(&guard, settings, &upstream(settings)?)?;
+    tls(settings)?;
     println!("settings ok: {} route(s)", settings.routes.len());
     Ok(())
+}
+
+/// The origin's client.
+fn upstream(settings: &Settings) -> Result<Upstream, Failure> {
+    Upstream::new(&settings.origin)
+        .map_err(|(field, e)| Failure::Setting(settings.setting_error(field, e)))
+}
+
+/// TLS termination, if it is asked for.
+fn tls(settings: &Settings) -> Result<Option<tokio_rustls::TlsAcceptor>, Failure> {
+    settings
+        .limits
+        .tls
+        .as_ref()
+        .map(|tls| {
+            tls.acceptor()
+                .map_err(|(field, e)| Failure::Setting(settings.setting_error(field, e)))
+        })
+        .transpose()
 }
 
 async fn run(settings: Settings) -> Result<(), Failure> {
@@ -119,12 +133,8 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         println!("metrics on http://{addr}/metrics");
     }
     let guard = guard(&settings)?;
-    let upstream = Upstream::new(
-        settings.upstream.clone(),
-        settings.via.as_deref(),
-        settings.trusted_proxies.clone(),
-    );
-    let routes = Routes::new(&guard, &settings, &upstream)?;
+    let routes = Routes::new(&guard, &settings, &upstream(&settings)?)?;
+    let tls = tls(&settings)?;
     let listener = bind(settings.listen).await?;
     let shutdown = Shutdown::new();
     if let Some(addr) = settings.admin {
@@ -143,8 +153,9 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         println!("Redis does not answer ({error}): serving from the local cache until it does.");
     }
     println!(
-        "caching {} on http://{} ({}, {} route{}{})",
+        "caching {} on {}://{} ({}, {} route{}{})",
         settings.upstream,
+        if tls.is_some() { "https" } else { "http" },
         listener.local_addr().unwrap_or(settings.listen),
         if settings.redis.is_some() {
             "L1 + Redis"
@@ -160,12 +171,14 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         },
     );
 
-    // Each request carries its peer's address (for `X-Forwarded-For`).
-    let app = axum::Router::new()
-        .fallback_service(routes)
-        .into_make_service_with_connect_info::<SocketAddr>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.started());
-    let mut server = tokio::spawn(async move { server.await });
+    let server = server::serve(
+        listener,
+        settings.limits.clone(),
+        tls,
+        routes,
+        shutdown.started(),
+    );
+    let mut server = tokio::spawn(server);
     let signal = tokio::select! {
         signal = signals.next() => signal,
         ended = &mut server => {

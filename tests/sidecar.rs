@@ -850,6 +850,201 @@ async fn tls_termination_and_http2_to_the_origin() {
     assert!(err.contains("tls_cert") && err.contains("not.pem"), "{err}");
 }
 
+/// Which Redis: one server, a Cluster or Sentinel's primary, one at a time; `--check`
+/// says which it would use; a TLS file that is not PEM is refused at start, naming the
+/// setting.
+#[test]
+fn redis_backends_are_checked_and_named() {
+    let out = run(&[
+        "--redis-cluster",
+        "redis://10.0.0.1:7000",
+        "--redis-cluster",
+        "redis://user:hunter2@10.0.0.2:7000",
+        "--check",
+    ]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        said.contains("Redis Cluster from redis://10.0.0.1:7000, redis://user:***@10.0.0.2:7000"),
+        "{said}"
+    );
+    let out = run(&[
+        "--redis-sentinel",
+        "redis://10.0.0.5:26379",
+        "--redis-sentinel-service",
+        "cache",
+        "--check",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("Redis Sentinel service cache from redis://10.0.0.5:26379"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(&["--check"]);
+    assert!(text(&out.stdout).contains("the local cache only"));
+    let out = run(&["--redis", "redis://127.0.0.1:6379", "--check"]);
+    assert!(text(&out.stdout).contains("Redis at redis://127.0.0.1:6379"));
+
+    // Refused, naming what.
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("ca.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let not_pem = not_pem.to_str().unwrap();
+    let both = write_config(
+        dir.path(),
+        "redis = \"redis://10.0.0.1:6379\"\nredis_cluster = [\"redis://10.0.0.2:7000\"]\n",
+    );
+    for (args, named) in [
+        (
+            vec!["--redis", "redis://a:1", "--redis-cluster", "redis://b:2"],
+            "--redis-cluster",
+        ),
+        (
+            vec!["--redis-sentinel", "redis://a:26379"],
+            "--redis-sentinel-service",
+        ),
+        (
+            vec!["--redis", "rediss://127.0.0.1:6380", "--redis-ca", not_pem],
+            "redis_ca",
+        ),
+        (vec!["--config", &both], "`redis`"),
+        (vec!["--redis-username", "catalog"], "redis_username"),
+        (
+            vec!["--redis-cluster", "http://10.0.0.1:7000"],
+            "redis_cluster",
+        ),
+    ] {
+        let out = run(&[&args[..], &["--check"]].concat());
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(named), "{args:?} names {named}: {err}");
+        assert!(!err.contains("hunter2"));
+    }
+}
+
+/// Three sidecars on a six-node Redis Cluster (three primaries, a replica each) act as
+/// one fleet: a cold key asked of all three at once reaches the origin once; under
+/// steady load, each key is refreshed at most once per freshness window among them;
+/// and a primary killed under load gives no 5xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_on_a_cluster_are_one_fleet_through_a_failover() {
+    use std::sync::atomic::AtomicBool;
+
+    let mut cluster = support::RedisCluster::start_failing_over_after(Duration::from_secs(2));
+    let (origin, calls, gate) = origin(0).await;
+    let mut args: Vec<String> = [
+        "--upstream",
+        &format!("http://{origin}"),
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "1s",
+        "--grace",
+        "60s",
+        "--lease",
+        "30s",
+        "--cold-wait",
+        "30s",
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    for url in cluster.urls() {
+        args.extend(["--redis-cluster".to_owned(), url]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let fleet = [
+        Sidecar::start(&args),
+        Sidecar::start(&args),
+        Sidecar::start(&args),
+    ];
+    const KEYS: u64 = 6;
+
+    // Cold: every key asked of every sidecar at once, five times each.
+    let mut asked = Vec::new();
+    for n in 0..KEYS {
+        for sidecar in &fleet {
+            for _ in 0..5 {
+                let addr = sidecar.listen;
+                asked.push(tokio::spawn(async move {
+                    fetch(addr, &format!("/items/{n}"), &[]).await
+                }));
+            }
+        }
+    }
+    assert!(
+        eventually(HANG, || async { calls.load(Ordering::SeqCst) >= KEYS }).await,
+        "every key's fill reaches the origin"
+    );
+    gate.send_replace(true);
+    for task in asked {
+        let got = joined(task, HANG, "a cold request").await;
+        assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        KEYS,
+        "one origin call per key for the three sidecars"
+    );
+
+    // Load on every sidecar and key, counting what is answered and any 5xx.
+    let stop = Arc::new(AtomicBool::new(false));
+    let listens: Vec<SocketAddr> = fleet.iter().map(|s| s.listen).collect();
+    let workers: Vec<_> = (0..6)
+        .map(|w| {
+            let (stop, listens) = (stop.clone(), listens.clone());
+            tokio::spawn(async move {
+                let (mut answered, mut failed) = (0u64, Vec::new());
+                let mut i = w;
+                while !stop.load(Ordering::Relaxed) {
+                    let addr = listens[i % listens.len()];
+                    let got = fetch(addr, &format!("/items/{}", i as u64 % KEYS), &[]).await;
+                    if got.status.is_server_error() {
+                        failed.push(format!("{}: {}", got.status, got.body));
+                    }
+                    answered += 1;
+                    i += 1;
+                }
+                (answered, failed)
+            })
+        })
+        .collect();
+
+    // Steady: at most one refresh per key per window among the three.
+    let (before, started) = (calls.load(Ordering::SeqCst), Instant::now());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (refreshed, took) = (calls.load(Ordering::SeqCst) - before, started.elapsed());
+    let windows = took.as_secs() + 2;
+    assert!(
+        refreshed <= KEYS * windows,
+        "{refreshed} origin calls for {KEYS} keys in {took:?} (windows of 1s)"
+    );
+    assert!(refreshed >= KEYS, "entries were refreshed: {refreshed}");
+
+    // A primary dies under load; its replica takes over.
+    let victim = cluster.primaries()[0];
+    cluster.server(victim).kill();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            cluster.primaries().len() == 3
+        })
+        .await,
+        "no replica took over from the killed primary on {victim}"
+    );
+    cluster.wait_formed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answered = 0;
+    for worker in workers {
+        let (n, failed) = joined(worker, HANG, "a load worker").await;
+        assert!(failed.is_empty(), "5xx under a failover: {failed:?}");
+        answered += n;
+    }
+    eprintln!("{answered} answered through the failover; {refreshed} refreshes in {took:?}");
+    assert!(answered > 100, "only {answered} requests were answered");
+}
+
 #[test]
 fn the_documented_config_is_accepted() {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sidecar.toml");

@@ -36,6 +36,44 @@ pub(crate) struct Args {
     )]
     pub(crate) redis: Option<String>,
 
+    /// Redis Cluster shared by the fleet: a node's URL (any of them; the rest is learned
+    /// from it); repeat for more.
+    #[arg(long = "redis-cluster", value_name = "URL", conflicts_with = "redis")]
+    pub(crate) redis_cluster: Vec<String>,
+
+    /// Redis Sentinel: a sentinel's URL; repeat for more. With
+    /// `--redis-sentinel-service`, the name the sentinels watch the primary under.
+    #[arg(
+        long = "redis-sentinel",
+        value_name = "URL",
+        conflicts_with_all = ["redis", "redis_cluster"],
+        requires = "redis_sentinel_service"
+    )]
+    pub(crate) redis_sentinels: Vec<String>,
+
+    /// The name the sentinels of `--redis-sentinel` watch the primary under.
+    #[arg(long, value_name = "NAME", requires = "redis_sentinels")]
+    pub(crate) redis_sentinel_service: Option<String>,
+
+    /// The certificate authority (PEM) a `rediss://` server is checked against, instead
+    /// of the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) redis_ca: Option<PathBuf>,
+
+    /// A client certificate (PEM) for Redis servers that ask for one; with
+    /// `--redis-client-key`.
+    #[arg(long, value_name = "FILE", requires = "redis_client_key")]
+    pub(crate) redis_client_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--redis-client-cert`.
+    #[arg(long, value_name = "FILE", requires = "redis_client_cert")]
+    pub(crate) redis_client_key: Option<PathBuf>,
+
+    /// The Redis ACL user (instead of the URL's). Its password comes from
+    /// `STAMPEDE_SIDECAR_REDIS_PASSWORD` (or the URL), never from a flag.
+    #[arg(long, value_name = "USER")]
+    pub(crate) redis_username: Option<String>,
+
     /// Whether the origin's Cache-Control, Expires and Age set how long entries are
     /// fresh and may be served stale, for requests matching no route and routes that do
     /// not set it [default: true: an HTTP cache; false: --fresh and --grace, whatever
@@ -172,6 +210,27 @@ impl fmt::Debug for Args {
             .field("via", &self.via)
             .field("trusted_proxies", &self.trusted_proxies)
             .field("redis", &self.redis.as_deref().map(redacted))
+            .field(
+                "redis_cluster",
+                &self
+                    .redis_cluster
+                    .iter()
+                    .map(|u| redacted(u))
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "redis_sentinels",
+                &self
+                    .redis_sentinels
+                    .iter()
+                    .map(|u| redacted(u))
+                    .collect::<Vec<_>>(),
+            )
+            .field("redis_sentinel_service", &self.redis_sentinel_service)
+            .field("redis_ca", &self.redis_ca)
+            .field("redis_client_cert", &self.redis_client_cert)
+            .field("redis_client_key", &self.redis_client_key)
+            .field("redis_username", &self.redis_username)
             .field("follow_origin", &self.follow_origin)
             .field("fresh", &self.fresh)
             .field("grace", &self.grace)

@@ -1045,6 +1045,110 @@ async fn three_sidecars_on_a_cluster_are_one_fleet_through_a_failover() {
     assert!(answered > 100, "only {answered} requests were answered");
 }
 
+/// The access log: off by default; with `--access-log json`, one line per request with
+/// how it was served and the origin's time when it called the origin, and never a
+/// secret (no cookie, no `Authorization`, no query value); `common` writes the Common
+/// Log Format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_says_how_each_request_was_served_and_no_secret() {
+    let (origin, _calls, _gate) = origin(u64::MAX).await;
+    let upstream = format!("http://{origin}");
+    let base = [
+        "--upstream",
+        &upstream,
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "60s",
+    ];
+    let lines = |sidecar: &Sidecar, starts: &str| -> Vec<String> {
+        let log = sidecar.log();
+        log.lines()
+            .filter(|l| l.starts_with(starts))
+            .map(str::to_owned)
+            .collect()
+    };
+
+    let quiet = Sidecar::start(&base);
+    assert_eq!(
+        fetch(quiet.listen, "/items/1", &[]).await.status,
+        StatusCode::OK
+    );
+
+    let sidecar = Sidecar::start(&[&base[..], &["--access-log", "json"]].concat());
+    let secrets = [
+        ("cookie", "session=cookie-secret"),
+        ("authorization", "Bearer auth-secret"),
+        ("user-agent", "test-agent/1"),
+    ];
+    let miss = fetch(sidecar.listen, "/items/1?token=query-secret&page=2", &[]).await;
+    let hit = fetch(sidecar.listen, "/items/1?token=query-secret&page=2", &[]).await;
+    let posted = post_json(sidecar.listen, "/items/2", &secrets, "{}").await;
+    assert_eq!(
+        [miss.x_cache(), hit.x_cache(), posted.x_cache()],
+        ["miss", "hit", "bypass"]
+    );
+    assert!(
+        eventually(HANG, || async { lines(&sidecar, "{").len() == 3 }).await,
+        "three lines:\n{}",
+        sidecar.log()
+    );
+    let logged: Vec<serde_json::Value> = lines(&sidecar, "{")
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (miss, hit, posted) = (&logged[0], &logged[1], &logged[2]);
+    assert_eq!(miss["path"], "/items/1?token&page", "{miss}");
+    assert_eq!(
+        (&miss["method"], &miss["status"], &miss["cache"]),
+        (&"GET".into(), &200.into(), &"miss".into())
+    );
+    assert!(miss["upstream_ms"].as_f64().is_some(), "{miss}");
+    assert_eq!(miss["peer"], "127.0.0.1");
+    assert_eq!(miss["protocol"], "HTTP/1.1");
+    assert_eq!(
+        miss["bytes"].as_u64(),
+        Some("/items/1 call 1".len() as u64),
+        "{miss}"
+    );
+    assert!(miss["duration_ms"].as_f64().is_some(), "{miss}");
+    assert_eq!(hit["cache"], "hit");
+    assert!(hit["upstream_ms"].is_null(), "a hit calls no origin: {hit}");
+    assert_eq!(
+        (&posted["method"], &posted["cache"]),
+        (&"POST".into(), &"bypass".into())
+    );
+    assert_eq!(posted["user_agent"], "test-agent/1");
+    let log = sidecar.log();
+    for secret in ["cookie-secret", "auth-secret", "query-secret"] {
+        assert!(!log.contains(secret), "{secret} is logged:\n{log}");
+    }
+    assert!(
+        lines(&quiet, "{").is_empty(),
+        "off by default:\n{}",
+        quiet.log()
+    );
+
+    let common = Sidecar::start(&[&base[..], &["--access-log", "common"]].concat());
+    assert_eq!(
+        fetch(common.listen, "/items/3", &[]).await.status,
+        StatusCode::OK
+    );
+    assert!(
+        eventually(HANG, || async {
+            !lines(&common, "127.0.0.1 - - [").is_empty()
+        })
+        .await,
+        "a common line:\n{}",
+        common.log()
+    );
+    let line = &lines(&common, "127.0.0.1 - - [")[0];
+    assert!(
+        line.contains("] \"GET /items/3 HTTP/1.1\" 200 15 cache=miss duration_ms="),
+        "{line}"
+    );
+}
+
 #[test]
 fn the_documented_config_is_accepted() {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sidecar.toml");

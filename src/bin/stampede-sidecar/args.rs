@@ -193,6 +193,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     pub(crate) upstream_ca: Option<PathBuf>,
 
+    /// One line per request on standard output: `json`, `common` (the Common Log
+    /// Format, with the cache's outcome and times) or `off` [default: off].
+    #[arg(long, value_name = "FORMAT")]
+    pub(crate) access_log: Option<crate::access::Format>,
+
     /// Check the settings (flags, config file, every route's policy) and exit: 0 if
     /// they would run, 2 naming what is refused. Connects nothing, binds nothing.
     #[arg(long)]
@@ -251,6 +256,7 @@ impl fmt::Debug for Args {
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
             .field("upstream_ca", &self.upstream_ca)
+            .field("access_log", &self.access_log)
             .field("check", &self.check)
             .finish()
     }

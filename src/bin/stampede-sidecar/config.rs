@@ -13,6 +13,7 @@ use http::Uri;
 use serde::Deserialize;
 use stampede_guard::{ColdMiss, ConfigError, Policy};
 
+use crate::access::Format;
 use crate::args::{self, Args, redacted};
 use crate::server::{Limits, Tls};
 use crate::upstream::{Cidr, Origin};
@@ -120,6 +121,7 @@ with_policy_fields! {
         upstream_idle_timeout: Option<String>,
         upstream_http2: Option<bool>,
         upstream_ca: Option<PathBuf>,
+        access_log: Option<Format>,
         tls_cert: Option<PathBuf>,
         tls_key: Option<PathBuf>,
         env: Option<String>,
@@ -268,6 +270,7 @@ pub(crate) struct Settings {
     pub(crate) limits: Limits,
     /// How the origin is spoken to.
     pub(crate) origin: Origin,
+    pub(crate) access_log: Format,
     pub(crate) env: String,
     /// By default, named after the upstream (see [`service_of`]): sidecars fronting
     /// different origins on one Redis never share keys.
@@ -295,6 +298,7 @@ impl fmt::Debug for Settings {
             .field("drain_timeout", &self.drain_timeout)
             .field("limits", &self.limits)
             .field("origin", &self.origin)
+            .field("access_log", &self.access_log)
             .field("default", &self.default)
             .field("routes", &self.routes)
             .finish_non_exhaustive()
@@ -688,6 +692,7 @@ impl Settings {
             drain_timeout,
             limits,
             origin,
+            access_log: args.access_log.or(file.access_log).unwrap_or(Format::Off),
             env: file.env.unwrap_or_else(|| defaults::ENV.to_owned()),
             service,
             secret_file: args.secret_file.clone().or(file.secret_file),

@@ -11,6 +11,7 @@
 //! setting (the message names it), 1 for anything else (an address that cannot be
 //! bound, a drain cut short).
 
+mod access;
 mod admin;
 mod args;
 mod config;
@@ -177,11 +178,15 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         },
     );
 
+    let service = access::wrap(
+        tower::util::BoxCloneSyncService::new(routes.clone()),
+        settings.access_log,
+    );
     let server = server::serve(
         listener,
         settings.limits.clone(),
         tls,
-        routes,
+        service,
         shutdown.started(),
     );
     let mut server = tokio::spawn(server);

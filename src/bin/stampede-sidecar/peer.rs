@@ -1,8 +1,12 @@
-//! What the listener knows of a request's client, for the origin: the peer's address,
-//! whether it came over TLS, and why its body stopped.
+//! What a request carries between the listener, the access log and the origin's
+//! client: the peer's address, whether it came over TLS, why its body stopped, and how
+//! long the origin took.
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// The connection a request came on, as a request extension (a fill made for another
 /// caller carries that caller's).
@@ -25,3 +29,24 @@ impl fmt::Display for RequestBodyTimeout {
 }
 
 impl std::error::Error for RequestBodyTimeout {}
+
+/// How long the origin took to send its response headers for a request, when the
+/// request called it: a slot the access log puts in the request's extensions and the
+/// origin's client fills (a fill made for the request carries it too).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct OriginTime(Arc<AtomicU64>);
+
+impl OriginTime {
+    pub(crate) fn set(&self, took: Duration) {
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX - 1);
+        // 0 means "not called".
+        self.0.store(nanos.saturating_add(1), Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> Option<Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(Duration::from_nanos(n - 1)),
+        }
+    }
+}

@@ -36,7 +36,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use tokio::time::Sleep;
 
-use crate::peer::{Peer, RequestBodyTimeout};
+use crate::peer::{OriginTime, Peer, RequestBodyTimeout};
 
 /// The body of the origin's answers (or of the sidecar's own 502 and 504).
 pub(crate) type UpstreamBody = BoxBody<Bytes, Box<dyn StdError + Send + Sync>>;
@@ -223,8 +223,14 @@ impl Upstream {
         *request.version_mut() = Version::HTTP_11;
         let peer = request.extensions().get::<Peer>().copied();
         self.forwarded_for(request.headers_mut(), peer);
+        let clock = request.extensions().get::<OriginTime>().cloned();
+        let started = tokio::time::Instant::now();
         let sent = tokio::time::timeout(self.origin.response, self.client.request(request));
-        match sent.await {
+        let sent = sent.await;
+        if let Some(clock) = clock {
+            clock.set(started.elapsed());
+        }
+        match sent {
             Ok(Ok(mut response)) => {
                 strip_hop_by_hop(response.headers_mut());
                 self.add_via(response.version(), response.headers_mut());

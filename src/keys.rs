@@ -225,8 +225,8 @@ impl KeySpace {
     }
 
     /// The keys of one cached response: the entry, and the lease and fence counter that
-    /// guard its refresh, all in one hash slot. `identity` is everything that tells the
-    /// request apart (host, path, keyed query and headers); it is hashed.
+    /// guard its refresh, all in one hash slot. `identity` is what tells the response's
+    /// URL apart (host, path and keyed query); it is hashed.
     pub fn cache(&self, route: &str, identity: &[u8]) -> Result<CacheKeys, ConfigError> {
         let mut entry = self.base(&[Scope::label(route), Scope::id("req", identity)], "fill")?;
         let primary = entry.len();
@@ -241,7 +241,8 @@ impl KeySpace {
     }
 
     /// The keys of one variant of a cached response: a response that varies on request
-    /// headers (its `Vary`), for the values in `variant` (hashed, as `identity` is).
+    /// headers (those its route keys on, and those its `Vary` names), for the values in
+    /// `variant` (hashed, as `identity` is).
     ///
     /// A variant has its own entry, lease and fence counter, in the same hash slot as
     /// the response's [`cache`](Self::cache) keys, and shares their invalidation: one
@@ -522,9 +523,9 @@ impl fmt::Debug for LocalHashers {
 }
 
 /// The key of a cached response in this process's L1: a keyed 128-bit hash of the
-/// response's identity (route, host, path, keyed query and headers), and a 64-bit one of
-/// the values of the headers its URL learned it varies on (0 for a request with none of
-/// them: the response's own entry).
+/// response's identity (route, host, path and keyed query), and a 64-bit one of the
+/// values of the headers its URL varies on (its route's keyed headers and those it
+/// learned; 0 for a request with none of them: the response's own entry).
 ///
 /// An L1 hit computes this and nothing else: no HMAC, no key string. The hash is keyed
 /// with keys derived from the key space's secret, so every instance computes the same

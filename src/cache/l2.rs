@@ -28,18 +28,22 @@ pub(crate) async fn l2_read(
     keys: &CacheKeys,
     max_size: usize,
 ) -> Result<L2Read, StoreError> {
-    Ok(l2_read_with_names(store, keys, max_size).await?.0)
+    Ok(
+        l2_read_with_names(store, keys, max_size, !keys.is_variant())
+            .await?
+            .0,
+    )
 }
 
-/// [`l2_read`], and for the response's own entry (not one of its variants) the names
-/// of the headers the response varies on, as kept beside it (see `guard::vary`), in the
-/// same round trip.
+/// [`l2_read`], and with `names` the names of the headers the response varies on, as
+/// kept beside its entries (see `guard::vary`), in the same round trip.
 pub(crate) async fn l2_read_with_names(
     store: &RedisStore,
     keys: &CacheKeys,
     max_size: usize,
+    names: bool,
 ) -> Result<(L2Read, Option<String>), StoreError> {
-    let reply = scripts::read(store, keys, max_size, !keys.is_variant()).await?;
+    let reply = scripts::read(store, keys, max_size, names).await?;
     Ok(match reply {
         ReadReply::Miss { names } => (L2Read::Miss, names),
         ReadReply::NotOurs => (L2Read::Garbage("not an entry"), None),

@@ -45,8 +45,8 @@ pub(crate) enum ReadReply {
     },
 }
 
-/// Reads an entry (and, for the response's own entry, with `names`, the names it varies
-/// on); the deadline grows with `max_size`, what the entry may weigh.
+/// Reads an entry (and with `names` the names its response varies on); the deadline
+/// grows with `max_size`, what the entry may weigh.
 pub(crate) async fn read(
     store: &RedisStore,
     keys: &CacheKeys,

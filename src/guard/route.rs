@@ -89,7 +89,8 @@ impl Route {
     ///
     /// The URL's own entry (variant 0) is looked at first: one that varies on nothing
     /// the request sends answers it (a URL that never varied costs nothing more). Else
-    /// the URL varies, and the request is keyed on the names it varies on.
+    /// the URL varies, and the request is keyed on the names it varies on. A request
+    /// that sends one of the route's keyed headers never asks for variant 0.
     pub(crate) fn find_l1<B>(
         &self,
         request: &Request<B>,
@@ -97,7 +98,11 @@ impl Route {
     ) -> (LocalKey, Option<Arc<Stored>>) {
         let response = self.response_key(request);
         let own = LocalKey::of_response(response);
-        let at_own = self.l1().get(&own, now);
+        let at_own = if request::names_any(&self.policy.key_headers, request) {
+            None
+        } else {
+            self.l1().get(&own, now)
+        };
         let names = match &at_own {
             Some(stored) => {
                 let vary = self.vary_of(stored);
@@ -153,6 +158,14 @@ impl Route {
         made.names = names;
         made.local = local;
         Some(made)
+    }
+
+    /// Whether a read of L2 at `keys` asks for the names their URL varies on, as kept
+    /// beside its entries: a read of the URL's own entry does, and on a route with keyed
+    /// headers any read (a request that sends one is keyed to a variant from the start,
+    /// by what this process knows of its URL).
+    pub(crate) fn reads_names(&self, keys: &CacheKeys) -> bool {
+        !keys.is_variant() || !self.policy.key_headers.is_empty()
     }
 
     /// Whether `keys` were made with the names their URL is known to vary on now: if
@@ -211,7 +224,12 @@ impl Route {
         if shared.store.is_local_only() {
             return;
         }
-        let strings: Vec<&str> = names.iter().map(HeaderName::as_str).collect();
+        // The route's keyed headers are every instance's from its policy.
+        let strings: Vec<&str> = names
+            .iter()
+            .filter(|name| !self.learned.is_keyed(name))
+            .map(HeaderName::as_str)
+            .collect();
         let most = vary::MAX_LEARNED;
         let kept = l2_keep_names(&shared.store, keys, &strings, most, self.entries_live()).await;
         let notice = Notice::Learned(&self.policy.route, Some(keys.local.response), strings);

@@ -142,7 +142,8 @@ impl KeySpace {
     /// - `PING`; `EVALSHA` and `SCRIPT LOAD` (the scripts, loaded again when a server
     ///   answers `NOSCRIPT`); `PUBLISH` and `SUBSCRIBE` (notices);
     /// - what the scripts call, which Redis checks against the user too: `GET`, `SET`,
-    ///   `DEL`, `HGET`, `HSET`, `HEXISTS`, `PEXPIRE`, `PTTL`, `TYPE`, `TIME`;
+    ///   `DEL`, `HGET`, `HSET`, `HEXISTS`, `PEXPIRE`, `PTTL`, `TYPE`, `TIME`, and
+    ///   `SADD` and `SMEMBERS` (the list of a response's variants);
     /// - on a Redis Cluster, `CLUSTER SLOTS` (which node holds which slot) and `ASKING`
     ///   (following a slot on the move); behind Sentinel, `ROLE` (is this the primary).
     ///   Harmless elsewhere.
@@ -169,8 +170,8 @@ impl KeySpace {
         format!(
             "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
              +script|load +publish +subscribe +get +set +del +hget +hset +hexists +pexpire \
-             +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrem +cluster|slots +asking \
-             +role"
+             +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrem +sadd +smembers \
+             +cluster|slots +asking +role"
         )
     }
 
@@ -471,6 +472,26 @@ impl CacheKeys {
     /// slot.
     pub fn vary_key(&self) -> String {
         format!("{}:vary", self.primary())
+    }
+
+    /// Where the response's variants are listed: a set of the variant part of each
+    /// variant's entry key (`v_` and a keyed hash, never a raw header value), added to
+    /// by each write of a variant and kept as long as the entries it lists, in their
+    /// hash slot. An invalidation of the response deletes the entries it lists, counts
+    /// them, and deletes it.
+    pub fn variants_key(&self) -> String {
+        format!("{}:vars", self.primary())
+    }
+
+    /// The variant's own part of the entry key (`v_` and its keyed hash), as
+    /// [`variants_key`](Self::variants_key) lists it; `None` for the response's own
+    /// entry.
+    pub(crate) fn variant_part(&self) -> Option<&str> {
+        if !self.is_variant() {
+            return None;
+        }
+        let end = self.entry.len() - ":entry".len();
+        Some(&self.entry[self.primary + 1..end])
     }
 
     /// The fence counter of the response (its invalidations issue from it); the lease's
@@ -858,8 +879,18 @@ mod tests {
             assert_eq!(tag(k), tag(plain.entry()));
         }
         assert_eq!(fr.invalidated_key(), plain.invalidated_key());
+        assert_eq!(fr.variants_key(), plain.variants_key());
+        assert_eq!(tag(&fr.variants_key()), tag(plain.entry()));
         assert_eq!(fr.primary(), plain.primary());
         assert!(!fr.entry().contains("fr"));
+        // A variant is listed by its part of the key: the response's own entry is not.
+        let part = fr.variant_part().unwrap();
+        assert!(
+            part.starts_with("v_") && part.len() == "v_".len() + 32,
+            "{part}"
+        );
+        assert_eq!(fr.entry(), format!("{}:{part}:entry", fr.primary()));
+        assert_eq!(plain.variant_part(), None);
     }
 
     #[test]

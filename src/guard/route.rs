@@ -357,17 +357,33 @@ impl Route {
     }
 
     /// Invalidates the response `request` would be answered from (see
-    /// [`GuardLayer::invalidate`](super::GuardLayer::invalidate)).
+    /// [`GuardLayer::invalidate`](super::GuardLayer::invalidate)): whether L2 held an
+    /// entry of it (its own or a variant); without Redis, always.
     pub(crate) async fn invalidate<B>(&self, request: &Request<B>) -> Result<bool, StoreError> {
-        // The response's own keys: one invalidation reaches every variant of it (those
-        // its `Vary` told apart), whatever the request's headers.
-        let identity = request::identity(&self.policy, request);
-        let Ok(mut keys) = self.shared.keys.cache(&self.policy.route, &identity) else {
+        let Some(keys) = self.own_keys(request) else {
             return Ok(false);
         };
+        let reached = self.invalidate_url(&keys, false).await?;
+        Ok(reached.existed || reached.entries > 0)
+    }
+
+    /// The keys of the URL of `request`: its own entry's, whatever the request's headers
+    /// (its variants share them: see `vary`). `None` only for a key space whose keys
+    /// would be too long.
+    fn own_keys<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
+        let identity = request::identity(&self.policy, request);
+        let mut keys = self.shared.keys.cache(&self.policy.route, &identity).ok()?;
         let mut response = self.hashers.response;
         response.write(&identity);
         keys.local = LocalKey::of_response(response.finish128().as_u128());
+        Some(keys)
+    }
+
+    /// Invalidates the response of `keys` (the keys of its own entry) and every variant
+    /// of it: in this process at once, and in L2 and every instance's L1 through Redis.
+    /// With `count`, and without Redis, the entries removed from this process's L1 are
+    /// counted (which goes through all of L1); with Redis, the count is L2's.
+    async fn invalidate_url(&self, keys: &CacheKeys, count: bool) -> Result<Reached, StoreError> {
         let response = keys.local.response;
         let variants = self.learned.any();
         let shared = &self.shared;
@@ -379,13 +395,23 @@ impl Route {
                 .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
         );
         shared.tombstones.insert(response, local);
-        self.l1().invalidate_response(response, variants);
         if shared.store.is_local_only() {
-            return Ok(true);
+            let entries = if count {
+                self.l1()
+                    .remove_response(response, crate::cache::Instant::now())
+            } else {
+                self.l1().invalidate_response(response, variants);
+                0
+            };
+            return Ok(Reached {
+                existed: true,
+                entries,
+            });
         }
-        let (existed, token) = l2_invalidate(
+        self.l1().invalidate_response(response, variants);
+        let invalidated = l2_invalidate(
             &shared.store,
-            &keys,
+            keys,
             shared.notices.channel(),
             self.max_fill(),
             self.entries_live(),
@@ -393,10 +419,22 @@ impl Route {
         .await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from
         // the same clock (the local one only covered the round trip).
-        shared.tombstones.insert(response, token);
+        shared.tombstones.insert(response, invalidated.token);
         self.l1().invalidate_response(response, variants);
-        Ok(existed)
+        Ok(Reached {
+            existed: invalidated.existed,
+            entries: invalidated.entries,
+        })
     }
+}
+
+/// What an invalidation of a response reached.
+struct Reached {
+    /// Whether its own entry was in L2 (always, without Redis).
+    existed: bool,
+    /// How many entries it removed, its own and its variants' (see
+    /// [`Route::invalidate_url`]).
+    entries: u64,
 }
 
 /// Gathers the small pieces of an identity (lengths, names, values) on the stack and

@@ -10,6 +10,7 @@ use http::{HeaderName, Request};
 use super::early::Recompute;
 use super::hold::LeaseTtl;
 use super::inflight::Flights;
+use super::invalidate::InvalidateError;
 use super::shared::Shared;
 use super::vary::{self, Check, Learned, Names, TooMany};
 use crate::cache::{L1, Stored, l2_invalidate, l2_keep_names};
@@ -365,6 +366,29 @@ impl Route {
         };
         let reached = self.invalidate_url(&keys, false).await?;
         Ok(reached.existed || reached.entries > 0)
+    }
+
+    /// Invalidates the URL `uri` names, every variant of it (see
+    /// [`GuardLayer::invalidate_path`](super::GuardLayer::invalidate_path)), and counts
+    /// the entries it removed.
+    pub(crate) async fn invalidate_path(&self, uri: &str) -> Result<u64, InvalidateError> {
+        let bad = || InvalidateError::NotAPath {
+            given: uri.chars().take(200).collect(),
+        };
+        let parsed: http::Uri = uri.parse().map_err(|_| bad())?;
+        if !parsed.path().starts_with('/') {
+            return Err(bad());
+        }
+        let request = Request::get(parsed).body(()).map_err(|_| bad())?;
+        if self.policy.key_host && request::host(&request).is_none() {
+            return Err(InvalidateError::HostNeeded {
+                route: self.policy.route.clone(),
+            });
+        }
+        let Some(keys) = self.own_keys(&request) else {
+            return Ok(0);
+        };
+        Ok(self.invalidate_url(&keys, true).await?.entries)
     }
 
     /// The keys of the URL of `request`: its own entry's, whatever the request's headers

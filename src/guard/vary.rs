@@ -12,11 +12,11 @@
 //! are names every URL of the route varies on from the start, as if learned before its
 //! first request (and never kept in Redis nor told: every instance has them from its
 //! policy). So a request that sends one of them is keyed to a variant of its URL, and
-//! the entries of every value of a keyed header share the URL's identity: its hash slot
-//! and its invalidation token, which is what lets one invalidation of the URL reach all
-//! of them. (Keying them into the URL's identity instead would make each value a URL of
-//! its own, which an invalidation of the URL could only reach through an index of every
-//! value seen.)
+//! the entries of every value of a keyed header share the URL's identity: its hash slot,
+//! its invalidation token and its record of variants, which is what lets one
+//! invalidation of the URL (by request, or by path) reach all of them and count them.
+//! (Keying them into the URL's identity instead would make each value a URL of its own,
+//! which an invalidation by path could only reach through an index of every value seen.)
 //!
 //! Learned names are kept three ways, so that every instance keys alike from its first
 //! request, however long it has been up:

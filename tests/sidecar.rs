@@ -1261,7 +1261,7 @@ async fn purges_over_http_need_the_token() {
     // By path: that entry only.
     let by_path = post_json(admin, "/purge/path", &auth, r#"{"path": "/max-age-60/a"}"#).await;
     assert_eq!(by_path.status, StatusCode::OK, "{}", by_path.body);
-    assert_eq!(by_path.body, r#"{"existed":true}"#);
+    assert_eq!(by_path.body, r#"{"entries":1}"#);
     assert_eq!(get("/max-age-60/a").await.x_cache(), "miss");
     assert_eq!(get("/max-age-60/b").await.x_cache(), "hit");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -1298,6 +1298,87 @@ async fn purges_over_http_need_the_token() {
     assert_eq!(empty.status, StatusCode::BAD_REQUEST);
     let relative = post_json(admin, "/purge/path", &auth, r#"{"path": "items"}"#).await;
     assert_eq!(relative.status, StatusCode::BAD_REQUEST);
+}
+
+/// Purge by path on a route keyed on `Accept-Language` (in the config file): the
+/// entries of two values and of no value at all are cached (the origin called once
+/// each); one `POST /purge/path` answers that it removed 3, and the next request for
+/// each value reaches the origin again, once; the same path with another query stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_by_path_reaches_every_value_of_a_keyed_header() {
+    let redis = RedisServer::start();
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "upstream = \"http://{origin}\"\ndefault = \"pass\"\nfollow_origin = false\n\
+             fresh = \"1h\"\n\n\
+             [[routes]]\nname = \"pages\"\nprefix = \"/pages/\"\n\
+             key_headers = [\"accept-language\"]\n"
+        ),
+    );
+    let sidecar = Sidecar::start(&[
+        "--config",
+        &config,
+        "--redis",
+        &redis.url(),
+        "--admin",
+        "127.0.0.1:0",
+        "--admin-token",
+        "s3cret",
+    ]);
+    let admin = sidecar.admin.expect("an admin listener");
+    let auth = [("authorization", "Bearer s3cret")];
+    let asks: [&[(&str, &str)]; 3] = [
+        &[("accept-language", "fr")],
+        &[("accept-language", "de")],
+        &[],
+    ];
+    let page = |path: &'static str, headers: &'static [(&'static str, &'static str)]| {
+        fetch(sidecar.listen, path, headers)
+    };
+    for (n, headers) in asks.into_iter().enumerate() {
+        let got = page("/pages/7?page=2", headers).await;
+        let body = format!("/pages/7 call {}", n + 1);
+        assert_eq!((got.x_cache(), &got.body), ("miss", &body), "{headers:?}");
+        let again = page("/pages/7?page=2", headers).await;
+        assert_eq!(
+            (again.x_cache(), &again.body),
+            ("hit", &body),
+            "{headers:?}"
+        );
+    }
+    let neighbour = page("/pages/7?page=3", asks[0]).await;
+    assert_eq!(neighbour.body, "/pages/7 call 4");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+
+    let purge = r#"{"path": "/pages/7?page=2"}"#;
+    let refused = post_json(admin, "/purge/path", &[], purge).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(page("/pages/7?page=2", asks[0]).await.x_cache(), "hit");
+    let purged = post_json(admin, "/purge/path", &auth, purge).await;
+    assert_eq!(purged.status, StatusCode::OK, "{}", purged.body);
+    let answer: serde_json::Value = serde_json::from_str(&purged.body).unwrap();
+    assert_eq!(answer, serde_json::json!({"entries": 3}));
+
+    for (n, headers) in asks.into_iter().enumerate() {
+        let got = page("/pages/7?page=2", headers).await;
+        let body = format!("/pages/7 call {}", n + 5);
+        assert_eq!((got.x_cache(), &got.body), ("miss", &body), "{headers:?}");
+        let again = page("/pages/7?page=2", headers).await;
+        assert_eq!(
+            (again.x_cache(), &again.body),
+            ("hit", &body),
+            "{headers:?}"
+        );
+    }
+    let neighbour = page("/pages/7?page=3", asks[0]).await;
+    assert_eq!(
+        (neighbour.x_cache(), neighbour.body.as_str()),
+        ("hit", "/pages/7 call 4")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 7);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

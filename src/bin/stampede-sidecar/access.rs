@@ -27,7 +27,7 @@ use bytes::Bytes;
 use http::{Request, Response, Version};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use serde::Deserialize;
-use tower::util::BoxCloneSyncService;
+use tower::util::{BoxCloneSyncService, Either};
 use tower::{Service, ServiceExt};
 
 use crate::peer::{OriginTime, Peer};
@@ -292,11 +292,19 @@ impl HttpBody for Counted {
     }
 }
 
-/// Wraps `inner` in the access log, unless it is off.
-pub(crate) fn wrap(inner: Inner, format: Format) -> Inner {
+/// `service` in the access log, or alone (at no cost) when it is off.
+pub(crate) fn wrap<S>(service: S, format: Format) -> Either<AccessLog, S>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     match format {
-        Format::Off => inner,
-        format => Inner::new(AccessLog::new(inner, format)),
+        Format::Off => Either::Right(service),
+        format => Either::Left(AccessLog::new(Inner::new(service), format)),
     }
 }
 

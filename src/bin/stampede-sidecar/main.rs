@@ -178,10 +178,7 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         },
     );
 
-    let service = access::wrap(
-        tower::util::BoxCloneSyncService::new(routes.clone()),
-        settings.access_log,
-    );
+    let service = access::wrap(routes.clone(), settings.access_log);
     let server = server::serve(
         listener,
         settings.limits.clone(),

@@ -34,13 +34,13 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
@@ -109,11 +109,10 @@ pub(crate) async fn serve<S>(
     S::Future: Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(256);
+    // The limits are the connection task's (see `Activity`): hyper's own header timer
+    // would arm and disarm a timer for every request.
+    builder.http1().keep_alive(true).header_read_timeout(None);
+    builder.http2().max_concurrent_streams(256);
     let shared = Arc::new(Shared {
         builder,
         limits,
@@ -294,17 +293,18 @@ enum Phase {
     Idle(Instant),
 }
 
-/// A connection's phase, moved by its bytes and its requests, and watched by its task.
+/// A connection's phase, moved by its bytes and its requests, and looked at by its
+/// task. Nothing is signalled when it moves (that would cost a wake-up and a timer per
+/// request): the task wakes at the current phase's deadline, and at least once per
+/// shortest limit, as a phase that begins later cannot end sooner than that.
 struct Activity {
     phase: Mutex<Phase>,
-    changed: Notify,
 }
 
 impl Activity {
     fn new() -> Self {
         Self {
             phase: Mutex::new(Phase::Head(Instant::now())),
-            changed: Notify::new(),
         }
     }
 
@@ -319,8 +319,6 @@ impl Activity {
         let mut phase = self.lock();
         if let Phase::Idle(_) = *phase {
             *phase = Phase::Head(Instant::now());
-            drop(phase);
-            self.changed.notify_one();
         }
     }
 
@@ -338,8 +336,6 @@ impl Activity {
             Phase::Busy(n) if n > 1 => Phase::Busy(n - 1),
             _ => Phase::Idle(Instant::now()),
         };
-        drop(phase);
-        self.changed.notify_one();
     }
 
     fn deadline(&self, limits: &Limits) -> Option<(Instant, Expired)> {
@@ -352,20 +348,15 @@ impl Activity {
 
     /// Ends when a limit runs out.
     async fn expired(&self, limits: &Limits) -> Expired {
+        let shortest = limits.header_read.min(limits.keep_alive);
         loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            match self.deadline(limits) {
-                Some((at, expired)) if at <= Instant::now() => return expired,
-                Some((at, _)) => {
-                    tokio::select! {
-                        () = changed => {}
-                        () = tokio::time::sleep_until(at) => {}
-                    }
-                }
-                None => changed.await,
-            }
+            let now = Instant::now();
+            let wake = match self.deadline(limits) {
+                Some((at, expired)) if at <= now => return expired,
+                Some((at, _)) => at.min(now + shortest),
+                None => now + shortest,
+            };
+            tokio::time::sleep_until(wake).await;
         }
     }
 }
@@ -413,17 +404,20 @@ impl HttpBody for Tracked {
     }
 }
 
-/// A request body that fails with [`RequestBodyTimeout`] once its time is up.
+/// A request body that fails with [`RequestBodyTimeout`] once its time is up. Its
+/// timer is made only if the body is ever waited for (a GET's never is).
 struct TimedBody {
     body: Incoming,
-    deadline: Pin<Box<Sleep>>,
+    deadline: Instant,
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl TimedBody {
     fn new(body: Incoming, within: Duration) -> Self {
         Self {
             body,
-            deadline: Box::pin(tokio::time::sleep(within)),
+            deadline: Instant::now() + within,
+            timer: None,
         }
     }
 }
@@ -439,7 +433,11 @@ impl HttpBody for TimedBody {
         if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
             return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
         }
-        match self.deadline.as_mut().poll(cx) {
+        let deadline = self.deadline;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        match timer.as_mut().poll(cx) {
             Poll::Ready(()) => {
                 metrics::counter!(
                     "stampede_sidecar_client_timeouts_total",

@@ -34,7 +34,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use crate::peer::{OriginTime, Peer, RequestBodyTimeout};
 
@@ -66,11 +66,14 @@ pub(crate) struct Origin {
     pub(crate) trusted_proxies: Vec<Cidr>,
 }
 
-/// Forwards requests to one origin over a pool of keep-alive connections.
+/// Forwards requests to one origin over a pool of keep-alive connections. Cloned per
+/// request by the services around it: one reference count.
 #[derive(Clone)]
-pub(crate) struct Upstream {
+pub(crate) struct Upstream(Arc<Inner>);
+
+struct Inner {
     client: Client<HttpsConnector<HttpConnector>, Body>,
-    origin: Arc<Origin>,
+    origin: Origin,
     /// What `Via` says of this proxy after the protocol's version
     /// (`1.1 stampede-sidecar`, `2 stampede-sidecar`); none when turned off.
     via: Option<Via>,
@@ -107,7 +110,7 @@ impl Via {
 impl fmt::Debug for Upstream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Upstream")
-            .field("origin", &self.origin)
+            .field("origin", &self.0.origin)
             .finish_non_exhaustive()
     }
 }
@@ -168,11 +171,11 @@ impl Upstream {
         if origin.http2 && origin.uri.scheme_str() == Some("http") {
             client.http2_only(true);
         }
-        Ok(Self {
+        Ok(Self(Arc::new(Inner {
             client: client.build(connector),
             via: origin.via.as_deref().and_then(Via::new),
-            origin: Arc::new(origin.clone()),
-        })
+            origin: origin.clone(),
+        })))
     }
 
     /// The origin as a Tower service. An origin that cannot be reached is answered
@@ -202,7 +205,7 @@ impl Upstream {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_owned();
-        let origin = &self.origin.uri;
+        let origin = &self.0.origin.uri;
         let mut uri = Uri::builder().path_and_query(path);
         if let Some(scheme) = origin.scheme() {
             uri = uri.scheme(scheme.clone());
@@ -225,7 +228,7 @@ impl Upstream {
         self.forwarded_for(request.headers_mut(), peer);
         let clock = request.extensions().get::<OriginTime>().cloned();
         let started = tokio::time::Instant::now();
-        let sent = tokio::time::timeout(self.origin.response, self.client.request(request));
+        let sent = tokio::time::timeout(self.0.origin.response, self.0.client.request(request));
         let sent = sent.await;
         if let Some(clock) = clock {
             clock.set(started.elapsed());
@@ -234,7 +237,7 @@ impl Upstream {
             Ok(Ok(mut response)) => {
                 strip_hop_by_hop(response.headers_mut());
                 self.add_via(response.version(), response.headers_mut());
-                let idle = self.origin.idle;
+                let idle = self.0.origin.idle;
                 response.map(|body| IdleBody::new(body, idle).boxed())
             }
             Ok(Err(error)) => {
@@ -335,11 +338,13 @@ fn failed(failure: Failure) -> Response<UpstreamBody> {
 }
 
 /// The origin's response body, cut with an error (counted as `idle_timeout`) when it
-/// pauses longer than `upstream_idle_timeout`.
+/// pauses longer than `upstream_idle_timeout`. A frame only notes when it came: the
+/// timer is made at the first wait, and moved only when it goes off early.
 struct IdleBody {
     body: Incoming,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    last: Instant,
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl IdleBody {
@@ -347,7 +352,8 @@ impl IdleBody {
         Self {
             body,
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
+            last: Instant::now(),
+            timer: None,
         }
     }
 }
@@ -373,11 +379,17 @@ impl HttpBody for IdleBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
-            let next = tokio::time::Instant::now() + self.idle;
-            self.timer.as_mut().reset(next);
+            self.last = Instant::now();
             return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
         }
-        match self.timer.as_mut().poll(cx) {
+        let until = self.last + self.idle;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+        if timer.deadline() < until {
+            timer.as_mut().reset(until);
+        }
+        match timer.as_mut().poll(cx) {
             Poll::Ready(()) => {
                 metrics::counter!(
                     "stampede_sidecar_upstream_failures_total",
@@ -407,7 +419,8 @@ impl Upstream {
     fn forwarded_for(&self, headers: &mut HeaderMap, peer: Option<Peer>) {
         let trusted = peer.is_some_and(|peer| {
             let ip = peer.addr.ip();
-            self.origin
+            self.0
+                .origin
                 .trusted_proxies
                 .iter()
                 .any(|cidr| cidr.contains(ip))
@@ -433,7 +446,7 @@ impl Upstream {
 
     /// Appends this proxy to `Via` (after the hops already named).
     fn add_via(&self, received: Version, headers: &mut HeaderMap) {
-        if let Some(via) = &self.via {
+        if let Some(via) = &self.0.via {
             headers.append(VIA, via.of(received).clone());
         }
     }

@@ -4,11 +4,13 @@
 # that takes 200 ms per call.
 #
 # - nginx: proxy_cache_lock on, proxy_cache_use_stale updating, background update,
-#   proxy_cache_valid 200 1s, keep-alive to the origin, one worker and one cache per
-#   instance, access log off.
+#   proxy_cache_valid 200 1s, keep-alive to the origin, one cache per instance, access
+#   log off.
 # - the sidecar: the release binary, --fresh 1s --grace 10s --lease 2s, every instance
 #   on one Redis, with everything a production proxy has on (its timeouts, connection
 #   cap, proxy headers), access log off.
+# - Each instance gets WORKERS threads (default 1): nginx's worker_processes, the
+#   sidecar's --workers.
 #
 # Prints, for each instance and key count: requests/s, CPU per request (user + system
 # time of the proxy processes, wrk and the origin not counted), origin calls per key per
@@ -16,7 +18,7 @@
 # CPU per request: lower is better).
 #
 #   bash benches/compare/run.sh
-#   DURATION=10 CONNECTIONS=192 INSTANCES="1 3 8" KEY_COUNTS="4 100" bash benches/compare/run.sh
+#   DURATION=10 CONNECTIONS=192 INSTANCES="1 3 8" KEY_COUNTS="4 100" WORKERS=1 bash benches/compare/run.sh
 #
 # Installs nginx and wrk from the distribution's packages when they are missing (as
 # root). Not run in CI: it takes about three minutes and both cores.
@@ -26,6 +28,8 @@ DURATION=${DURATION:-10}
 CONNECTIONS=${CONNECTIONS:-192}
 INSTANCES=${INSTANCES:-1 3 8}
 KEY_COUNTS=${KEY_COUNTS:-4 100}
+# Threads per instance, for both: nginx's worker_processes, the sidecar's --workers.
+WORKERS=${WORKERS:-1}
 FRESH=1
 GRACE=10
 
@@ -61,7 +65,7 @@ start_nginx() { # name port
   mkdir -p "$dir"
   cat > "$dir/nginx.conf" <<CONF
 user root;
-worker_processes 1;
+worker_processes $WORKERS;
 daemon off;
 pid $dir/nginx.pid;
 error_log $dir/error.log warn;
@@ -94,7 +98,7 @@ start_sidecar() { # name port
   STAMPEDE_GUARD_SECRET=compare-bench-secret-of-16-bytes ./target/release/stampede-sidecar \
     --listen "127.0.0.1:$2" --upstream "http://127.0.0.1:$ORIGIN" \
     --redis "redis://127.0.0.1:$REDIS" --follow-origin false --fresh "${FRESH}s" \
-    --grace "${GRACE}s" --lease 2s > "$work/$1.log" 2>&1 & pids+=($!)
+    --grace "${GRACE}s" --lease 2s --workers "$WORKERS" > "$work/$1.log" 2>&1 & pids+=($!)
 }
 
 # Clock ticks of user and system time of a process and its children (nginx's worker).
@@ -119,10 +123,15 @@ run() { # kind instances keys
     started+=("${pids[$before]}")
   done
   sleep 1.5
-  # Warm: every key filled once on every instance.
+  # Warm: every key filled once on every instance, all at once (one at a time, 100 keys
+  # would take 20 s, and the first would have expired before the load starts).
+  local warm=()
   for port in "${ports[@]}"; do
-    for k in $(seq 0 $(( keys - 1 ))); do curl -s -o /dev/null "http://127.0.0.1:$port/k$k" || true; done
+    for k in $(seq 0 $(( keys - 1 ))); do
+      curl -s -o /dev/null "http://127.0.0.1:$port/k$k" & warm+=($!)
+    done
   done
+  wait "${warm[@]}" 2>/dev/null || true
   local calls_before; calls_before=$(cat "$work/calls" 2>/dev/null || echo 0)
   local cpu_before; cpu_before=$(cpu_ticks "${started[@]}")
   local per=$(( CONNECTIONS / n )) outs=() loads=()

@@ -141,6 +141,10 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     pub(crate) secret_file: Option<std::path::PathBuf>,
 
+    /// Threads serving requests [default: one per core].
+    #[arg(long, value_name = "N")]
+    pub(crate) workers: Option<usize>,
+
     /// At most this many client connections at once; beyond it, new ones wait in the
     /// listener's accept queue until one closes [default: 10000].
     #[arg(long, value_name = "N")]
@@ -245,6 +249,7 @@ impl fmt::Debug for Args {
             .field("admin", &self.admin)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("drain_timeout", &self.drain_timeout)
+            .field("workers", &self.workers)
             .field("max_connections", &self.max_connections)
             .field("header_read_timeout", &self.header_read_timeout)
             .field("keep_alive_timeout", &self.keep_alive_timeout)

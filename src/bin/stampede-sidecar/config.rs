@@ -112,6 +112,7 @@ with_policy_fields! {
         via: Option<String>,
         trusted_proxies: Option<Vec<String>>,
         drain_timeout: Option<String>,
+        workers: Option<usize>,
         max_connections: Option<usize>,
         header_read_timeout: Option<String>,
         keep_alive_timeout: Option<String>,
@@ -266,6 +267,8 @@ pub(crate) struct Settings {
     pub(crate) admin: Option<SocketAddr>,
     pub(crate) admin_token: Option<String>,
     pub(crate) drain_timeout: Duration,
+    /// Threads serving requests; none for one per core.
+    pub(crate) workers: Option<usize>,
     /// The client side: connections, their timeouts, TLS.
     pub(crate) limits: Limits,
     /// How the origin is spoken to.
@@ -296,6 +299,7 @@ impl fmt::Debug for Settings {
             .field("admin", &self.admin)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("drain_timeout", &self.drain_timeout)
+            .field("workers", &self.workers)
             .field("limits", &self.limits)
             .field("origin", &self.origin)
             .field("access_log", &self.access_log)
@@ -530,6 +534,10 @@ impl Settings {
             }
             Ok(value)
         };
+        let workers = args.workers.or(file.workers);
+        if workers == Some(0) {
+            return Err(top.error("workers", "must be at least 1"));
+        }
         let max_connections = args
             .max_connections
             .or(file.max_connections)
@@ -690,6 +698,7 @@ impl Settings {
             admin: args.admin.or(file.admin),
             admin_token: args.admin_token.clone().or(file.admin_token),
             drain_timeout,
+            workers,
             limits,
             origin,
             access_log: args.access_log.or(file.access_log).unwrap_or(Format::Off),

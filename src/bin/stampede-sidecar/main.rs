@@ -72,7 +72,11 @@ fn main() -> ExitCode {
     let outcome = Settings::load(&args)
         .map_err(Failure::from)
         .and_then(|settings| {
-            tokio::runtime::Builder::new_multi_thread()
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            if let Some(workers) = settings.workers {
+                runtime.worker_threads(workers);
+            }
+            runtime
                 .enable_all()
                 .build()
                 .map_err(|e| Failure::Runtime(format!("cannot start the runtime: {e}")))?

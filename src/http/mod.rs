@@ -8,11 +8,13 @@
 //! * `directives`: what an answer's `Cache-Control`, `Expires`, `Age` and validators
 //!   say about how long it may be reused;
 //! * `conditional`: conditional requests, from clients and to the origin;
+//! * `range`: range requests, answered from a whole body;
 //! * `response`: which answers may be stored and shared, and their `Vary`.
 
 pub(crate) mod conditional;
 pub(crate) mod directives;
 pub(crate) mod forward;
+pub(crate) mod range;
 pub(crate) mod request;
 pub(crate) mod response;
 

@@ -38,8 +38,8 @@ pub(crate) fn is_set_by_the_layer(name: &http::HeaderName) -> bool {
     *name == http::header::AGE || *name == X_CACHE_NAME || *name == CACHE_STATUS_NAME
 }
 
-/// The names a response's `Vary` lists; `Err` for `Vary: *` (or a value that is not
-/// text), which no request can match.
+/// The names a response's `Vary` lists, but `Range` and `If-Range`; `Err` for `Vary: *`
+/// (or a value that is not text), which no request can match.
 pub(crate) fn vary_names(headers: &HeaderMap) -> Result<Vec<HeaderName>, NotStored> {
     let mut names = Vec::new();
     for value in headers.get_all(header::VARY) {
@@ -49,6 +49,11 @@ pub(crate) fn vary_names(headers: &HeaderMap) -> Result<Vec<HeaderName>, NotStor
                 return Err(NotStored::VaryStar);
             }
             let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| NotStored::VaryStar)?;
+            // The cache answers ranges from the whole, which a fill asks for without
+            // them: an answer cannot vary on them, and no key is made of them.
+            if name == header::RANGE || name == header::IF_RANGE {
+                continue;
+            }
             if !names.contains(&name) {
                 names.push(name);
             }
@@ -299,6 +304,11 @@ mod tests {
             fr.headers(),
             de.headers()
         ));
+        let ranged = Response::builder()
+            .header("vary", "Range, If-Range, accept-language")
+            .body(())
+            .unwrap();
+        assert_eq!(vary_names(ranged.headers()), Ok(lang.to_vec()));
         let star = Response::builder().header("vary", "*").body(()).unwrap();
         assert!(!same_variant(star.headers(), fr.headers(), fr2.headers()));
     }

@@ -146,8 +146,7 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
             .or_else(|| heuristic_lifetime(headers))
             .unwrap_or(Duration::ZERO)
     };
-    // An `Age` that does not parse makes the answer stale on arrival (RFC 9111 §5.1).
-    let age = initial_age(headers).unwrap_or(lifetime.min(MAX_AGE_ON_ARRIVAL));
+    let age = initial_age(headers);
     // What is left of its freshness, within the route's bounds; the entry starts `age`
     // old, and its `Age` goes on from there (RFC 9111 §4.2.3).
     // An entry is fresh for a day at most from its origin's answer (entries fresh
@@ -177,26 +176,25 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
     }
 }
 
-/// `Age` as the origin (or a cache before it) sent it: one field line of whole seconds
-/// (none: zero), at most [`MAX_AGE_ON_ARRIVAL`]. `None` for anything else (two lines, a
-/// list, a sign, a fraction, a parameter): such an answer is taken to be stale.
-fn initial_age(headers: &HeaderMap) -> Option<Duration> {
-    let mut lines = headers.get_all(AGE).iter();
-    let Some(first) = lines.next() else {
-        return Some(Duration::ZERO);
-    };
-    if lines.next().is_some() {
-        return None;
+/// `Age` as the origin (or a cache before it) sent it, at most [`MAX_AGE_ON_ARRIVAL`]:
+/// the first value given (RFC 9111 §4.2.1: of a value given more than once, on two
+/// field lines or as a list, the first occurrence may be used), in whole seconds. A
+/// value that is not a non-negative integer (a sign, a fraction, a parameter, text) is
+/// not an age at all, and is ignored as if absent: zero (§4.2.3, "or 0, if not
+/// available"; §5.1).
+fn initial_age(headers: &HeaderMap) -> Duration {
+    let first = headers
+        .get(AGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(str::trim)
+        .unwrap_or_default();
+    if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+        return Duration::ZERO;
     }
-    let text = first.to_str().ok()?.trim();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    // All digits: too many for a u64 is very old.
-    let seconds = text.parse::<u64>().unwrap_or(u64::MAX);
-    Some(Duration::from_secs(
-        seconds.min(MAX_AGE_ON_ARRIVAL.as_secs()),
-    ))
+    // All digits: too many for a u64 is very old (§1.2.2).
+    let seconds = first.parse::<u64>().unwrap_or(u64::MAX);
+    Duration::from_secs(seconds.min(MAX_AGE_ON_ARRIVAL.as_secs()))
 }
 
 /// How long past freshness an entry with `headers` may stand in for a failing origin.
@@ -356,13 +354,29 @@ mod tests {
         // Stale on arrival: fresh for a millisecond past its age.
         let late = life(&[("cache-control", "max-age=10"), ("age", "100")]);
         assert_eq!(late.fresh_for - late.age, Duration::from_millis(1));
-        // An `Age` that does not parse makes it stale on arrival (RFC 9111 §5.1).
-        for bad in ["soon", "-7200", "7200.0", "7200,0", "0, 0", "1;a=b"] {
+        // An `Age` that is not a non-negative integer is ignored (RFC 9111 §4.2.3).
+        for bad in ["soon", "-7200", "7200.0", "1;a=b", ""] {
             let l = life(&[("age", bad), ("cache-control", "max-age=60")]);
-            assert_eq!(l.fresh_for - l.age, Duration::from_millis(1), "{bad}");
+            assert_eq!((l.age, l.fresh_for), (S(0), S(60)), "{bad}");
         }
-        let two = life(&[("age", "0"), ("age", "0"), ("cache-control", "max-age=60")]);
-        assert_eq!(two.fresh_for - two.age, Duration::from_millis(1));
+        // Of several, the first (§4.2.1): on one line or on two.
+        let fresh = [S(0), S(60)];
+        let stale = |l: Lifetimes| l.fresh_for - l.age == Duration::from_millis(1);
+        let max_age = ("cache-control", "max-age=60");
+        for (ages, is_stale) in [
+            (&[("age", "0, 7200")][..], false),
+            (&[("age", "7200, 0")], true),
+            (&[("age", "0"), ("age", "7200")], false),
+            (&[("age", "7200"), ("age", "0")], true),
+            (&[("age", "0"), ("age", "0")], false),
+            (&[("age", "0, 0")], false),
+        ] {
+            let l = life(&[ages, &[max_age]].concat());
+            assert_eq!(stale(l), is_stale, "{ages:?}");
+            if !is_stale {
+                assert_eq!([l.age, l.fresh_for], fresh, "{ages:?}");
+            }
+        }
         // A target after `;` is taken.
         let targeted = life(&[("surrogate-control", "max-age=100;edge")]);
         assert_eq!(targeted.fresh_for, S(100));

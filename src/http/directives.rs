@@ -24,6 +24,7 @@ use std::time::{Duration, SystemTime};
 use http::header::{AGE, CACHE_CONTROL, DATE, ETAG, EXPIRES, LAST_MODIFIED};
 use http::{HeaderMap, StatusCode};
 
+use super::structured;
 use crate::policy::Policy;
 
 /// The longest any window may be (entries are refused past it, see `entry::decode`).
@@ -98,14 +99,33 @@ impl Directives {
 /// The field whose directives this cache follows: `CDN-Cache-Control` (RFC 9213, for
 /// the caches of a CDN, which a shared cache in front of an origin is), else
 /// `Surrogate-Control` (its older form), else `Cache-Control`. A targeted field takes
-/// the place of `Cache-Control` whole, as RFC 9213 says.
+/// the place of `Cache-Control` whole, as RFC 9213 says; a `CDN-Cache-Control` that is
+/// not a valid dictionary (RFC 8941), or whose lifetimes are not integers, is ignored
+/// whole (RFC 9213 §2.1).
 pub(crate) fn controlling(headers: &HeaderMap) -> http::HeaderName {
-    for targeted in ["cdn-cache-control", "surrogate-control"] {
-        if headers.contains_key(targeted) {
-            return http::HeaderName::from_static(targeted);
-        }
+    const CDN: http::HeaderName = http::HeaderName::from_static("cdn-cache-control");
+    if headers.contains_key(CDN) && is_valid_cdn_field(headers.get_all(CDN)) {
+        return CDN;
+    }
+    if headers.contains_key("surrogate-control") {
+        return http::HeaderName::from_static("surrogate-control");
     }
     CACHE_CONTROL
+}
+
+/// Whether `CDN-Cache-Control`'s field lines are a dictionary whose lifetimes are
+/// integers (`max-age="60"` is of the wrong type).
+fn is_valid_cdn_field(lines: http::header::GetAll<'_, http::HeaderValue>) -> bool {
+    let Some(members) = structured::dictionary(lines.iter().map(http::HeaderValue::as_bytes))
+    else {
+        return false;
+    };
+    members.iter().all(|(key, value)| {
+        !matches!(
+            key.as_str(),
+            "max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error"
+        ) || *value == structured::Value::Integer
+    })
 }
 
 /// How old an answer is when it arrives, how long it is fresh, served stale while
@@ -484,6 +504,15 @@ mod tests {
             ("cdn-cache-control", "max-age=50"),
         ]);
         assert_eq!(l.fresh_for, S(50));
+        // One that is not a valid dictionary, or whose lifetime is not an integer, is
+        // ignored (RFC 9213 §2.1): `Cache-Control` rules.
+        for invalid in ["max-age=50, &&&&&", "max-age=\"50\"", "max-age=50,"] {
+            let l = life(&[
+                ("cache-control", "max-age=5"),
+                ("cdn-cache-control", invalid),
+            ]);
+            assert_eq!(l.fresh_for, S(5), "{invalid}");
+        }
         let l = life(&[
             ("cache-control", "max-age=5, must-revalidate"),
             ("surrogate-control", "max-age=40"),
@@ -508,6 +537,14 @@ mod tests {
             store(&[
                 ("cache-control", "max-age=60"),
                 ("surrogate-control", "no-store")
+            ])
+            .is_err()
+        );
+        // An invalid targeted field leaves `Cache-Control` in charge.
+        assert!(
+            store(&[
+                ("cache-control", "no-store"),
+                ("cdn-cache-control", "max-age=10000, &&&&&")
             ])
             .is_err()
         );

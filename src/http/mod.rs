@@ -9,7 +9,8 @@
 //!   say about how long it may be reused;
 //! * `conditional`: conditional requests, from clients and to the origin;
 //! * `range`: range requests, answered from a whole body;
-//! * `response`: which answers may be stored and shared, and their `Vary`.
+//! * `response`: which answers may be stored and shared, and their `Vary`;
+//! * `structured`: Structured Field dictionaries, as `CDN-Cache-Control` is one.
 
 pub(crate) mod conditional;
 pub(crate) mod directives;
@@ -17,6 +18,7 @@ pub(crate) mod forward;
 pub(crate) mod range;
 pub(crate) mod request;
 pub(crate) mod response;
+pub(crate) mod structured;
 
 pub use self::response::{CACHE_NAME, CACHE_STATUS, X_CACHE};
 pub(crate) use self::response::{CACHE_STATUS_NAME, X_CACHE_NAME, is_set_by_the_layer};

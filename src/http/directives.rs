@@ -269,7 +269,7 @@ fn heuristic_lifetime(headers: &HeaderMap) -> Option<Duration> {
 }
 
 fn date(value: &http::HeaderValue) -> Option<SystemTime> {
-    httpdate::parse_http_date(value.to_str().ok()?).ok()
+    super::date::parse(value)
 }
 
 /// The statuses a cache may give a heuristic lifetime to (RFC 9110 §15.1), but for the
@@ -439,6 +439,16 @@ mod tests {
         assert_eq!(
             life(&[("date", date), ("expires", "Sun, 06 Nov 1994 08:51:37 GMT")]).fresh_for,
             S(120)
+        );
+        // Read robustly (RFC 9110 §5.6.7): names in any case, any day name.
+        assert_eq!(
+            life(&[("date", date), ("expires", "MON, 06 NOV 1994 08:51:37 gmt")]).fresh_for,
+            S(120)
+        );
+        // Another zone is not a date: in the past (RFC 9111 §5.3).
+        assert_eq!(
+            life(&[("date", date), ("expires", "Sun, 06 Nov 1994 08:51:37 UTC")]).fresh_for,
+            Duration::from_millis(1)
         );
         assert_eq!(
             life(&[("date", date), ("expires", "0")]).fresh_for,

@@ -4,6 +4,7 @@
 //!
 //! * `request`: which requests the cache answers, and what tells them apart (identity,
 //!   keyed query, variant);
+//! * `date`: HTTP dates, read robustly;
 //! * `forward`: what a fill sends the origin;
 //! * `directives`: what an answer's `Cache-Control`, `Expires`, `Age` and validators
 //!   say about how long it may be reused;
@@ -13,6 +14,7 @@
 //! * `structured`: Structured Field dictionaries, as `CDN-Cache-Control` is one.
 
 pub(crate) mod conditional;
+pub(crate) mod date;
 pub(crate) mod directives;
 pub(crate) mod forward;
 pub(crate) mod range;

@@ -412,14 +412,7 @@ where
         };
         let flight = join(&route, &inner, caller);
         // (A HEAD joins the fill of the GET it is answered from, as a cache converts it.)
-        let landed = landed(
-            &route,
-            flight,
-            &keys,
-            request.headers(),
-            asked.kind,
-            &fallback,
-        );
+        let landed = landed(&route, flight, &keys, request.headers(), asked, &fallback);
         match landed.await {
             Next::Answer(response) => return Ok(response),
             Next::Error(error) => return Err(error),

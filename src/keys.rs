@@ -142,7 +142,8 @@ impl KeySpace {
     /// - `PING`; `EVALSHA` and `SCRIPT LOAD` (the scripts, loaded again when a server
     ///   answers `NOSCRIPT`); `PUBLISH` and `SUBSCRIBE` (notices);
     /// - what the scripts call, which Redis checks against the user too: `GET`, `SET`,
-    ///   `DEL`, `HGET`, `HSET`, `HEXISTS`, `PEXPIRE`, `PTTL`, `TYPE`, `TIME`;
+    ///   `DEL`, `HGET`, `HSET`, `HEXISTS`, `PEXPIRE`, `PTTL`, `TYPE`, `TIME`, and
+    ///   `SADD` and `SMEMBERS` (the list of a response's variants);
     /// - on a Redis Cluster, `CLUSTER SLOTS` (which node holds which slot) and `ASKING`
     ///   (following a slot on the move); behind Sentinel, `ROLE` (is this the primary).
     ///   Harmless elsewhere.
@@ -169,8 +170,8 @@ impl KeySpace {
         format!(
             "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
              +script|load +publish +subscribe +get +set +del +hget +hset +hexists +pexpire \
-             +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrem +cluster|slots +asking \
-             +role"
+             +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrem +sadd +smembers \
+             +cluster|slots +asking +role"
         )
     }
 
@@ -225,8 +226,8 @@ impl KeySpace {
     }
 
     /// The keys of one cached response: the entry, and the lease and fence counter that
-    /// guard its refresh, all in one hash slot. `identity` is everything that tells the
-    /// request apart (host, path, keyed query and headers); it is hashed.
+    /// guard its refresh, all in one hash slot. `identity` is what tells the response's
+    /// URL apart (host, path and keyed query); it is hashed.
     pub fn cache(&self, route: &str, identity: &[u8]) -> Result<CacheKeys, ConfigError> {
         let mut entry = self.base(&[Scope::label(route), Scope::id("req", identity)], "fill")?;
         let primary = entry.len();
@@ -241,7 +242,8 @@ impl KeySpace {
     }
 
     /// The keys of one variant of a cached response: a response that varies on request
-    /// headers (its `Vary`), for the values in `variant` (hashed, as `identity` is).
+    /// headers (those its route keys on, and those its `Vary` names), for the values in
+    /// `variant` (hashed, as `identity` is).
     ///
     /// A variant has its own entry, lease and fence counter, in the same hash slot as
     /// the response's [`cache`](Self::cache) keys, and shares their invalidation: one
@@ -472,6 +474,26 @@ impl CacheKeys {
         format!("{}:vary", self.primary())
     }
 
+    /// Where the response's variants are listed: a set of the variant part of each
+    /// variant's entry key (`v_` and a keyed hash, never a raw header value), added to
+    /// by each write of a variant and kept as long as the entries it lists, in their
+    /// hash slot. An invalidation of the response deletes the entries it lists, counts
+    /// them, and deletes it.
+    pub fn variants_key(&self) -> String {
+        format!("{}:vars", self.primary())
+    }
+
+    /// The variant's own part of the entry key (`v_` and its keyed hash), as
+    /// [`variants_key`](Self::variants_key) lists it; `None` for the response's own
+    /// entry.
+    pub(crate) fn variant_part(&self) -> Option<&str> {
+        if !self.is_variant() {
+            return None;
+        }
+        let end = self.entry.len() - ":entry".len();
+        Some(&self.entry[self.primary + 1..end])
+    }
+
     /// The fence counter of the response (its invalidations issue from it); the lease's
     /// own fence counter unless these are the keys of a variant.
     pub fn primary_fence_key(&self) -> String {
@@ -522,9 +544,9 @@ impl fmt::Debug for LocalHashers {
 }
 
 /// The key of a cached response in this process's L1: a keyed 128-bit hash of the
-/// response's identity (route, host, path, keyed query and headers), and a 64-bit one of
-/// the values of the headers its URL learned it varies on (0 for a request with none of
-/// them: the response's own entry).
+/// response's identity (route, host, path and keyed query), and a 64-bit one of the
+/// values of the headers its URL varies on (its route's keyed headers and those it
+/// learned; 0 for a request with none of them: the response's own entry).
 ///
 /// An L1 hit computes this and nothing else: no HMAC, no key string. The hash is keyed
 /// with keys derived from the key space's secret, so every instance computes the same
@@ -857,8 +879,18 @@ mod tests {
             assert_eq!(tag(k), tag(plain.entry()));
         }
         assert_eq!(fr.invalidated_key(), plain.invalidated_key());
+        assert_eq!(fr.variants_key(), plain.variants_key());
+        assert_eq!(tag(&fr.variants_key()), tag(plain.entry()));
         assert_eq!(fr.primary(), plain.primary());
         assert!(!fr.entry().contains("fr"));
+        // A variant is listed by its part of the key: the response's own entry is not.
+        let part = fr.variant_part().unwrap();
+        assert!(
+            part.starts_with("v_") && part.len() == "v_".len() + 32,
+            "{part}"
+        );
+        assert_eq!(fr.entry(), format!("{}:{part}:entry", fr.primary()));
+        assert_eq!(plain.variant_part(), None);
     }
 
     #[test]

@@ -46,7 +46,9 @@ pub mod fuzzing {
 }
 
 pub use self::error::ConfigError;
-pub use self::guard::{Guard, GuardLayer, Purge, ResponseBody, ResponseFuture, StampedeGuard};
+pub use self::guard::{
+    Guard, GuardLayer, InvalidateError, Purge, ResponseBody, ResponseFuture, StampedeGuard,
+};
 pub use self::keys::KeySpace;
 pub use self::policy::{ColdMiss, KeyQuery, Policy};
 pub use self::store::RedisStore;

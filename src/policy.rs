@@ -458,6 +458,11 @@ impl PolicyBuilder {
     /// responses name in `Vary` are learned and keyed too, whatever is set here (see
     /// the [guard docs](crate::guard)); naming them here keys on them from the first
     /// request.
+    ///
+    /// Like the learned ones, they tell apart the variants of one URL, not URLs: the
+    /// entries of every value of them share their URL's invalidation, so that
+    /// [`GuardLayer::invalidate_path`](crate::GuardLayer::invalidate_path) reaches them
+    /// all.
     pub fn key_headers<I, H>(mut self, headers: I) -> Self
     where
         I: IntoIterator<Item = H>,

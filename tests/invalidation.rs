@@ -24,7 +24,7 @@ use stampede_guard::metrics::Event;
 use stampede_guard::{GuardLayer, Policy, StampedeGuard};
 use support::app::{by_language, guard_at, instance, patient_policy, policy, with};
 use support::http::{fetch, serve};
-use support::web::{self, Instance, Origin, get, keys, ready_guard, send};
+use support::web::{self, Instance, Origin, full, get, keys, ready_guard, send};
 use support::{HANG, Mode, Proxy, Redis, RedisServer, eventually, within};
 
 #[tokio::test]
@@ -215,6 +215,197 @@ async fn an_invalidation_from_an_instance_that_never_learned_vary_reaches_every_
         .unwrap();
     every_variant_is_refilled([&a, &b]).await;
     assert_eq!(origin.calls(), 4);
+}
+
+/// One invalidation by path, on a single server, on a Redis Cluster (the variants'
+/// keys are made inside the script, in the slot of the URL's own entry) and as a user
+/// with only what `KeySpace::acl_rules` allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_by_path_reaches_every_keyed_value_and_variant_on_every_instance() {
+    invalidation_by_path_reaches_every_entry_of_the_url(Redis::single()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_an_invalidation_by_path_reaches_every_keyed_value_and_variant() {
+    invalidation_by_path_reaches_every_entry_of_the_url(Redis::cluster()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_the_least_privileged_user_an_invalidation_by_path_reaches_every_entry() {
+    invalidation_by_path_reaches_every_entry_of_the_url(Redis::least_privileged(&keys()).await)
+        .await;
+}
+
+/// The URL the invalidation-by-path tests invalidate, and its neighbour: the same path,
+/// another keyed query.
+const URL: &str = "/items/1?page=2";
+const NEIGHBOUR: &str = "/items/1?page=3";
+
+/// The headers of the requests those tests make of each URL: none; two values of the
+/// keyed `Accept-Language`; and, with and without one, `Accept-Encoding`, which the
+/// URL learns from its answers' `Vary`. Five entries of one URL.
+const ASKS: [&[(&str, &str)]; 5] = [
+    &[],
+    &[("accept-language", "fr")],
+    &[("accept-language", "de")],
+    &[("accept-language", "fr"), ("accept-encoding", "gzip")],
+    &[("accept-encoding", "gzip")],
+];
+
+fn ask(path: &str, headers: &[(&str, &str)]) -> web::Req {
+    let mut request = get(path);
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    request
+}
+
+/// A route keyed on `Accept-Language` whose answers say `Vary: Accept-Encoding`, on two
+/// instances of one Redis (the second started once the first has filled): five entries
+/// of one URL (no header, `fr`, `de`, `fr` with
+/// gzip, gzip alone) and two of its neighbour. Invalidated by path from the second
+/// instance, the URL's five entries are counted and gone from L2 and from both
+/// instances' L1 (each asks the origin once more, once for the fleet); the neighbour's
+/// stay; a path alone is refused on a route that keys on the host.
+async fn invalidation_by_path_reaches_every_entry_of_the_url(server: Redis) {
+    let origin = Origin::new(Duration::ZERO, |n, request| {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .map_or("none", |v| v.to_str().unwrap())
+        };
+        let mut response = Response::new(full(format!(
+            "{} lang={} enc={} call {n}",
+            request.uri(),
+            header("accept-language"),
+            header("accept-encoding")
+        )));
+        response
+            .headers_mut()
+            .insert("vary", "Accept-Encoding".parse().unwrap());
+        response
+    });
+    let policy = || {
+        patient_policy("items")
+            .fresh_ttl(Duration::from_secs(3 * 3600))
+            .key_headers(["accept-language"])
+            .build()
+            .unwrap()
+    };
+    let a = instance(&server, policy(), origin.service()).await;
+    let mut before = Vec::new();
+    for (n, headers) in ASKS.iter().enumerate() {
+        let got = send(&a.service, ask(URL, headers)).await;
+        assert_eq!(got.x_cache(), "miss", "{headers:?}: {}", got.body);
+        assert!(
+            got.body.ends_with(&format!(" call {}", n + 1)),
+            "{}",
+            got.body
+        );
+        before.push(got.body);
+    }
+    for (n, headers) in ASKS[..2].iter().enumerate() {
+        let got = send(&a.service, ask(NEIGHBOUR, headers)).await;
+        assert!(
+            got.body.ends_with(&format!(" call {}", n + 6)),
+            "{}",
+            got.body
+        );
+        before.push(got.body);
+    }
+    // Each its own entry, on both instances: B, started now (it heard none of A's
+    // notices), reads A's from L2, last first, so that its first request of each URL
+    // sends the keyed header (it learns what the URL varies on from the record beside
+    // the entries, read with the variant).
+    let b = instance(&server, policy(), origin.service()).await;
+    let urls = std::iter::repeat_n(URL, ASKS.len()).chain([NEIGHBOUR; 2]);
+    let all: Vec<(&str, &[(&str, &str)])> =
+        urls.zip(ASKS.iter().chain(&ASKS[..2]).copied()).collect();
+    for i in [&a, &b] {
+        for _ in 0..2 {
+            for ((url, headers), body) in all.iter().zip(&before).rev() {
+                let got = send(&i.service, ask(url, headers)).await;
+                assert_eq!(&got.body, body, "{url} {headers:?}");
+            }
+        }
+        for (url, headers) in &all {
+            assert_eq!(send(&i.service, ask(url, headers)).await.x_cache(), "hit");
+        }
+    }
+    assert_eq!(origin.calls(), 7);
+    // The URL's four variants are listed beside its entries, by their keyed hashes.
+    let fr = a.layer.cache_keys(&ask(URL, ASKS[1])).unwrap();
+    assert!(fr.is_variant());
+    let listed: Vec<String> = server
+        .cmd(redis::cmd("SMEMBERS").arg(fr.variants_key()))
+        .await;
+    assert_eq!(listed.len(), 4, "{listed:?}");
+    assert!(
+        listed
+            .iter()
+            .all(|part| part.starts_with("v_") && !part.contains("fr"))
+    );
+
+    // A path alone, on a route that keys on the host: refused, nothing invalidated.
+    match a.layer.invalidate_path(URL).await {
+        Err(stampede_guard::InvalidateError::HostNeeded { route }) => assert_eq!(route, "items"),
+        other => panic!("a path alone on a route keyed on the host: {other:?}"),
+    }
+    assert!(matches!(
+        a.layer.invalidate_path("items/1").await,
+        Err(stampede_guard::InvalidateError::NotAPath { .. })
+    ));
+    assert_eq!(send(&a.service, ask(URL, ASKS[1])).await.body, before[1]);
+
+    let invalidation = b
+        .layer
+        .invalidate_path("http://shop.example/items/1?page=2");
+    let removed = within(HANG, invalidation, "the invalidation by path")
+        .await
+        .unwrap();
+    assert_eq!(removed, 5, "the URL's entries, counted in Redis");
+    let exists: i64 = server
+        .cmd(redis::cmd("EXISTS").arg(fr.variants_key()))
+        .await;
+    assert_eq!(exists, 0, "the list of variants goes with them");
+    // A, which heard of it: every entry of the URL is asked for again, once each.
+    let mut after = Vec::new();
+    for (headers, old) in ASKS.iter().zip(&before) {
+        let service = &a.service;
+        let refilled = eventually(HANG, || async {
+            send(service, ask(URL, headers)).await.body != *old
+        });
+        assert!(refilled.await, "A kept {headers:?}: {old}");
+        // (Now a hit on the new entry.)
+        after.push(send(service, ask(URL, headers)).await.body);
+    }
+    assert_eq!(origin.calls(), 12);
+    for (n, body) in after.iter().enumerate() {
+        assert!(body.ends_with(&format!(" call {}", n + 8)), "{body}");
+    }
+    // B, which sent it, reads A's new entries; the neighbour is untouched on both.
+    for i in [&a, &b] {
+        for (headers, body) in ASKS.iter().zip(&after) {
+            assert_eq!(&send(&i.service, ask(URL, headers)).await.body, body);
+        }
+        for (headers, body) in ASKS[..2].iter().zip(&before[5..]) {
+            let got = send(&i.service, ask(NEIGHBOUR, headers)).await;
+            assert_eq!((got.x_cache(), &got.body), ("hit", body));
+        }
+    }
+    assert_eq!(origin.calls(), 12);
+    // A URL nothing was cached for: nothing to count.
+    let nothing = b.layer.invalidate_path("http://shop.example/items/9");
+    assert_eq!(
+        within(HANG, nothing, "an empty invalidation")
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 /// An origin for `/p/{n}` whose answers are tagged `p{n}` and `group-{n % 2}` (half in

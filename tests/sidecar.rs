@@ -16,8 +16,11 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use http::{StatusCode, Uri};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::http::{fetch, fetch_method, post_json, serve};
-use support::{HANG, RedisServer, eventually};
+use support::{HANG, Mode, Proxy, RedisServer, eventually, joined, within};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stampede-sidecar");
@@ -99,7 +102,7 @@ impl Sidecar {
             let addr = |line: &str| -> SocketAddr {
                 let url = line
                     .split_whitespace()
-                    .find(|w| w.starts_with("http://"))
+                    .find(|w| w.starts_with("http://") || w.starts_with("https://"))
                     .unwrap();
                 url.parse::<Uri>()
                     .unwrap()
@@ -256,7 +259,8 @@ fn a_bad_flag_or_value_exits_2_naming_it() {
     for (flag, value) in [
         ("--fresh", "1x"),
         ("--listen", "nowhere"),
-        ("--upstream", "https://example.com"),
+        ("--upstream", "ftp://example.com"),
+        ("--header-read-timeout", "soon"),
     ] {
         let out = run(&[flag, value]);
         assert_eq!(out.status.code(), Some(2), "{flag} {value}");
@@ -474,6 +478,677 @@ async fn x_forwarded_for_is_the_peer_unless_the_peer_is_trusted() {
     }
 }
 
+/// A listener that never accepts, its backlog full: a connection to it is never
+/// established, as to a host that drops packets. The connections that filled it are
+/// returned with it (they must stay open).
+async fn unaccepting() -> (SocketAddr, TcpListener, Vec<TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut filled = Vec::new();
+    for _ in 0..64 {
+        match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => filled.push(stream),
+            _ => return (addr, listener, filled),
+        }
+    }
+    panic!("the backlog of a listener that never accepts did not fill");
+}
+
+/// An origin that does not answer in time is a 504 within the configured timeout, for
+/// what the cache cannot answer (a POST, a GET with a cookie), while a cached key goes
+/// on answering from the cache: an origin that accepts and never answers, and one that
+/// never accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_origin_is_a_504_in_time_and_the_cache_still_answers() {
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let proxy = Proxy::start(origin).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{}", proxy.addr()),
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "60s",
+        "--response-timeout",
+        "1s",
+    ]);
+    let cached = fetch(sidecar.listen, "/items/1", &[]).await;
+    assert_eq!(cached.x_cache(), "miss");
+
+    // Accepts, and never answers.
+    proxy.set(Mode::Blackhole);
+    let started = Instant::now();
+    let (posted, cookied) = tokio::join!(
+        post_json(sidecar.listen, "/items/2", &[], "{}"),
+        fetch(sidecar.listen, "/items/3", &[("cookie", "session=1")]),
+    );
+    let waited = started.elapsed();
+    for got in [&posted, &cookied] {
+        assert_eq!(got.status, StatusCode::GATEWAY_TIMEOUT, "{}", got.body);
+        assert!(got.body.contains("did not answer in time"), "{}", got.body);
+    }
+    assert!(
+        waited >= Duration::from_millis(950) && waited < HANG / 2,
+        "the response timeout is 1s: {waited:?}"
+    );
+    let hit = fetch(sidecar.listen, "/items/1", &[]).await;
+    assert_eq!(
+        (hit.x_cache(), hit.body.as_str()),
+        ("hit", "/items/1 call 1")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Never accepts: the connect timeout.
+    let (unaccepting, _listener, _filled) = unaccepting().await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{unaccepting}"),
+        "--connect-timeout",
+        "1s",
+    ]);
+    let started = Instant::now();
+    let posted = post_json(sidecar.listen, "/items/2", &[], "{}").await;
+    let waited = started.elapsed();
+    assert_eq!(
+        posted.status,
+        StatusCode::GATEWAY_TIMEOUT,
+        "{}",
+        posted.body
+    );
+    assert!(
+        posted
+            .body
+            .contains("did not accept the connection in time"),
+        "{}",
+        posted.body
+    );
+    assert!(
+        waited >= Duration::from_millis(950) && waited < HANG / 2,
+        "the connect timeout is 1s: {waited:?}"
+    );
+}
+
+/// Reads from `stream` until `want` has arrived or the stream ends; returns what came.
+async fn read_until(stream: &mut TcpStream, want: &str) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains(want) {
+        match within(
+            HANG,
+            stream.read(&mut buf),
+            format!("reading until {want:?}"),
+        )
+        .await
+        {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Waits for `stream` to be closed by the sidecar (an end or a reset), and returns
+/// when.
+async fn closed(mut stream: TcpStream) -> Instant {
+    let mut buf = [0u8; 64];
+    loop {
+        match within(HANG, stream.read(&mut buf), "a connection's close").await {
+            Ok(0) | Err(_) => return Instant::now(),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Slowloris: a thousand connections that each send half a header block hold nothing
+/// for long. A normal client is answered meanwhile, and each of them is closed once the
+/// header-read timeout has passed, and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_headers_are_cut_after_the_header_read_timeout() {
+    let (origin, _calls, _gate) = origin(u64::MAX).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--header-read-timeout",
+        "5s",
+    ]);
+    let started = Instant::now();
+    let mut slow = Vec::with_capacity(1000);
+    for _ in 0..1000 {
+        let mut stream = TcpStream::connect(sidecar.listen).await.unwrap();
+        stream
+            .write_all(b"GET /items/1 HTTP/1.1\r\nHost: shop.example\r\nX-Half: ")
+            .await
+            .unwrap();
+        slow.push(stream);
+    }
+    let normal = fetch(sidecar.listen, "/items/2", &[]).await;
+    assert_eq!(normal.status, StatusCode::OK);
+    assert_eq!(normal.body, "/items/2 call 1");
+    let closes: Vec<_> = slow.into_iter().map(|s| tokio::spawn(closed(s))).collect();
+    let mut first = None::<Instant>;
+    for close in closes {
+        let at = joined(close, HANG, "a slow connection's close").await;
+        first = Some(first.map_or(at, |first| first.min(at)));
+    }
+    let first = first.unwrap().duration_since(started);
+    assert!(
+        first >= Duration::from_millis(4900),
+        "none is closed before the header-read timeout (5s): the first after {first:?}"
+    );
+}
+
+/// The client side's other limits: a connection idle past the keep-alive timeout is
+/// closed (not before); a body that does not arrive within the request-body timeout is
+/// answered 408; beyond `--max-connections`, a new connection waits until one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_slow_bodies_and_the_connection_cap() {
+    let app = Router::new().fallback(|body: String| async move { format!("got {body}") });
+    let origin = serve(app).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--keep-alive-timeout",
+        "2s",
+        "--request-body-timeout",
+        "2s",
+        "--header-read-timeout",
+        "3s",
+        "--max-connections",
+        "2",
+    ]);
+
+    let mut idle = TcpStream::connect(sidecar.listen).await.unwrap();
+    idle.write_all(b"GET /a HTTP/1.1\r\nHost: shop.example\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_until(&mut idle, "got ").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let answered = Instant::now();
+    let idled = closed(idle).await.duration_since(answered);
+    assert!(
+        idled >= Duration::from_millis(1950),
+        "closed after {idled:?}, before the keep-alive timeout (2s)"
+    );
+
+    let mut slow = TcpStream::connect(sidecar.listen).await.unwrap();
+    slow.write_all(b"POST /b HTTP/1.1\r\nHost: shop.example\r\nContent-Length: 10\r\n\r\nabc")
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    let answer = read_until(&mut slow, "\r\n\r\n").await;
+    let waited = sent.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        waited >= Duration::from_millis(1950),
+        "answered after {waited:?}, before the request-body timeout (2s)"
+    );
+    drop(slow);
+
+    // Two connections that say nothing hold both places; a third waits in the accept
+    // queue until the header-read timeout (3s) closes them.
+    let quiet: Vec<TcpStream> = vec![
+        TcpStream::connect(sidecar.listen).await.unwrap(),
+        TcpStream::connect(sidecar.listen).await.unwrap(),
+    ];
+    let asked = Instant::now();
+    let third = fetch(sidecar.listen, "/c", &[]).await;
+    let waited = asked.elapsed();
+    assert_eq!(third.status, StatusCode::OK, "{}", third.body);
+    assert!(
+        waited >= Duration::from_millis(2500),
+        "served after {waited:?}: the cap of 2 was not held"
+    );
+    drop(quiet);
+}
+
+/// An HTTP/2 client with prior knowledge (h2c) is served as an HTTP/1.1 one is: a
+/// hundred concurrent streams on one connection for a cold key make one origin call,
+/// and then it gets hits, and a miss for another key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_share_one_fill_and_get_hits() {
+    let (origin, calls, gate) = origin(0).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "60s",
+        "--lease",
+        "30s",
+    ]);
+    let stream = TcpStream::connect(sidecar.listen).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let get = |path: &str| {
+        let mut sender = sender.clone();
+        let request = http::Request::get(format!("http://shop.example{path}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        async move {
+            let response = sender.send_request(request).await.unwrap();
+            let (parts, body) = response.into_parts();
+            let body = http_body_util::BodyExt::collect(body)
+                .await
+                .unwrap()
+                .to_bytes();
+            (parts, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let streams: Vec<_> = (0..100).map(|_| tokio::spawn(get("/cold"))).collect();
+    assert!(
+        eventually(HANG, || async { calls.load(Ordering::SeqCst) == 1 }).await,
+        "the fill reaches the origin"
+    );
+    gate.send_replace(true);
+    for stream in streams {
+        let (parts, body) = joined(stream, HANG, "an h2 stream").await;
+        assert_eq!(parts.version, http::Version::HTTP_2);
+        assert_eq!(parts.status, StatusCode::OK);
+        assert_eq!(body, "/cold call 1");
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "one origin call for 100 streams"
+    );
+    let (hit, body) = get("/cold").await;
+    assert_eq!(
+        (hit.headers["x-cache"].to_str().unwrap(), body.as_str()),
+        ("hit", "/cold call 1")
+    );
+    let (miss, body) = get("/other").await;
+    assert_eq!(
+        (miss.headers["x-cache"].to_str().unwrap(), body.as_str()),
+        ("miss", "/other call 2")
+    );
+}
+
+/// TLS termination and HTTP/2 to the origin: a sidecar with `--tls-cert` in front of
+/// the origin, and one in front of it with an https:// upstream (checked against
+/// `--upstream-ca`), which speaks HTTP/2 to it by ALPN; and a sidecar that speaks h2c
+/// to an http:// upstream with `--upstream-http2`. Each hop's `Via` names the
+/// version it received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_termination_and_http2_to_the_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    support::tls::authority(dir.path(), "ca");
+    support::tls::signed(
+        dir.path(),
+        "server",
+        "127.0.0.1",
+        "subjectAltName=IP:127.0.0.1",
+    );
+    let file = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let seen = Arc::new(Mutex::new(Vec::<http::HeaderMap>::new()));
+    let app = Router::new().fallback({
+        let seen = seen.clone();
+        move |headers: http::HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(headers);
+                ([("cache-control", "max-age=60")], "body")
+            }
+        }
+    });
+    let origin = serve(app).await;
+    let edge = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--tls-cert",
+        &file("server.crt"),
+        "--tls-key",
+        &file("server.key"),
+    ]);
+    let front = Sidecar::start(&[
+        "--upstream",
+        &format!("https://{}", edge.listen),
+        "--upstream-ca",
+        &file("ca.crt"),
+    ]);
+    let got = fetch(front.listen, "/tls", &[]).await;
+    assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    assert_eq!(got.body, "body");
+    {
+        let seen = seen.lock().unwrap();
+        let via: Vec<_> = seen[0].get_all("via").iter().collect();
+        assert_eq!(via, ["1.1 stampede-sidecar", "2 stampede-sidecar"]);
+        assert_eq!(seen[0]["x-forwarded-proto"], "https");
+    }
+
+    let plain = Sidecar::start(&["--upstream", &format!("http://{origin}")]);
+    let h2c = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{}", plain.listen),
+        "--upstream-http2",
+        "true",
+    ]);
+    let got = fetch(h2c.listen, "/h2c", &[]).await;
+    assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    let seen = seen.lock().unwrap();
+    let via: Vec<_> = seen[1].get_all("via").iter().collect();
+    assert_eq!(via, ["1.1 stampede-sidecar", "2 stampede-sidecar"]);
+    assert_eq!(seen[1]["x-forwarded-proto"], "http");
+
+    // A certificate that is not PEM is refused at start, naming the setting.
+    let not_pem = file("not.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let out = run(&[
+        "--tls-cert",
+        &not_pem,
+        "--tls-key",
+        &file("server.key"),
+        "--check",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("tls_cert") && err.contains("not.pem"), "{err}");
+}
+
+/// Which Redis: one server, a Cluster or Sentinel's primary, one at a time; `--check`
+/// says which it would use; a TLS file that is not PEM is refused at start, naming the
+/// setting.
+#[test]
+fn redis_backends_are_checked_and_named() {
+    let out = run(&[
+        "--redis-cluster",
+        "redis://10.0.0.1:7000",
+        "--redis-cluster",
+        "redis://user:hunter2@10.0.0.2:7000",
+        "--check",
+    ]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        said.contains("Redis Cluster from redis://10.0.0.1:7000, redis://user:***@10.0.0.2:7000"),
+        "{said}"
+    );
+    let out = run(&[
+        "--redis-sentinel",
+        "redis://10.0.0.5:26379",
+        "--redis-sentinel-service",
+        "cache",
+        "--check",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("Redis Sentinel service cache from redis://10.0.0.5:26379"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(&["--check"]);
+    assert!(text(&out.stdout).contains("the local cache only"));
+    let out = run(&["--redis", "redis://127.0.0.1:6379", "--check"]);
+    assert!(text(&out.stdout).contains("Redis at redis://127.0.0.1:6379"));
+
+    // Refused, naming what.
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("ca.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let not_pem = not_pem.to_str().unwrap();
+    let both = write_config(
+        dir.path(),
+        "redis = \"redis://10.0.0.1:6379\"\nredis_cluster = [\"redis://10.0.0.2:7000\"]\n",
+    );
+    for (args, named) in [
+        (
+            vec!["--redis", "redis://a:1", "--redis-cluster", "redis://b:2"],
+            "--redis-cluster",
+        ),
+        (
+            vec!["--redis-sentinel", "redis://a:26379"],
+            "--redis-sentinel-service",
+        ),
+        (
+            vec!["--redis", "rediss://127.0.0.1:6380", "--redis-ca", not_pem],
+            "redis_ca",
+        ),
+        (vec!["--config", &both], "`redis`"),
+        (vec!["--redis-username", "catalog"], "redis_username"),
+        (
+            vec!["--redis-cluster", "http://10.0.0.1:7000"],
+            "redis_cluster",
+        ),
+    ] {
+        let out = run(&[&args[..], &["--check"]].concat());
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(named), "{args:?} names {named}: {err}");
+        assert!(!err.contains("hunter2"));
+    }
+}
+
+/// Three sidecars on a six-node Redis Cluster (three primaries, a replica each) act as
+/// one fleet: a cold key asked of all three at once reaches the origin once; under
+/// steady load, each key is refreshed at most once per freshness window among them;
+/// and a primary killed under load gives no 5xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_on_a_cluster_are_one_fleet_through_a_failover() {
+    use std::sync::atomic::AtomicBool;
+
+    let mut cluster = support::RedisCluster::start_failing_over_after(Duration::from_secs(2));
+    let (origin, calls, gate) = origin(0).await;
+    let mut args: Vec<String> = [
+        "--upstream",
+        &format!("http://{origin}"),
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "1s",
+        "--grace",
+        "60s",
+        "--lease",
+        "30s",
+        "--cold-wait",
+        "30s",
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    for url in cluster.urls() {
+        args.extend(["--redis-cluster".to_owned(), url]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let fleet = [
+        Sidecar::start(&args),
+        Sidecar::start(&args),
+        Sidecar::start(&args),
+    ];
+    const KEYS: u64 = 6;
+
+    // Cold: every key asked of every sidecar at once, five times each.
+    let mut asked = Vec::new();
+    for n in 0..KEYS {
+        for sidecar in &fleet {
+            for _ in 0..5 {
+                let addr = sidecar.listen;
+                asked.push(tokio::spawn(async move {
+                    fetch(addr, &format!("/items/{n}"), &[]).await
+                }));
+            }
+        }
+    }
+    assert!(
+        eventually(HANG, || async { calls.load(Ordering::SeqCst) >= KEYS }).await,
+        "every key's fill reaches the origin"
+    );
+    gate.send_replace(true);
+    for task in asked {
+        let got = joined(task, HANG, "a cold request").await;
+        assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        KEYS,
+        "one origin call per key for the three sidecars"
+    );
+
+    // Load on every sidecar and key, counting what is answered and any 5xx.
+    let stop = Arc::new(AtomicBool::new(false));
+    let listens: Vec<SocketAddr> = fleet.iter().map(|s| s.listen).collect();
+    let workers: Vec<_> = (0..6)
+        .map(|w| {
+            let (stop, listens) = (stop.clone(), listens.clone());
+            tokio::spawn(async move {
+                let (mut answered, mut failed) = (0u64, Vec::new());
+                let mut i = w;
+                while !stop.load(Ordering::Relaxed) {
+                    let addr = listens[i % listens.len()];
+                    let got = fetch(addr, &format!("/items/{}", i as u64 % KEYS), &[]).await;
+                    if got.status.is_server_error() {
+                        failed.push(format!("{}: {}", got.status, got.body));
+                    }
+                    answered += 1;
+                    i += 1;
+                }
+                (answered, failed)
+            })
+        })
+        .collect();
+
+    // Steady: at most one refresh per key per window among the three.
+    let (before, started) = (calls.load(Ordering::SeqCst), Instant::now());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (refreshed, took) = (calls.load(Ordering::SeqCst) - before, started.elapsed());
+    let windows = took.as_secs() + 2;
+    assert!(
+        refreshed <= KEYS * windows,
+        "{refreshed} origin calls for {KEYS} keys in {took:?} (windows of 1s)"
+    );
+    assert!(refreshed >= KEYS, "entries were refreshed: {refreshed}");
+
+    // A primary dies under load; its replica takes over.
+    let victim = cluster.primaries()[0];
+    cluster.server(victim).kill();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            cluster.primaries().len() == 3
+        })
+        .await,
+        "no replica took over from the killed primary on {victim}"
+    );
+    cluster.wait_formed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answered = 0;
+    for worker in workers {
+        let (n, failed) = joined(worker, HANG, "a load worker").await;
+        assert!(failed.is_empty(), "5xx under a failover: {failed:?}");
+        answered += n;
+    }
+    eprintln!("{answered} answered through the failover; {refreshed} refreshes in {took:?}");
+    assert!(answered > 100, "only {answered} requests were answered");
+}
+
+/// The access log: off by default; with `--access-log json`, one line per request with
+/// how it was served and the origin's time when it called the origin, and never a
+/// secret (no cookie, no `Authorization`, no query value); `common` writes the Common
+/// Log Format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_says_how_each_request_was_served_and_no_secret() {
+    let (origin, _calls, _gate) = origin(u64::MAX).await;
+    let upstream = format!("http://{origin}");
+    let base = [
+        "--upstream",
+        &upstream,
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "60s",
+    ];
+    let lines = |sidecar: &Sidecar, starts: &str| -> Vec<String> {
+        let log = sidecar.log();
+        log.lines()
+            .filter(|l| l.starts_with(starts))
+            .map(str::to_owned)
+            .collect()
+    };
+
+    let quiet = Sidecar::start(&base);
+    assert_eq!(
+        fetch(quiet.listen, "/items/1", &[]).await.status,
+        StatusCode::OK
+    );
+
+    let sidecar = Sidecar::start(&[&base[..], &["--access-log", "json"]].concat());
+    let secrets = [
+        ("cookie", "session=cookie-secret"),
+        ("authorization", "Bearer auth-secret"),
+        ("user-agent", "test-agent/1"),
+    ];
+    let miss = fetch(sidecar.listen, "/items/1?token=query-secret&page=2", &[]).await;
+    let hit = fetch(sidecar.listen, "/items/1?token=query-secret&page=2", &[]).await;
+    let posted = post_json(sidecar.listen, "/items/2", &secrets, "{}").await;
+    assert_eq!(
+        [miss.x_cache(), hit.x_cache(), posted.x_cache()],
+        ["miss", "hit", "bypass"]
+    );
+    assert!(
+        eventually(HANG, || async { lines(&sidecar, "{").len() == 3 }).await,
+        "three lines:\n{}",
+        sidecar.log()
+    );
+    let logged: Vec<serde_json::Value> = lines(&sidecar, "{")
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (miss, hit, posted) = (&logged[0], &logged[1], &logged[2]);
+    assert_eq!(miss["path"], "/items/1?token&page", "{miss}");
+    assert_eq!(
+        (&miss["method"], &miss["status"], &miss["cache"]),
+        (&"GET".into(), &200.into(), &"miss".into())
+    );
+    assert!(miss["upstream_ms"].as_f64().is_some(), "{miss}");
+    assert_eq!(miss["peer"], "127.0.0.1");
+    assert_eq!(miss["protocol"], "HTTP/1.1");
+    assert_eq!(
+        miss["bytes"].as_u64(),
+        Some("/items/1 call 1".len() as u64),
+        "{miss}"
+    );
+    assert!(miss["duration_ms"].as_f64().is_some(), "{miss}");
+    assert_eq!(hit["cache"], "hit");
+    assert!(hit["upstream_ms"].is_null(), "a hit calls no origin: {hit}");
+    assert_eq!(
+        (&posted["method"], &posted["cache"]),
+        (&"POST".into(), &"bypass".into())
+    );
+    assert_eq!(posted["user_agent"], "test-agent/1");
+    let log = sidecar.log();
+    for secret in ["cookie-secret", "auth-secret", "query-secret"] {
+        assert!(!log.contains(secret), "{secret} is logged:\n{log}");
+    }
+    assert!(
+        lines(&quiet, "{").is_empty(),
+        "off by default:\n{}",
+        quiet.log()
+    );
+
+    let common = Sidecar::start(&[&base[..], &["--access-log", "common"]].concat());
+    assert_eq!(
+        fetch(common.listen, "/items/3", &[]).await.status,
+        StatusCode::OK
+    );
+    assert!(
+        eventually(HANG, || async {
+            !lines(&common, "127.0.0.1 - - [").is_empty()
+        })
+        .await,
+        "a common line:\n{}",
+        common.log()
+    );
+    let line = &lines(&common, "127.0.0.1 - - [")[0];
+    assert!(
+        line.contains("] \"GET /items/3 HTTP/1.1\" 200 15 cache=miss duration_ms="),
+        "{line}"
+    );
+}
+
 #[test]
 fn the_documented_config_is_accepted() {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sidecar.toml");
@@ -586,7 +1261,7 @@ async fn purges_over_http_need_the_token() {
     // By path: that entry only.
     let by_path = post_json(admin, "/purge/path", &auth, r#"{"path": "/max-age-60/a"}"#).await;
     assert_eq!(by_path.status, StatusCode::OK, "{}", by_path.body);
-    assert_eq!(by_path.body, r#"{"existed":true}"#);
+    assert_eq!(by_path.body, r#"{"entries":1}"#);
     assert_eq!(get("/max-age-60/a").await.x_cache(), "miss");
     assert_eq!(get("/max-age-60/b").await.x_cache(), "hit");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -623,6 +1298,87 @@ async fn purges_over_http_need_the_token() {
     assert_eq!(empty.status, StatusCode::BAD_REQUEST);
     let relative = post_json(admin, "/purge/path", &auth, r#"{"path": "items"}"#).await;
     assert_eq!(relative.status, StatusCode::BAD_REQUEST);
+}
+
+/// Purge by path on a route keyed on `Accept-Language` (in the config file): the
+/// entries of two values and of no value at all are cached (the origin called once
+/// each); one `POST /purge/path` answers that it removed 3, and the next request for
+/// each value reaches the origin again, once; the same path with another query stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_by_path_reaches_every_value_of_a_keyed_header() {
+    let redis = RedisServer::start();
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "upstream = \"http://{origin}\"\ndefault = \"pass\"\nfollow_origin = false\n\
+             fresh = \"1h\"\n\n\
+             [[routes]]\nname = \"pages\"\nprefix = \"/pages/\"\n\
+             key_headers = [\"accept-language\"]\n"
+        ),
+    );
+    let sidecar = Sidecar::start(&[
+        "--config",
+        &config,
+        "--redis",
+        &redis.url(),
+        "--admin",
+        "127.0.0.1:0",
+        "--admin-token",
+        "s3cret",
+    ]);
+    let admin = sidecar.admin.expect("an admin listener");
+    let auth = [("authorization", "Bearer s3cret")];
+    let asks: [&[(&str, &str)]; 3] = [
+        &[("accept-language", "fr")],
+        &[("accept-language", "de")],
+        &[],
+    ];
+    let page = |path: &'static str, headers: &'static [(&'static str, &'static str)]| {
+        fetch(sidecar.listen, path, headers)
+    };
+    for (n, headers) in asks.into_iter().enumerate() {
+        let got = page("/pages/7?page=2", headers).await;
+        let body = format!("/pages/7 call {}", n + 1);
+        assert_eq!((got.x_cache(), &got.body), ("miss", &body), "{headers:?}");
+        let again = page("/pages/7?page=2", headers).await;
+        assert_eq!(
+            (again.x_cache(), &again.body),
+            ("hit", &body),
+            "{headers:?}"
+        );
+    }
+    let neighbour = page("/pages/7?page=3", asks[0]).await;
+    assert_eq!(neighbour.body, "/pages/7 call 4");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+
+    let purge = r#"{"path": "/pages/7?page=2"}"#;
+    let refused = post_json(admin, "/purge/path", &[], purge).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(page("/pages/7?page=2", asks[0]).await.x_cache(), "hit");
+    let purged = post_json(admin, "/purge/path", &auth, purge).await;
+    assert_eq!(purged.status, StatusCode::OK, "{}", purged.body);
+    let answer: serde_json::Value = serde_json::from_str(&purged.body).unwrap();
+    assert_eq!(answer, serde_json::json!({"entries": 3}));
+
+    for (n, headers) in asks.into_iter().enumerate() {
+        let got = page("/pages/7?page=2", headers).await;
+        let body = format!("/pages/7 call {}", n + 5);
+        assert_eq!((got.x_cache(), &got.body), ("miss", &body), "{headers:?}");
+        let again = page("/pages/7?page=2", headers).await;
+        assert_eq!(
+            (again.x_cache(), &again.body),
+            ("hit", &body),
+            "{headers:?}"
+        );
+    }
+    let neighbour = page("/pages/7?page=3", asks[0]).await;
+    assert_eq!(
+        (neighbour.x_cache(), neighbour.body.as_str()),
+        ("hit", "/pages/7 call 4")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 7);
 }
 
 /// The representation the range tests' origin serves: 20 bytes.

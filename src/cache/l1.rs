@@ -171,6 +171,28 @@ impl L1 {
         self.front.remove_response(response);
     }
 
+    /// Drops `response` and every variant of it from L1 at once, as
+    /// [`invalidate_response`](Self::invalidate_response) does, and returns how many of
+    /// them were not past their keep time at `now`. It goes through every entry of L1
+    /// to count them (for an invalidation that asks for the count, without Redis: not on
+    /// any request's path).
+    pub(crate) fn remove_response(&self, response: u128, now: Instant) -> u64 {
+        let mut removed = 0;
+        for (key, _) in self.moka.iter() {
+            if key.response != response {
+                continue;
+            }
+            if let Some(stored) = self.moka.remove(&*key)
+                && now < stored.expires_at()
+            {
+                removed += 1;
+            }
+        }
+        // After moka: see the front's rules.
+        self.front.remove_response(response);
+        removed
+    }
+
     /// Drops every entry.
     pub(crate) fn invalidate_all(&self) {
         self.moka.invalidate_all();
@@ -400,6 +422,29 @@ mod front_tests {
         assert!(same(l1.get(&other.0, Instant::now()), &other.1));
         l1.invalidate_all();
         assert!(l1.get(&other.0, Instant::now()).is_none());
+        front_agrees(&l1);
+    }
+
+    /// A removal that counts: the response's own entry and its variants that are not
+    /// past their keep time, and nothing of another response.
+    #[test]
+    fn a_counted_removal_counts_the_live_entries_of_one_response() {
+        let l1 = L1::new(1 << 20);
+        let tombstones = new_tombstones();
+        let own = (key(7, 0), entry(1, HOUR));
+        let variants: Vec<_> = (1..=3).map(|v| (key(7, v), entry(v, HOUR))).collect();
+        let short = (key(7, 9), entry(9, Duration::from_secs(60)));
+        let other = (key(8, 1), entry(1, HOUR));
+        for (k, stored) in [&own, &short, &other].into_iter().chain(&variants) {
+            assert!(l1.put(&tombstones, *k, stored.clone(), 0));
+        }
+        let later = Instant::now() + Duration::from_secs(61);
+        assert_eq!(l1.remove_response(own.0.response, later), 4);
+        for (k, _) in [&own, &short].into_iter().chain(&variants) {
+            assert!(l1.get(k, Instant::now()).is_none());
+        }
+        assert!(same(l1.get(&other.0, Instant::now()), &other.1));
+        assert_eq!(l1.remove_response(own.0.response, later), 0);
         front_agrees(&l1);
     }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::scripts::{self, Lasting, ReadReply, Renewal, WriteReply};
+use super::scripts::{self, Invalidated, Lasting, ReadReply, Renewal, WriteReply};
 use super::stored::Stored;
 use crate::cache::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
@@ -28,18 +28,22 @@ pub(crate) async fn l2_read(
     keys: &CacheKeys,
     max_size: usize,
 ) -> Result<L2Read, StoreError> {
-    Ok(l2_read_with_names(store, keys, max_size).await?.0)
+    Ok(
+        l2_read_with_names(store, keys, max_size, !keys.is_variant())
+            .await?
+            .0,
+    )
 }
 
-/// [`l2_read`], and for the response's own entry (not one of its variants) the names
-/// of the headers the response varies on, as kept beside it (see `guard::vary`), in the
-/// same round trip.
+/// [`l2_read`], and with `names` the names of the headers the response varies on, as
+/// kept beside its entries (see `guard::vary`), in the same round trip.
 pub(crate) async fn l2_read_with_names(
     store: &RedisStore,
     keys: &CacheKeys,
     max_size: usize,
+    names: bool,
 ) -> Result<(L2Read, Option<String>), StoreError> {
-    let reply = scripts::read(store, keys, max_size, !keys.is_variant()).await?;
+    let reply = scripts::read(store, keys, max_size, names).await?;
     Ok(match reply {
         ReadReply::Miss { names } => (L2Read::Miss, names),
         ReadReply::NotOurs => (L2Read::Garbage("not an entry"), None),
@@ -145,17 +149,18 @@ pub(crate) async fn l2_revalidate(
     .await
 }
 
-/// Replaces an entry by a tombstone for everyone (see the script). Returns whether an
-/// entry was there, and the tombstone's token. `tombstone_for` is how long a fill can
-/// take; `entries_live` the longest an entry of the route may live: the invalidation's
-/// token outlives every variant it hides.
+/// Replaces a response's own entry (`keys`) by a tombstone and deletes the variants
+/// listed beside it, for everyone (see the script). Returns whether the own entry was
+/// there, the tombstone's token and how many entries were removed. `tombstone_for` is
+/// how long a fill can take; `entries_live` the longest an entry of the route may live:
+/// the invalidation's token outlives every variant it hides.
 pub(crate) async fn l2_invalidate(
     store: &RedisStore,
     keys: &CacheKeys,
     channel: &str,
     tombstone_for: Duration,
     entries_live: Duration,
-) -> Result<(bool, FencingToken), StoreError> {
+) -> Result<Invalidated, StoreError> {
     let counter = crate::lease::DEFAULT_FENCE_RETENTION.max(tombstone_for);
     let lasting = Lasting {
         tombstone: tombstone_for,

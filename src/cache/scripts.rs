@@ -18,13 +18,20 @@ use crate::store::{Operation, RedisStore, Request, StoreError, StoreErrorKind, m
 static READ: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/read.lua"))));
 static WRITE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/write.lua"))));
+    LazyLock::new(|| Script::new(&with_variants(include_str!("scripts/write.lua"))));
 static REVALIDATE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/revalidate.lua"))));
+    LazyLock::new(|| Script::new(&with_variants(include_str!("scripts/revalidate.lua"))));
 static PURGE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/purge.lua")));
 static VARY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/vary.lua")));
 static INVALIDATE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/invalidate.lua"))));
+    LazyLock::new(|| Script::new(&with_variants(include_str!("scripts/invalidate.lua"))));
+
+/// A script that writes or deletes the variants of a response, with the token helpers
+/// (`tokens.lua`) and those of the list of variants (`variants.lua`: `list_variant`,
+/// `holds_entry`, `drop_variants`).
+fn with_variants(script: &str) -> String {
+    with_tokens(&format!("{}{script}", include_str!("scripts/variants.lua")))
+}
 
 /// What `read.lua` found at an entry's key.
 #[derive(Debug)]
@@ -45,8 +52,8 @@ pub(crate) enum ReadReply {
     },
 }
 
-/// Reads an entry (and, for the response's own entry, with `names`, the names it varies
-/// on); the deadline grows with `max_size`, what the entry may weigh.
+/// Reads an entry (and with `names` the names its response varies on); the deadline
+/// grows with `max_size`, what the entry may weigh.
 pub(crate) async fn read(
     store: &RedisStore,
     keys: &CacheKeys,
@@ -166,6 +173,7 @@ pub(crate) async fn write(
         .arg(channel)
         .arg(Notice::Filled(keys.entry(), Some(keys.local)).to_string())
         .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
+    list_variant(&mut invocation, keys);
     let (written, released, _measured_against): (i64, i64, i64) = store
         .run_sized(Operation::Write, Request::Script(&invocation), size)
         .await?;
@@ -173,6 +181,14 @@ pub(crate) async fn write(
         written: written == 1,
         released: released == 1,
     })
+}
+
+/// For a write or renewal of a variant: the list of its response's variants (the last
+/// key) and its part of the key (the last argument), so that the script lists it.
+fn list_variant(invocation: &mut redis::ScriptInvocation<'_>, keys: &CacheKeys) {
+    if let Some(part) = keys.variant_part() {
+        invocation.key(keys.variants_key()).arg(part);
+    }
 }
 
 /// What `revalidate.lua` did.
@@ -212,6 +228,7 @@ pub(crate) async fn revalidate(
         .arg(channel)
         .arg(Notice::Filled(keys.entry(), Some(keys.local)).to_string())
         .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
+    list_variant(&mut invocation, keys);
     let (renewed, released, _measured_against): (i64, i64, i64) = store
         .run(Operation::Write, Request::Script(&invocation))
         .await?;
@@ -233,29 +250,45 @@ pub(crate) struct Lasting {
     pub(crate) token: Duration,
 }
 
-/// Invalidates the response of `keys` (see `invalidate.lua`). Returns whether an entry
-/// was there, and the invalidation's token.
+/// What `invalidate.lua` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Invalidated {
+    /// Whether the response's own entry held an entry.
+    pub(crate) existed: bool,
+    /// The invalidation's token.
+    pub(crate) token: FencingToken,
+    /// How many entries it removed: the own entry and its variants that held one.
+    pub(crate) entries: u64,
+}
+
+/// Invalidates the response of `keys` (the keys of its own entry) and every variant of
+/// it (see `invalidate.lua`).
 pub(crate) async fn invalidate(
     store: &RedisStore,
     keys: &CacheKeys,
     channel: &str,
     lasting: Lasting,
-) -> Result<(bool, FencingToken), StoreError> {
+) -> Result<Invalidated, StoreError> {
     let mut invocation = INVALIDATE.prepare_invoke();
     invocation
         .key(keys.entry())
         .key(keys.lease().fence_key())
         .key(keys.invalidated_key())
+        .key(keys.variants_key())
         .arg(channel)
         .arg(millis(lasting.tombstone))
         .arg(millis(lasting.counter))
         .arg(millis(lasting.token))
         // What the notice carries after the entry key (see `notify::Notice`).
         .arg(format!(" {}", keys.local));
-    let (existed, token): (i64, i64) = store
+    let (existed, token, entries): (i64, i64, i64) = store
         .run(Operation::Invalidate, Request::Script(&invocation))
         .await?;
-    Ok((existed == 1, FencingToken::new(token.max(1) as u64)))
+    Ok(Invalidated {
+        existed: existed == 1,
+        token: FencingToken::new(token.max(1) as u64),
+        entries: entries.max(0) as u64,
+    })
 }
 
 /// Purges `ids` (tag ids), hard or soft, for the fleet (see `purge.lua`); records kept

@@ -98,7 +98,7 @@ impl StampedeGuard {
                     ),
                 ));
             }
-            let learned = Arc::new(Learned::default());
+            let learned = Arc::new(Learned::new(&policy.key_headers));
             routes.insert(policy.route.clone(), learned.clone());
             learned
         };

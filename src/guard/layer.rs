@@ -7,6 +7,7 @@ use http::Request;
 use tower_layer::Layer;
 
 use super::hold::LeaseTtl;
+use super::invalidate::InvalidateError;
 use super::route::Route;
 use super::service::Guard;
 use super::shared::Shared;
@@ -83,14 +84,16 @@ impl GuardLayer {
     }
 
     /// Removes the entry that `request` would be answered from, and every variant of it
-    /// (the responses its `Vary` told apart), from L2 and from the L1 of every instance
-    /// (through the notice channel), and from this process's L1 in any case. Only the
-    /// method, URI and headers of `request` are read, and only those that are part of the
-    /// key by the route's configuration: build one with
-    /// `http::Request::get(uri).header("host", ...)`.
+    /// (the responses its `Vary` told apart, and those of every value of the route's
+    /// [`key_headers`](crate::policy::PolicyBuilder::key_headers)), from L2 and from the
+    /// L1 of every instance (through the notice channel), and from this process's L1 in
+    /// any case. Only the URI and the host of `request` are read (the host if the route
+    /// keys on it): build one with `http::Request::get(uri).header("host", ...)`. To
+    /// know how many entries went, see [`invalidate_path`](Self::invalidate_path).
     ///
-    /// Returns whether L2 held the entry. On a Redis error the local copy is gone but
-    /// other instances keep theirs until it expires.
+    /// Returns whether L2 held an entry of it (its own or a variant's); without Redis,
+    /// always `true`. On a Redis error the local copy is gone but other instances keep
+    /// theirs until it expires.
     ///
     /// ```no_run
     /// # async fn run(items: stampede_guard::GuardLayer) -> Result<(), Box<dyn std::error::Error>> {
@@ -104,6 +107,60 @@ impl GuardLayer {
     /// ```
     pub async fn invalidate<B>(&self, request: &Request<B>) -> Result<bool, StoreError> {
         self.route.invalidate(request).await
+    }
+
+    /// Removes every entry of the URL `uri` names, whatever the headers of the requests
+    /// that filled them: each variant its `Vary` told apart and each value of the
+    /// route's [`key_headers`](crate::policy::PolicyBuilder::key_headers), from L2 and
+    /// from the L1 of every instance (through the notice channel), and from this
+    /// process's L1 in any case. Returns how many entries it removed: those L2 held, or
+    /// without Redis, those this process's L1 held (counting them goes through all of
+    /// L1: this is for an operator or an application that changed the data, not for
+    /// every request).
+    ///
+    /// `uri` is a path from `/` with its query (`/items/7?page=2`), keyed as the route
+    /// keys requests (only its keyed query parameters count), or an absolute URI
+    /// (`https://shop.example/items/7?page=2`), whose authority is the host. On a route
+    /// that keys on the host ([`key_host`](crate::policy::PolicyBuilder::key_host), the
+    /// default), a path alone is refused ([`InvalidateError::HostNeeded`]): whose
+    /// entries it meant is unknown.
+    ///
+    /// This works because a route's keyed headers are part of a request's variant, as
+    /// the headers a URL learns from `Vary` are, not of its URL's identity: every entry
+    /// of a URL shares its hash slot and its invalidation, and each variant written is
+    /// listed beside the URL's entries (as a keyed hash), so that the invalidation, one
+    /// Lua script, deletes and counts them without a scan.
+    ///
+    /// On a Redis error ([`InvalidateError::Store`]) this process's copies are gone but
+    /// L2 and the other instances keep theirs until they expire.
+    ///
+    /// ```no_run
+    /// # async fn run(items: stampede_guard::GuardLayer) -> Result<(), Box<dyn std::error::Error>> {
+    /// // Item 7 changed: its page 2, in every language and encoding, on every instance.
+    /// let removed = items
+    ///     .invalidate_path("https://shop.example/items/7?page=2")
+    ///     .await?;
+    /// println!("{removed} entries removed");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// ```
+    /// # use stampede_guard::{InvalidateError, KeySpace, Policy, RedisStore, StampedeGuard};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let keys = KeySpace::builder().env("doc").service("shop")
+    /// #     .secret("a secret of sixteen bytes or more").build()?;
+    /// let guard = StampedeGuard::builder(RedisStore::local_only(), keys).build()?;
+    /// let items = guard.layer(Policy::builder("items").build()?)?;
+    /// // The route keys on the host: a path alone does not say whose entries.
+    /// let refused = items.invalidate_path("/items/7").await;
+    /// assert!(matches!(refused, Err(InvalidateError::HostNeeded { .. })));
+    /// // Nothing was cached yet.
+    /// assert_eq!(items.invalidate_path("http://shop.example/items/7").await?, 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn invalidate_path(&self, uri: &str) -> Result<u64, InvalidateError> {
+        self.route.invalidate_path(uri).await
     }
 }
 

@@ -10,6 +10,7 @@ use http::{HeaderName, Request};
 use super::early::Recompute;
 use super::hold::LeaseTtl;
 use super::inflight::Flights;
+use super::invalidate::InvalidateError;
 use super::shared::Shared;
 use super::vary::{self, Check, Learned, Names, TooMany};
 use crate::cache::{L1, Stored, l2_invalidate, l2_keep_names};
@@ -89,7 +90,8 @@ impl Route {
     ///
     /// The URL's own entry (variant 0) is looked at first: one that varies on nothing
     /// the request sends answers it (a URL that never varied costs nothing more). Else
-    /// the URL varies, and the request is keyed on the names it varies on.
+    /// the URL varies, and the request is keyed on the names it varies on. A request
+    /// that sends one of the route's keyed headers never asks for variant 0.
     pub(crate) fn find_l1<B>(
         &self,
         request: &Request<B>,
@@ -97,7 +99,11 @@ impl Route {
     ) -> (LocalKey, Option<Arc<Stored>>) {
         let response = self.response_key(request);
         let own = LocalKey::of_response(response);
-        let at_own = self.l1().get(&own, now);
+        let at_own = if request::names_any(&self.policy.key_headers, request) {
+            None
+        } else {
+            self.l1().get(&own, now)
+        };
         let names = match &at_own {
             Some(stored) => {
                 let vary = self.vary_of(stored);
@@ -153,6 +159,14 @@ impl Route {
         made.names = names;
         made.local = local;
         Some(made)
+    }
+
+    /// Whether a read of L2 at `keys` asks for the names their URL varies on, as kept
+    /// beside its entries: a read of the URL's own entry does, and on a route with keyed
+    /// headers any read (a request that sends one is keyed to a variant from the start,
+    /// by what this process knows of its URL).
+    pub(crate) fn reads_names(&self, keys: &CacheKeys) -> bool {
+        !keys.is_variant() || !self.policy.key_headers.is_empty()
     }
 
     /// Whether `keys` were made with the names their URL is known to vary on now: if
@@ -211,7 +225,12 @@ impl Route {
         if shared.store.is_local_only() {
             return;
         }
-        let strings: Vec<&str> = names.iter().map(HeaderName::as_str).collect();
+        // The route's keyed headers are every instance's from its policy.
+        let strings: Vec<&str> = names
+            .iter()
+            .filter(|name| !self.learned.is_keyed(name))
+            .map(HeaderName::as_str)
+            .collect();
         let most = vary::MAX_LEARNED;
         let kept = l2_keep_names(&shared.store, keys, &strings, most, self.entries_live()).await;
         let notice = Notice::Learned(&self.policy.route, Some(keys.local.response), strings);
@@ -339,17 +358,56 @@ impl Route {
     }
 
     /// Invalidates the response `request` would be answered from (see
-    /// [`GuardLayer::invalidate`](super::GuardLayer::invalidate)).
+    /// [`GuardLayer::invalidate`](super::GuardLayer::invalidate)): whether L2 held an
+    /// entry of it (its own or a variant); without Redis, always.
     pub(crate) async fn invalidate<B>(&self, request: &Request<B>) -> Result<bool, StoreError> {
-        // The response's own keys: one invalidation reaches every variant of it (those
-        // its `Vary` told apart), whatever the request's headers.
-        let identity = request::identity(&self.policy, request);
-        let Ok(mut keys) = self.shared.keys.cache(&self.policy.route, &identity) else {
+        let Some(keys) = self.own_keys(request) else {
             return Ok(false);
         };
+        let reached = self.invalidate_url(&keys, false).await?;
+        Ok(reached.existed || reached.entries > 0)
+    }
+
+    /// Invalidates the URL `uri` names, every variant of it (see
+    /// [`GuardLayer::invalidate_path`](super::GuardLayer::invalidate_path)), and counts
+    /// the entries it removed.
+    pub(crate) async fn invalidate_path(&self, uri: &str) -> Result<u64, InvalidateError> {
+        let bad = || InvalidateError::NotAPath {
+            given: uri.chars().take(200).collect(),
+        };
+        let parsed: http::Uri = uri.parse().map_err(|_| bad())?;
+        if !parsed.path().starts_with('/') {
+            return Err(bad());
+        }
+        let request = Request::get(parsed).body(()).map_err(|_| bad())?;
+        if self.policy.key_host && request::host(&request).is_none() {
+            return Err(InvalidateError::HostNeeded {
+                route: self.policy.route.clone(),
+            });
+        }
+        let Some(keys) = self.own_keys(&request) else {
+            return Ok(0);
+        };
+        Ok(self.invalidate_url(&keys, true).await?.entries)
+    }
+
+    /// The keys of the URL of `request`: its own entry's, whatever the request's headers
+    /// (its variants share them: see `vary`). `None` only for a key space whose keys
+    /// would be too long.
+    fn own_keys<B>(&self, request: &Request<B>) -> Option<CacheKeys> {
+        let identity = request::identity(&self.policy, request);
+        let mut keys = self.shared.keys.cache(&self.policy.route, &identity).ok()?;
         let mut response = self.hashers.response;
         response.write(&identity);
         keys.local = LocalKey::of_response(response.finish128().as_u128());
+        Some(keys)
+    }
+
+    /// Invalidates the response of `keys` (the keys of its own entry) and every variant
+    /// of it: in this process at once, and in L2 and every instance's L1 through Redis.
+    /// With `count`, and without Redis, the entries removed from this process's L1 are
+    /// counted (which goes through all of L1); with Redis, the count is L2's.
+    async fn invalidate_url(&self, keys: &CacheKeys, count: bool) -> Result<Reached, StoreError> {
         let response = keys.local.response;
         let variants = self.learned.any();
         let shared = &self.shared;
@@ -361,13 +419,23 @@ impl Route {
                 .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
         );
         shared.tombstones.insert(response, local);
-        self.l1().invalidate_response(response, variants);
         if shared.store.is_local_only() {
-            return Ok(true);
+            let entries = if count {
+                self.l1()
+                    .remove_response(response, crate::cache::Instant::now())
+            } else {
+                self.l1().invalidate_response(response, variants);
+                0
+            };
+            return Ok(Reached {
+                existed: true,
+                entries,
+            });
         }
-        let (existed, token) = l2_invalidate(
+        self.l1().invalidate_response(response, variants);
+        let invalidated = l2_invalidate(
             &shared.store,
-            &keys,
+            keys,
             shared.notices.channel(),
             self.max_fill(),
             self.entries_live(),
@@ -375,10 +443,22 @@ impl Route {
         .await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from
         // the same clock (the local one only covered the round trip).
-        shared.tombstones.insert(response, token);
+        shared.tombstones.insert(response, invalidated.token);
         self.l1().invalidate_response(response, variants);
-        Ok(existed)
+        Ok(Reached {
+            existed: invalidated.existed,
+            entries: invalidated.entries,
+        })
     }
+}
+
+/// What an invalidation of a response reached.
+struct Reached {
+    /// Whether its own entry was in L2 (always, without Redis).
+    existed: bool,
+    /// How many entries it removed, its own and its variants' (see
+    /// [`Route::invalidate_url`]).
+    entries: u64,
 }
 
 /// Gathers the small pieces of an identity (lengths, names, values) on the stack and

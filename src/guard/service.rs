@@ -326,7 +326,8 @@ where
             Redis::Usable
         };
         let read = if redis == Redis::Usable {
-            l2_read_with_names(&route.shared.store, &keys, route.policy.max_body).await
+            let names = route.reads_names(&keys);
+            l2_read_with_names(&route.shared.store, &keys, route.policy.max_body, names).await
         } else {
             Ok((L2Read::Miss, None))
         };

@@ -3,10 +3,20 @@
 //! A response that says `Vary: Accept-Language` is one variant among several: it must
 //! never be served to a client whose `Accept-Language` differs, whatever the route was
 //! configured to key on. As Varnish keeps the variants of each object apart, each URL
-//! (each response's identity: host, path, keyed query and headers) learns the names its
+//! (each response's identity: host, path and keyed query) learns the names its
 //! responses vary on, and from then on its requests are keyed on their values of them:
 //! one URL's `Vary` never moves another URL's entries. A request with none of those
 //! headers asks for the URL's own entry (its variant 0), as before anything was learned.
+//!
+//! The route's keyed headers ([`key_headers`](crate::policy::PolicyBuilder::key_headers))
+//! are names every URL of the route varies on from the start, as if learned before its
+//! first request (and never kept in Redis nor told: every instance has them from its
+//! policy). So a request that sends one of them is keyed to a variant of its URL, and
+//! the entries of every value of a keyed header share the URL's identity: its hash slot,
+//! its invalidation token and its record of variants, which is what lets one
+//! invalidation of the URL (by request, or by path) reach all of them and count them.
+//! (Keying them into the URL's identity instead would make each value a URL of its own,
+//! which an invalidation by path could only reach through an index of every value seen.)
 //!
 //! Learned names are kept three ways, so that every instance keys alike from its first
 //! request, however long it has been up:
@@ -46,16 +56,16 @@ pub(crate) type Names = Arc<[HeaderName]>;
 pub(crate) struct Learned {
     urls: moka::sync::Cache<u128, Names>,
     /// Whether any URL of the route varies: a route where none does never looks names
-    /// up (read without a lock).
+    /// up (read without a lock). From the start on a route with keyed headers.
     any: AtomicBool,
+    /// The route's keyed headers, sorted: what every URL varies on before it learned
+    /// anything (`None` for a route with none).
+    keyed: Option<Names>,
 }
 
 impl Default for Learned {
     fn default() -> Self {
-        Self {
-            urls: moka::sync::Cache::new(URLS),
-            any: AtomicBool::new(false),
-        }
+        Self::new(&[])
     }
 }
 
@@ -64,17 +74,41 @@ impl Default for Learned {
 pub(crate) struct TooMany;
 
 impl Learned {
+    /// What a route with keyed headers `keyed` starts from: every URL varies on them.
+    pub(crate) fn new(keyed: &[HeaderName]) -> Self {
+        let keyed = (!keyed.is_empty()).then(|| {
+            let mut names = keyed.to_vec();
+            names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+            names.dedup();
+            Names::from(names)
+        });
+        Self {
+            urls: moka::sync::Cache::new(URLS),
+            any: AtomicBool::new(keyed.is_some()),
+            keyed,
+        }
+    }
+
     /// Whether any URL of the route varies, as far as this process knows.
     pub(crate) fn any(&self) -> bool {
         self.any.load(Ordering::Acquire)
     }
 
-    /// The names URL `response` varies on, if it varies.
+    /// The names URL `response` varies on, if it varies: the route's keyed headers and
+    /// what it learned.
     pub(crate) fn names(&self, response: u128) -> Option<Names> {
         if !self.any() {
             return None;
         }
-        self.urls.get(&response)
+        self.urls.get(&response).or_else(|| self.keyed.clone())
+    }
+
+    /// Whether `name` is one of the route's keyed headers (not learned: never kept in
+    /// Redis nor told to the fleet).
+    pub(crate) fn is_keyed(&self, name: &HeaderName) -> bool {
+        self.keyed
+            .as_deref()
+            .is_some_and(|keyed| keyed.contains(name))
     }
 
     /// Learns that URL `response` varies on `names` too; returns its names when any was
@@ -89,8 +123,11 @@ impl Learned {
             return Ok(None);
         }
         let mut outcome = Ok(None);
+        let keyed = self.keyed.as_deref().unwrap_or_default();
         self.urls.entry(response).and_compute_with(|current| {
-            let current = current.map(|entry| entry.into_value());
+            let current = current
+                .map(|entry| entry.into_value())
+                .or_else(|| self.keyed.clone());
             let mut next: Vec<HeaderName> = current.as_deref().unwrap_or_default().to_vec();
             for name in &names {
                 if !next.contains(name) {
@@ -100,7 +137,8 @@ impl Learned {
             if current.as_ref().is_some_and(|c| c.len() == next.len()) {
                 return moka::ops::compute::Op::Nop;
             }
-            if next.len() > MAX_LEARNED {
+            // The keyed headers do not count: a URL learns up to MAX_LEARNED names.
+            if next.len() > MAX_LEARNED + keyed.len() {
                 outcome = Err(TooMany);
                 return moka::ops::compute::Op::Nop;
             }
@@ -206,6 +244,29 @@ mod tests {
             .collect();
         assert_eq!(learned.learn(1, &many), Err(TooMany));
         assert_eq!(learned.names(1).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn keyed_headers_are_names_every_url_varies_on_from_the_start() {
+        let lang = HeaderName::from_static("accept-language");
+        let tenant = HeaderName::from_static("x-tenant");
+        let enc = HeaderName::from_static("accept-encoding");
+        let learned = Learned::new(&[tenant.clone(), lang.clone()]);
+        assert!(learned.any());
+        let keyed = learned.names(1).unwrap();
+        assert_eq!(&*keyed, &[lang.clone(), tenant.clone()]);
+        assert!(learned.is_keyed(&lang) && !learned.is_keyed(&enc));
+        // Nothing new: nothing learned.
+        assert_eq!(learned.learn(1, [&lang]), Ok(None));
+        let all = learned.learn(1, [&enc]).unwrap().unwrap();
+        assert_eq!(&*all, &[enc.clone(), lang.clone(), tenant.clone()]);
+        assert_eq!(learned.names(2).as_deref(), Some(&*keyed));
+        // The keyed headers do not count against what a URL may learn.
+        let many: Vec<HeaderName> = (1..MAX_LEARNED)
+            .map(|i| HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap())
+            .collect();
+        assert!(learned.learn(1, &many).unwrap().is_some());
+        assert_eq!(learned.names(1).unwrap().len(), MAX_LEARNED + 2);
     }
 
     #[test]

@@ -69,6 +69,8 @@ pub(crate) fn fill_request<B, F: Default>(
     let given = request.headers();
     let mut headers = HeaderMap::with_capacity(given.keys_len());
     if policy.strict_forwarding {
+        // (The names a URL varies on include the route's keyed headers: each once.)
+        let learned = learned.iter().filter(|n| !policy.key_headers.contains(n));
         for name in policy
             .key_headers
             .iter()
@@ -169,6 +171,10 @@ mod tests {
             .body(())
             .unwrap();
         let fill: Request<()> = fill_request(&p, &[], &request);
+        // The names its URL varies on hold the keyed header too: still sent once.
+        let varies = [HeaderName::from_static("accept-language")];
+        let again: Request<()> = fill_request(&p, &varies, &request);
+        assert_eq!(again.headers().get_all("accept-language").iter().count(), 1);
         assert_eq!(fill.method(), Method::GET);
         assert_eq!(fill.uri(), "/items?page=2");
         let mut names: Vec<&str> = fill.headers().keys().map(HeaderName::as_str).collect();

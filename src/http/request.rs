@@ -1,7 +1,7 @@
 //! What a request is to the cache: whether it is answered from it at all (its method,
 //! its credentials, the route), and what tells it apart from other requests (its
-//! identity: host, path, the keyed query and headers; its variant: the headers
-//! its URL's responses vary on).
+//! identity, its URL: host, path and the keyed query; its variant: the route's keyed
+//! headers and the headers its URL's responses vary on).
 
 use http::header::{self, HeaderName, IF_MODIFIED_SINCE, IF_NONE_MATCH};
 use http::{Method, Request, Uri};
@@ -87,9 +87,13 @@ pub(crate) struct Asked {
     pub(crate) ranged: bool,
 }
 
-/// Everything that tells requests of a route apart, as bytes to be hashed: the host (if
-/// keyed), the path, the keyed query parameters (sorted) and the keyed headers. Each
-/// part is length-prefixed, so no two different requests give the same bytes.
+/// What tells the URLs of a route apart, as bytes to be hashed: the host (if keyed), the
+/// path and the keyed query parameters (sorted). Each part is length-prefixed, so no two
+/// different URLs give the same bytes.
+///
+/// The route's keyed headers are not part of it: like the headers a URL learned from
+/// `Vary`, they tell the variants of one URL apart ([`variant`]), so that the variants
+/// of a URL share its identity, and one invalidation of the URL reaches all of them.
 pub(crate) fn identity<B>(policy: &Policy, request: &Request<B>) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
     identity_into(policy, request, &mut |bytes| out.extend_from_slice(bytes));
@@ -109,21 +113,22 @@ pub(crate) fn identity_into<B>(policy: &Policy, request: &Request<B>, out: &mut 
     }
     part(request.uri().path().as_bytes());
     keyed_query(policy, request.uri(), &mut |param| part(param.as_bytes()));
-    headers_into(&policy.key_headers, request, out);
 }
 
-/// Whether the request has any of the headers its URL learned to vary on. Without
-/// them it asks for the response's own entry (variant 0), as before the URL learned
-/// any. (Such an entry was filled by a request without the headers, or before the URL
-/// learned them by an answer that did not vary on them: were it varying, the URL would
-/// have learned the header from it then, and stored it as a variant.)
+/// Whether the request has any of the headers its URL varies on (the route's keyed
+/// headers, and those it learned). Without them it asks for the response's own entry
+/// (variant 0), as before the URL learned any. (Such an entry was filled by a request
+/// without the headers, or before the URL learned them by an answer that did not vary
+/// on them: were it varying, the URL would have learned the header from it then, and
+/// stored it as a variant.)
 pub(crate) fn names_any<B>(learned: &[HeaderName], request: &Request<B>) -> bool {
     let headers = request.headers();
     learned.iter().any(|name| headers.contains_key(name))
 }
 
 /// Which variant of a response a request asks for: its values of the headers its URL
-/// learned its responses vary on (`learned`, sorted), as bytes to be hashed.
+/// varies on (`learned`, sorted: the route's keyed headers and the names learned from
+/// `Vary`), as bytes to be hashed.
 pub(crate) fn variant<B>(learned: &[HeaderName], request: &Request<B>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     headers_into(learned, request, &mut |bytes| out.extend_from_slice(bytes));
@@ -277,7 +282,7 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn query_order_does_not_matter_and_keyed_headers_do() {
+    fn query_order_does_not_matter_and_keyed_headers_make_variants() {
         let p = policy();
         let a = get("/items?a=1&b=2").body(()).unwrap();
         let b = get("/items?b=2&a=1").body(()).unwrap();
@@ -290,7 +295,10 @@ pub(super) mod tests {
             .header("accept-language", "de")
             .body(())
             .unwrap();
-        assert_ne!(identity(&p, &fr), identity(&p, &de));
+        // One URL: the keyed header tells its variants apart, not URLs.
+        assert_eq!(identity(&p, &fr), identity(&p, &de));
+        assert!(names_any(&p.key_headers, &fr));
+        assert_ne!(variant(&p.key_headers, &fr), variant(&p.key_headers, &de));
         let evil = get("/items")
             .header("x-forwarded-host", "evil")
             .body(())

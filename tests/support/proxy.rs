@@ -95,6 +95,11 @@ impl Proxy {
         format!("redis://{}", self.addr)
     }
 
+    /// Where it listens, for a proxied service that is not Redis.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     pub(crate) fn set(&self, mode: Mode) {
         *self.mode.lock().unwrap() = mode;
     }

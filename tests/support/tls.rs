@@ -90,7 +90,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// A self-signed certificate authority, `{name}.crt` and `{name}.key`.
-fn authority(dir: &Path, name: &str) {
+pub(crate) fn authority(dir: &Path, name: &str) {
     let (crt, key) = (format!("{name}.crt"), format!("{name}.key"));
     openssl(
         dir,
@@ -113,7 +113,7 @@ fn authority(dir: &Path, name: &str) {
 }
 
 /// `{name}.crt` and `{name}.key`, for `cn`, signed by `ca`, with the extension `ext`.
-fn signed(dir: &Path, name: &str, cn: &str, ext: &str) {
+pub(crate) fn signed(dir: &Path, name: &str, cn: &str, ext: &str) {
     let (crt, key, csr, cnf) = (
         format!("{name}.crt"),
         format!("{name}.key"),

@@ -11,8 +11,13 @@
 //! * `POST /purge/tags` with `{"tags": ["a", "b"], "soft": false}`: purges every entry
 //!   tagged with one of them (`Surrogate-Key`, `Cache-Tag`), on every sidecar of the
 //!   fleet; soft makes them stale instead of gone (`StampedeGuard::purge_tags`).
-//! * `POST /purge/path` with `{"path": "/items/1?page=2"}`: removes the entry of that
-//!   path and query, and its variants, on every sidecar (`GuardLayer::invalidate`).
+//! * `POST /purge/path` with `{"path": "/items/1?page=2"}`: removes every entry of that
+//!   path and query (its keyed query: the route's `key_query`), whatever the headers of
+//!   the requests that filled them: each value of the route's `key_headers`, and each
+//!   variant the origin's `Vary` told apart; on every sidecar of the fleet
+//!   (`GuardLayer::invalidate_path`). Answers `{"entries": 3}`: how many entries it
+//!   removed from Redis (without Redis, from this sidecar's memory); 404 when no cached
+//!   route serves the path; 502 when Redis failed (then only this sidecar purged).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +29,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::{StatusCode, header};
 use serde::Deserialize;
-use stampede_guard::{Purge, StampedeGuard};
+use stampede_guard::{InvalidateError, Purge, StampedeGuard};
 
 use crate::routes::Routes;
 use crate::shutdown::Shutdown;
@@ -106,33 +111,40 @@ async fn purge_path(
     State(admin): State<Admin>,
     Json(asked): Json<PurgePath>,
 ) -> (StatusCode, Json<serde_json::Value>) {
-    let request = match http::Request::get(asked.path.as_str()).body(()) {
-        Ok(request) if asked.path.starts_with('/') => request,
-        _ => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(serde_json::json!({"error": "`path` must be a path and query, from /"})),
-            );
-        }
+    let bad = || {
+        (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": "`path` must be a path and query, from /"})),
+        )
     };
-    let Some(layer) = admin
-        .routes
-        .as_ref()
-        .and_then(|routes| routes.layer(request.uri().path()))
+    let Some(path) = asked
+        .path
+        .parse::<http::Uri>()
+        .ok()
+        .filter(|uri| asked.path.starts_with('/') && uri.path().starts_with('/'))
+        .map(|uri| uri.path().to_owned())
     else {
+        return bad();
+    };
+    let Some(layer) = admin.routes.as_ref().and_then(|routes| routes.layer(&path)) else {
         return (
             StatusCode::NOT_FOUND,
             Json(serde_json::json!({"error": "no cached route serves this path"})),
         );
     };
-    match layer.invalidate(&request).await {
-        Ok(existed) => (
+    match layer.invalidate_path(&asked.path).await {
+        Ok(entries) => (
             StatusCode::OK,
-            Json(serde_json::json!({"existed": existed})),
+            Json(serde_json::json!({"entries": entries})),
         ),
-        Err(error) => (
+        Err(InvalidateError::Store(error)) => (
             StatusCode::BAD_GATEWAY,
             Json(serde_json::json!({"error": format!("only this sidecar purged: {error}")})),
+        ),
+        // (Not a path, or a route that keys on the host: the sidecar's do not.)
+        Err(error) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": error.to_string()})),
         ),
     }
 }

@@ -23,7 +23,7 @@ pub(crate) struct Args {
     #[arg(long, value_name = "ADDR")]
     pub(crate) listen: Option<SocketAddr>,
 
-    /// The origin, an absolute http:// URL [default: http://127.0.0.1:9000].
+    /// The origin, an absolute http:// or https:// URL [default: http://127.0.0.1:9000].
     #[arg(long, value_name = "URL", value_parser = upstream)]
     pub(crate) upstream: Option<Uri>,
 
@@ -35,6 +35,44 @@ pub(crate) struct Args {
         hide_env_values = true
     )]
     pub(crate) redis: Option<String>,
+
+    /// Redis Cluster shared by the fleet: a node's URL (any of them; the rest is learned
+    /// from it); repeat for more.
+    #[arg(long = "redis-cluster", value_name = "URL", conflicts_with = "redis")]
+    pub(crate) redis_cluster: Vec<String>,
+
+    /// Redis Sentinel: a sentinel's URL; repeat for more. With
+    /// `--redis-sentinel-service`, the name the sentinels watch the primary under.
+    #[arg(
+        long = "redis-sentinel",
+        value_name = "URL",
+        conflicts_with_all = ["redis", "redis_cluster"],
+        requires = "redis_sentinel_service"
+    )]
+    pub(crate) redis_sentinels: Vec<String>,
+
+    /// The name the sentinels of `--redis-sentinel` watch the primary under.
+    #[arg(long, value_name = "NAME", requires = "redis_sentinels")]
+    pub(crate) redis_sentinel_service: Option<String>,
+
+    /// The certificate authority (PEM) a `rediss://` server is checked against, instead
+    /// of the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) redis_ca: Option<PathBuf>,
+
+    /// A client certificate (PEM) for Redis servers that ask for one; with
+    /// `--redis-client-key`.
+    #[arg(long, value_name = "FILE", requires = "redis_client_key")]
+    pub(crate) redis_client_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--redis-client-cert`.
+    #[arg(long, value_name = "FILE", requires = "redis_client_cert")]
+    pub(crate) redis_client_key: Option<PathBuf>,
+
+    /// The Redis ACL user (instead of the URL's). Its password comes from
+    /// `STAMPEDE_SIDECAR_REDIS_PASSWORD` (or the URL), never from a flag.
+    #[arg(long, value_name = "USER")]
+    pub(crate) redis_username: Option<String>,
 
     /// Whether the origin's Cache-Control, Expires and Age set how long entries are
     /// fresh and may be served stale, for requests matching no route and routes that do
@@ -103,6 +141,63 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     pub(crate) secret_file: Option<std::path::PathBuf>,
 
+    /// At most this many client connections at once; beyond it, new ones wait in the
+    /// listener's accept queue until one closes [default: 10000].
+    #[arg(long, value_name = "N")]
+    pub(crate) max_connections: Option<usize>,
+
+    /// How long a client may take to send a request's headers, from the connection's
+    /// start or the request's first byte; then the connection is closed [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) header_read_timeout: Option<Duration>,
+
+    /// How long a client connection may stay idle between requests [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) keep_alive_timeout: Option<Duration>,
+
+    /// How long a request's body may take to arrive, from its headers; then the
+    /// request is answered 408 [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) request_body_timeout: Option<Duration>,
+
+    /// How long connecting to the origin may take; then 504 [default: 5s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) connect_timeout: Option<Duration>,
+
+    /// How long the origin may take to send its response headers; then 504
+    /// [default: 60s]. A fill is also bounded by its route's lease.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) response_timeout: Option<Duration>,
+
+    /// How long the origin's body may pause while it streams; then the answer is cut
+    /// (and a fill fails) [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) upstream_idle_timeout: Option<Duration>,
+
+    /// Speak HTTP/2 to an http:// origin (prior knowledge, h2c) instead of HTTP/1.1.
+    /// An https:// origin is offered both, by ALPN.
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub(crate) upstream_http2: Option<bool>,
+
+    /// Terminate TLS: the certificate chain (PEM) clients are shown. With
+    /// `--tls-key`; HTTP/2 and HTTP/1.1 are offered by ALPN.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
+
+    /// The certificate authorities (PEM) an https:// origin's certificate is checked
+    /// against, instead of the system's.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) upstream_ca: Option<PathBuf>,
+
+    /// One line per request on standard output: `json`, `common` (the Common Log
+    /// Format, with the cache's outcome and times) or `off` [default: off].
+    #[arg(long, value_name = "FORMAT")]
+    pub(crate) access_log: Option<crate::access::Format>,
+
     /// Check the settings (flags, config file, every route's policy) and exit: 0 if
     /// they would run, 2 naming what is refused. Connects nothing, binds nothing.
     #[arg(long)]
@@ -120,6 +215,27 @@ impl fmt::Debug for Args {
             .field("via", &self.via)
             .field("trusted_proxies", &self.trusted_proxies)
             .field("redis", &self.redis.as_deref().map(redacted))
+            .field(
+                "redis_cluster",
+                &self
+                    .redis_cluster
+                    .iter()
+                    .map(|u| redacted(u))
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "redis_sentinels",
+                &self
+                    .redis_sentinels
+                    .iter()
+                    .map(|u| redacted(u))
+                    .collect::<Vec<_>>(),
+            )
+            .field("redis_sentinel_service", &self.redis_sentinel_service)
+            .field("redis_ca", &self.redis_ca)
+            .field("redis_client_cert", &self.redis_client_cert)
+            .field("redis_client_key", &self.redis_client_key)
+            .field("redis_username", &self.redis_username)
             .field("follow_origin", &self.follow_origin)
             .field("fresh", &self.fresh)
             .field("grace", &self.grace)
@@ -129,6 +245,18 @@ impl fmt::Debug for Args {
             .field("admin", &self.admin)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("drain_timeout", &self.drain_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("keep_alive_timeout", &self.keep_alive_timeout)
+            .field("request_body_timeout", &self.request_body_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("upstream_idle_timeout", &self.upstream_idle_timeout)
+            .field("upstream_http2", &self.upstream_http2)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("upstream_ca", &self.upstream_ca)
+            .field("access_log", &self.access_log)
             .field("check", &self.check)
             .finish()
     }
@@ -148,15 +276,17 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{text}` is not a duration ({e}; write e.g. 250ms, 1s, 2m)"))
 }
 
-/// An absolute `http://` URL.
+/// An absolute `http://` or `https://` URL.
 pub(crate) fn upstream(text: &str) -> Result<Uri, String> {
     let uri: Uri = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
     match (uri.scheme_str(), uri.authority()) {
-        (Some("http"), Some(_)) => Ok(uri),
+        (Some("http" | "https"), Some(_)) => Ok(uri),
         (Some(other), Some(_)) => Err(format!(
-            "`{text}`: only http:// origins are supported, not {other}://"
+            "`{text}`: origins are http:// or https://, not {other}://"
         )),
-        _ => Err(format!("`{text}` must be an absolute http:// URL")),
+        _ => Err(format!(
+            "`{text}` must be an absolute http:// or https:// URL"
+        )),
     }
 }
 
@@ -202,7 +332,8 @@ mod tests {
     #[test]
     fn upstreams() {
         assert!(upstream("http://127.0.0.1:9000").is_ok());
-        assert!(upstream("https://example.com").is_err());
+        assert!(upstream("https://example.com").is_ok());
+        assert!(upstream("ftp://example.com").is_err());
         assert!(upstream("/relative").is_err());
     }
 }

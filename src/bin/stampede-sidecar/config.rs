@@ -13,8 +13,10 @@ use http::Uri;
 use serde::Deserialize;
 use stampede_guard::{ColdMiss, ConfigError, Policy};
 
+use crate::access::Format;
 use crate::args::{self, Args, redacted};
-use crate::upstream::Cidr;
+use crate::server::{Limits, Tls};
+use crate::upstream::{Cidr, Origin};
 
 /// Settings with no flag and no file value.
 mod defaults {
@@ -29,6 +31,13 @@ mod defaults {
     pub(super) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
     pub(super) const ENV: &str = "sidecar";
     pub(super) const VIA: &str = "stampede-sidecar";
+    pub(super) const MAX_CONNECTIONS: usize = 10_000;
+    pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+    pub(super) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(60);
+    pub(super) const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+    pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    pub(super) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+    pub(super) const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
     /// The route name of requests that match no route.
     pub(super) const ROUTE: &str = "default";
 }
@@ -90,12 +99,31 @@ with_policy_fields! {
         listen: Option<SocketAddr>,
         upstream: Option<String>,
         redis: Option<String>,
+        redis_cluster: Option<Vec<String>>,
+        redis_sentinels: Option<Vec<String>>,
+        redis_sentinel_service: Option<String>,
+        redis_ca: Option<PathBuf>,
+        redis_client_cert: Option<PathBuf>,
+        redis_client_key: Option<PathBuf>,
+        redis_username: Option<String>,
         metrics: Option<SocketAddr>,
         admin: Option<SocketAddr>,
         admin_token: Option<String>,
         via: Option<String>,
         trusted_proxies: Option<Vec<String>>,
         drain_timeout: Option<String>,
+        max_connections: Option<usize>,
+        header_read_timeout: Option<String>,
+        keep_alive_timeout: Option<String>,
+        request_body_timeout: Option<String>,
+        connect_timeout: Option<String>,
+        response_timeout: Option<String>,
+        upstream_idle_timeout: Option<String>,
+        upstream_http2: Option<bool>,
+        upstream_ca: Option<PathBuf>,
+        access_log: Option<Format>,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
         env: Option<String>,
         service: Option<String>,
         secret_file: Option<PathBuf>,
@@ -233,15 +261,16 @@ pub(crate) struct Settings {
     pub(crate) file: Option<PathBuf>,
     pub(crate) listen: SocketAddr,
     pub(crate) upstream: Uri,
-    pub(crate) redis: Option<String>,
+    pub(crate) redis: Redis,
     pub(crate) metrics: Option<SocketAddr>,
     pub(crate) admin: Option<SocketAddr>,
     pub(crate) admin_token: Option<String>,
-    /// What `Via` names this proxy; none when turned off (`via = ""`).
-    pub(crate) via: Option<String>,
-    /// The peers whose `X-Forwarded-For` and `-Proto` are kept.
-    pub(crate) trusted_proxies: Vec<Cidr>,
     pub(crate) drain_timeout: Duration,
+    /// The client side: connections, their timeouts, TLS.
+    pub(crate) limits: Limits,
+    /// How the origin is spoken to.
+    pub(crate) origin: Origin,
+    pub(crate) access_log: Format,
     pub(crate) env: String,
     /// By default, named after the upstream (see [`service_of`]): sidecars fronting
     /// different origins on one Redis never share keys.
@@ -262,15 +291,175 @@ impl fmt::Debug for Settings {
             .field("file", &self.file)
             .field("listen", &self.listen)
             .field("upstream", &self.upstream)
-            .field("redis", &self.redis.as_deref().map(redacted))
+            .field("redis", &self.redis)
             .field("metrics", &self.metrics)
             .field("admin", &self.admin)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("drain_timeout", &self.drain_timeout)
+            .field("limits", &self.limits)
+            .field("origin", &self.origin)
+            .field("access_log", &self.access_log)
             .field("default", &self.default)
             .field("routes", &self.routes)
             .finish_non_exhaustive()
     }
+}
+
+/// The fleet's Redis, if any, and how to reach it. The password is not here: it comes
+/// from `STAMPEDE_SIDECAR_REDIS_PASSWORD` or the URLs, when the store is built.
+pub(crate) struct Redis {
+    pub(crate) backend: Backend,
+    pub(crate) ca: Option<PathBuf>,
+    pub(crate) client_cert: Option<PathBuf>,
+    pub(crate) client_key: Option<PathBuf>,
+    pub(crate) username: Option<String>,
+}
+
+/// Which Redis.
+pub(crate) enum Backend {
+    /// None: the local cache only.
+    Local,
+    /// One server (`redis`).
+    Single(String),
+    /// A Redis Cluster, by some of its nodes (`redis_cluster`).
+    Cluster(Vec<String>),
+    /// The primary the sentinels watch under `service` (`redis_sentinels`,
+    /// `redis_sentinel_service`).
+    Sentinel {
+        sentinels: Vec<String>,
+        service: String,
+    },
+}
+
+impl Backend {
+    /// Whether a fleet shares it (and so needs a shared secret).
+    pub(crate) fn is_shared(&self) -> bool {
+        !matches!(self, Self::Local)
+    }
+}
+
+/// Says which backend, without a password: for `--check`, the start line and `Debug`.
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |urls: &[String]| {
+            urls.iter()
+                .map(|u| redacted(u))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            Self::Local => f.write_str("the local cache only"),
+            Self::Single(url) => write!(f, "Redis at {}", redacted(url)),
+            Self::Cluster(nodes) => write!(f, "Redis Cluster from {}", list(nodes)),
+            Self::Sentinel { sentinels, service } => {
+                write!(
+                    f,
+                    "Redis Sentinel service {service} from {}",
+                    list(sentinels)
+                )
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Redis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redis")
+            .field("backend", &self.backend.to_string())
+            .field("ca", &self.ca)
+            .field("client_cert", &self.client_cert)
+            .field("client_key", &self.client_key)
+            .field("username", &self.username)
+            .finish()
+    }
+}
+
+/// The Redis settings: a backend given by flags replaces the file's; one backend at
+/// most.
+fn redis(args: &Args, file: &File, top: &Place<'_>) -> Result<Redis, SettingError> {
+    let flags =
+        !(args.redis.is_none() && args.redis_cluster.is_empty() && args.redis_sentinels.is_empty());
+    let (single, cluster, sentinels, service) = if flags {
+        (
+            args.redis.clone(),
+            args.redis_cluster.clone(),
+            args.redis_sentinels.clone(),
+            args.redis_sentinel_service.clone(),
+        )
+    } else {
+        (
+            file.redis.clone(),
+            file.redis_cluster.clone().unwrap_or_default(),
+            file.redis_sentinels.clone().unwrap_or_default(),
+            args.redis_sentinel_service
+                .clone()
+                .or(file.redis_sentinel_service.clone()),
+        )
+    };
+    let backend = match (single, cluster.is_empty(), sentinels.is_empty()) {
+        (None, true, true) => {
+            if service.is_some() {
+                return Err(top.error(
+                    "redis_sentinel_service",
+                    "is for redis_sentinels, and none is set",
+                ));
+            }
+            Backend::Local
+        }
+        (Some(url), true, true) => Backend::Single(url),
+        (None, false, true) => Backend::Cluster(cluster),
+        (None, true, false) => Backend::Sentinel {
+            sentinels,
+            service: service.ok_or_else(|| {
+                top.error(
+                    "redis_sentinel_service",
+                    "is needed with redis_sentinels: the name they watch the primary under",
+                )
+            })?,
+        },
+        _ => {
+            return Err(top.error(
+                "redis",
+                "give one of redis, redis_cluster and redis_sentinels, not several",
+            ));
+        }
+    };
+    let redis = Redis {
+        backend,
+        ca: args.redis_ca.clone().or(file.redis_ca.clone()),
+        client_cert: args
+            .redis_client_cert
+            .clone()
+            .or(file.redis_client_cert.clone()),
+        client_key: args
+            .redis_client_key
+            .clone()
+            .or(file.redis_client_key.clone()),
+        username: args.redis_username.clone().or(file.redis_username.clone()),
+    };
+    if redis.client_cert.is_some() != redis.client_key.is_some() {
+        let missing = if redis.client_cert.is_some() {
+            "redis_client_key"
+        } else {
+            "redis_client_cert"
+        };
+        return Err(top.error(
+            missing,
+            "redis_client_cert and redis_client_key go together",
+        ));
+    }
+    if !redis.backend.is_shared()
+        && let Some(field) = [
+            ("redis_ca", redis.ca.is_some()),
+            ("redis_client_cert", redis.client_cert.is_some()),
+            ("redis_username", redis.username.is_some()),
+        ]
+        .iter()
+        .find_map(|(field, set)| set.then_some(*field))
+    {
+        return Err(top.error(field, "is set, but no Redis is"));
+    }
+    Ok(redis)
 }
 
 impl Settings {
@@ -331,6 +520,83 @@ impl Settings {
                 .duration("drain_timeout", &file.drain_timeout)?
                 .unwrap_or(defaults::DRAIN_TIMEOUT),
         };
+        let timeout = |field: &str, flag: Option<Duration>, text: &Option<String>, default| {
+            let value = match flag {
+                Some(d) => d,
+                None => top.duration(field, text)?.unwrap_or(default),
+            };
+            if value.is_zero() {
+                return Err(top.error(field, "must be more than 0s"));
+            }
+            Ok(value)
+        };
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(defaults::MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err(top.error("max_connections", "must be at least 1"));
+        }
+        let tls = match (
+            args.tls_cert.clone().or(file.tls_cert.clone()),
+            args.tls_key.clone().or(file.tls_key.clone()),
+        ) {
+            (Some(cert), Some(key)) => Some(Tls { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => return Err(top.error("tls_key", "is needed with tls_cert")),
+            (None, Some(_)) => return Err(top.error("tls_cert", "is needed with tls_key")),
+        };
+        let limits = Limits {
+            max_connections,
+            header_read: timeout(
+                "header_read_timeout",
+                args.header_read_timeout,
+                &file.header_read_timeout,
+                defaults::HEADER_READ_TIMEOUT,
+            )?,
+            keep_alive: timeout(
+                "keep_alive_timeout",
+                args.keep_alive_timeout,
+                &file.keep_alive_timeout,
+                defaults::KEEP_ALIVE_TIMEOUT,
+            )?,
+            body_read: timeout(
+                "request_body_timeout",
+                args.request_body_timeout,
+                &file.request_body_timeout,
+                defaults::REQUEST_BODY_TIMEOUT,
+            )?,
+            tls,
+        };
+        let origin = Origin {
+            uri: upstream.clone(),
+            connect: timeout(
+                "connect_timeout",
+                args.connect_timeout,
+                &file.connect_timeout,
+                defaults::CONNECT_TIMEOUT,
+            )?,
+            response: timeout(
+                "response_timeout",
+                args.response_timeout,
+                &file.response_timeout,
+                defaults::RESPONSE_TIMEOUT,
+            )?,
+            idle: timeout(
+                "upstream_idle_timeout",
+                args.upstream_idle_timeout,
+                &file.upstream_idle_timeout,
+                defaults::UPSTREAM_IDLE_TIMEOUT,
+            )?,
+            http2: args.upstream_http2.or(file.upstream_http2).unwrap_or(false),
+            ca: args.upstream_ca.clone().or(file.upstream_ca.clone()),
+            via,
+            trusted_proxies,
+        };
+        let redis = redis(args, &file, &top)?;
+        if origin.ca.is_some() && upstream.scheme_str() != Some("https") {
+            return Err(top.error("upstream_ca", "is for an https:// upstream"));
+        }
         if let Some(mode) = &file.default
             && *mode == Unrouted::Pass
             && file.routes.is_empty()
@@ -419,13 +685,14 @@ impl Settings {
                 .or(file.listen)
                 .unwrap_or_else(|| defaults::LISTEN.parse().expect("an address")),
             upstream,
-            redis: args.redis.clone().or(file.redis),
+            redis,
             metrics: args.metrics.or(file.metrics),
             admin: args.admin.or(file.admin),
             admin_token: args.admin_token.clone().or(file.admin_token),
-            via,
-            trusted_proxies,
             drain_timeout,
+            limits,
+            origin,
+            access_log: args.access_log.or(file.access_log).unwrap_or(Format::Off),
             env: file.env.unwrap_or_else(|| defaults::ENV.to_owned()),
             service,
             secret_file: args.secret_file.clone().or(file.secret_file),
@@ -609,7 +876,13 @@ fn is_tchar(byte: u8) -> bool {
 /// fronting different origins on one Redis then never compute the same keys.
 fn service_of(upstream: &Uri) -> String {
     let host = upstream.host().unwrap_or("origin");
-    let port = upstream.port_u16().unwrap_or(80);
+    let port = upstream
+        .port_u16()
+        .unwrap_or(if upstream.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
     let mut service: String = format!("{host}-{port}")
         .chars()
         .map(|c| match c.to_ascii_lowercase() {
@@ -751,8 +1024,34 @@ mod tests {
     }
 
     #[test]
+    fn limits_have_defaults_flags_and_refusals() {
+        let settings = load(&[], "").unwrap();
+        assert_eq!(settings.limits.header_read, Duration::from_secs(10));
+        assert_eq!(settings.limits.max_connections, 10_000);
+        assert_eq!(settings.origin.connect, Duration::from_secs(5));
+        assert!(!settings.origin.http2);
+        let set = load(
+            &["--connect-timeout", "250ms"],
+            "connect_timeout = \"9s\"\nresponse_timeout = \"3s\"\nmax_connections = 7\n",
+        )
+        .unwrap();
+        assert_eq!(set.origin.connect, Duration::from_millis(250));
+        assert_eq!(set.origin.response, Duration::from_secs(3));
+        assert_eq!(set.limits.max_connections, 7);
+        for (text, field) in [
+            ("keep_alive_timeout = \"0s\"\n", "keep_alive_timeout"),
+            ("max_connections = 0\n", "max_connections"),
+            ("tls_cert = \"c.pem\"\n", "tls_key"),
+            ("upstream_ca = \"ca.pem\"\n", "upstream_ca"),
+        ] {
+            let refused = load(&[], text).unwrap_err().to_string();
+            assert!(refused.contains(field), "{text}: {refused}");
+        }
+    }
+
+    #[test]
     fn via_names_a_token_or_nothing() {
-        let via = |flags: &[&str], text: &str| load(flags, text).map(|s| s.via);
+        let via = |flags: &[&str], text: &str| load(flags, text).map(|s| s.origin.via);
         assert_eq!(via(&[], "").unwrap().as_deref(), Some("stampede-sidecar"));
         assert_eq!(
             via(&[], "via = \"edge-7\"\n").unwrap().as_deref(),
@@ -766,13 +1065,13 @@ mod tests {
     #[test]
     fn trusted_proxies_are_address_blocks() {
         let trusted = load(&[], "trusted_proxies = [\"10.0.0.0/8\", \"::1\"]\n").unwrap();
-        assert_eq!(trusted.trusted_proxies.len(), 2);
+        assert_eq!(trusted.origin.trusted_proxies.len(), 2);
         let flagged = load(
             &["--trusted-proxy", "127.0.0.1"],
             "trusted_proxies = [\"10.0.0.0/8\"]\n",
         );
         assert_eq!(
-            flagged.unwrap().trusted_proxies.len(),
+            flagged.unwrap().origin.trusted_proxies.len(),
             1,
             "the flags replace the file's"
         );

@@ -11,10 +11,13 @@
 //! setting (the message names it), 1 for anything else (an address that cannot be
 //! bound, a drain cut short).
 
+mod access;
 mod admin;
 mod args;
 mod config;
+mod peer;
 mod routes;
+mod server;
 mod shutdown;
 mod upstream;
 
@@ -24,12 +27,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use stampede_guard::{KeySpace, RedisStore, StampedeGuard};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use crate::args::Args;
-use crate::config::{SettingError, Settings};
+use crate::config::{Backend, SettingError, Settings};
 use crate::routes::Routes;
 use crate::shutdown::{Shutdown, Signals};
 use crate::upstream::Upstream;
@@ -94,17 +99,33 @@ fn main() -> ExitCode {
 /// `--check`: builds what `run` would build, short of connecting and binding.
 fn check(settings: &Settings) -> Result<(), Failure> {
     let guard = guard(settings)?;
-    Routes::new(
-        &guard,
-        settings,
-        &Upstream::new(
-            settings.upstream.clone(),
-            settings.via.as_deref(),
-            settings.trusted_proxies.clone(),
-        ),
-    )?;
-    println!("settings ok: {} route(s)", settings.routes.len());
+    Routes::new(&guard, settings, &upstream(settings)?)?;
+    tls(settings)?;
+    println!(
+        "settings ok: {} route(s), {}",
+        settings.routes.len(),
+        settings.redis.backend
+    );
     Ok(())
+}
+
+/// The origin's client.
+fn upstream(settings: &Settings) -> Result<Upstream, Failure> {
+    Upstream::new(&settings.origin)
+        .map_err(|(field, e)| Failure::Setting(settings.setting_error(field, e)))
+}
+
+/// TLS termination, if it is asked for.
+fn tls(settings: &Settings) -> Result<Option<tokio_rustls::TlsAcceptor>, Failure> {
+    settings
+        .limits
+        .tls
+        .as_ref()
+        .map(|tls| {
+            tls.acceptor()
+                .map_err(|(field, e)| Failure::Setting(settings.setting_error(field, e)))
+        })
+        .transpose()
 }
 
 async fn run(settings: Settings) -> Result<(), Failure> {
@@ -119,12 +140,8 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         println!("metrics on http://{addr}/metrics");
     }
     let guard = guard(&settings)?;
-    let upstream = Upstream::new(
-        settings.upstream.clone(),
-        settings.via.as_deref(),
-        settings.trusted_proxies.clone(),
-    );
-    let routes = Routes::new(&guard, &settings, &upstream)?;
+    let routes = Routes::new(&guard, &settings, &upstream(&settings)?)?;
+    let tls = tls(&settings)?;
     let listener = bind(settings.listen).await?;
     let shutdown = Shutdown::new();
     if let Some(addr) = settings.admin {
@@ -143,10 +160,11 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         println!("Redis does not answer ({error}): serving from the local cache until it does.");
     }
     println!(
-        "caching {} on http://{} ({}, {} route{}{})",
+        "caching {} on {}://{} ({}, {} route{}{})",
         settings.upstream,
+        if tls.is_some() { "https" } else { "http" },
         listener.local_addr().unwrap_or(settings.listen),
-        if settings.redis.is_some() {
+        if settings.redis.backend.is_shared() {
             "L1 + Redis"
         } else {
             "L1 only"
@@ -160,12 +178,15 @@ async fn run(settings: Settings) -> Result<(), Failure> {
         },
     );
 
-    // Each request carries its peer's address (for `X-Forwarded-For`).
-    let app = axum::Router::new()
-        .fallback_service(routes)
-        .into_make_service_with_connect_info::<SocketAddr>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.started());
-    let mut server = tokio::spawn(async move { server.await });
+    let service = access::wrap(routes.clone(), settings.access_log);
+    let server = server::serve(
+        listener,
+        settings.limits.clone(),
+        tls,
+        service,
+        shutdown.started(),
+    );
+    let mut server = tokio::spawn(server);
     let signal = tokio::select! {
         signal = signals.next() => signal,
         ended = &mut server => {
@@ -227,11 +248,11 @@ fn secret(settings: &Settings) -> Result<Vec<u8>, Failure> {
         })?;
         return Ok(text.trim_end().as_bytes().to_vec());
     }
-    if settings.redis.is_some() {
+    if settings.redis.backend.is_shared() {
         return Err(Failure::Setting(settings.setting_error(
             "STAMPEDE_GUARD_SECRET",
             format!(
-                "not set, and no --secret-file: with --redis, keys are hashed with a secret \
+                "not set, and no --secret-file: with Redis, keys are hashed with a secret \
                  the fleet shares; {MAKE_ONE}"
             ),
         )));
@@ -256,12 +277,7 @@ fn guard(settings: &Settings) -> Result<StampedeGuard, Failure> {
             "secret" => refused("STAMPEDE_GUARD_SECRET", &format!("{e}; {MAKE_ONE}")),
             field => refused(field, &e),
         })?;
-    let store = match &settings.redis {
-        Some(url) => RedisStore::builder(url.as_str())
-            .build()
-            .map_err(|e| refused("redis", &e))?,
-        None => RedisStore::local_only(),
-    };
+    let store = store(settings)?;
     let mut builder = StampedeGuard::builder(store, keys);
     if let Some(bytes) = settings.l1_capacity {
         builder = builder.l1_capacity(bytes);
@@ -270,6 +286,71 @@ fn guard(settings: &Settings) -> Result<StampedeGuard, Failure> {
         builder = builder.refresh_budget(slots);
     }
     builder.build().map_err(|e| refused(e.field(), &e))
+}
+
+/// The store on the settings' Redis: one server, a Cluster or Sentinel's primary, with
+/// TLS files and an ACL user; the password from `STAMPEDE_SIDECAR_REDIS_PASSWORD`, if
+/// set (else the URLs'). A refusal names the setting.
+fn store(settings: &Settings) -> Result<RedisStore, Failure> {
+    let redis = &settings.redis;
+    let (mut builder, urls_field) = match &redis.backend {
+        Backend::Local => return Ok(RedisStore::local_only()),
+        Backend::Single(url) => (RedisStore::builder(url.as_str()), "redis"),
+        Backend::Cluster(nodes) => (RedisStore::cluster(nodes), "redis_cluster"),
+        Backend::Sentinel { sentinels, service } => (
+            RedisStore::sentinel(sentinels, service.as_str()),
+            "redis_sentinels",
+        ),
+    };
+    let refused = |field: &str, error: &dyn fmt::Display| {
+        Failure::Setting(settings.setting_error(field, error.to_string()))
+    };
+    let read = |field: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| refused(field, &format!("cannot read {}: {e}", path.display())))
+    };
+    // Checked here, so that a file that is not PEM is refused at start, not met at the
+    // first connection.
+    let certificates = |field: &str, path: &std::path::Path| {
+        let pem = read(field, path)?;
+        match CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>() {
+            Ok(found) if !found.is_empty() => Ok(pem),
+            Ok(_) => Err(refused(
+                field,
+                &format!("{}: no PEM certificate in it", path.display()),
+            )),
+            Err(e) => Err(refused(field, &format!("{}: {e}", path.display()))),
+        }
+    };
+    if let Some(ca) = &redis.ca {
+        builder = builder.tls_root_certificate(certificates("redis_ca", ca)?);
+    }
+    if let (Some(cert), Some(key)) = (&redis.client_cert, &redis.client_key) {
+        let pem = read("redis_client_key", key)?;
+        if let Err(e) = PrivateKeyDer::from_pem_slice(&pem) {
+            return Err(refused(
+                "redis_client_key",
+                &format!("{}: {e}", key.display()),
+            ));
+        }
+        builder = builder.tls_client_certificate(certificates("redis_client_cert", cert)?, pem);
+    }
+    if let Some(user) = &redis.username {
+        builder = builder.username(user.as_str());
+    }
+    if let Ok(password) = std::env::var("STAMPEDE_SIDECAR_REDIS_PASSWORD") {
+        builder = builder.password(password);
+    }
+    builder.build().map_err(|e| match e.field() {
+        "url" | "nodes" | "sentinels" => refused(urls_field, &e),
+        "tls_root_certificate" => refused("redis_ca", &e),
+        "tls_client_certificate" => refused("redis_client_cert", &e),
+        "username" => refused(
+            "redis_username",
+            &format!("{e}: set STAMPEDE_SIDECAR_REDIS_PASSWORD"),
+        ),
+        field => refused(field, &e),
+    })
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, Failure> {

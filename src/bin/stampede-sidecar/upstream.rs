@@ -11,51 +11,176 @@
 //! list (a load balancer in front), kept with the peer's address appended.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
-
-use axum::extract::ConnectInfo;
+use std::error::Error as StdError;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::{CONNECTION, VIA};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use tokio::time::{Instant, Sleep};
 
-/// The body of the origin's answers (or of the sidecar's own 502).
-pub(crate) type UpstreamBody = BoxBody<Bytes, hyper::Error>;
+use crate::peer::{OriginTime, Peer, RequestBodyTimeout};
 
-/// Forwards requests to one origin over a pool of keep-alive connections.
+/// The body of the origin's answers (or of the sidecar's own 502 and 504).
+pub(crate) type UpstreamBody = BoxBody<Bytes, Box<dyn StdError + Send + Sync>>;
+
+/// How the origin is spoken to: its URL, its timeouts, its protocol, and the headers a
+/// proxy adds.
 #[derive(Clone, Debug)]
-pub(crate) struct Upstream {
-    client: Client<HttpConnector, Body>,
-    origin: Uri,
-    /// What `Via` says of this proxy (`1.1 stampede-sidecar`); none when turned off.
-    via: Option<HeaderValue>,
+pub(crate) struct Origin {
+    /// An absolute `http://` or `https://` URL (checked when the settings were read);
+    /// its path, if any, is not used.
+    pub(crate) uri: Uri,
+    /// Connecting (and, for https://, the TLS handshake).
+    pub(crate) connect: Duration,
+    /// From the request sent to the response's headers.
+    pub(crate) response: Duration,
+    /// The longest pause while the response's body streams.
+    pub(crate) idle: Duration,
+    /// HTTP/2 with prior knowledge to an http:// origin.
+    pub(crate) http2: bool,
+    /// The certificate authorities an https:// origin is checked against, instead of
+    /// the system's.
+    pub(crate) ca: Option<PathBuf>,
+    /// The name this proxy gives itself in `Via` (checked when the settings were read),
+    /// or none.
+    pub(crate) via: Option<String>,
     /// The peers whose `X-Forwarded-For` and `-Proto` are kept.
-    trusted: Vec<Cidr>,
+    pub(crate) trusted_proxies: Vec<Cidr>,
+}
+
+/// Forwards requests to one origin over a pool of keep-alive connections. Cloned per
+/// request by the services around it: one reference count.
+#[derive(Clone)]
+pub(crate) struct Upstream(Arc<Inner>);
+
+struct Inner {
+    client: Client<HttpsConnector<HttpConnector>, Body>,
+    origin: Origin,
+    /// What `Via` says of this proxy after the protocol's version
+    /// (`1.1 stampede-sidecar`, `2 stampede-sidecar`); none when turned off.
+    via: Option<Via>,
+}
+
+/// This proxy's entries in `Via`, one per version of HTTP it may have received a
+/// message in (RFC 9110 §7.6.3: the received protocol).
+#[derive(Clone, Debug)]
+struct Via {
+    http10: HeaderValue,
+    http11: HeaderValue,
+    http2: HeaderValue,
+}
+
+impl Via {
+    fn new(name: &str) -> Option<Self> {
+        let value = |version: &str| HeaderValue::from_str(&format!("{version} {name}")).ok();
+        Some(Self {
+            http10: value("1.0")?,
+            http11: value("1.1")?,
+            http2: value("2")?,
+        })
+    }
+
+    fn of(&self, version: Version) -> &HeaderValue {
+        match version {
+            Version::HTTP_10 | Version::HTTP_09 => &self.http10,
+            Version::HTTP_2 | Version::HTTP_3 => &self.http2,
+            _ => &self.http11,
+        }
+    }
+}
+
+impl fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Upstream")
+            .field("origin", &self.0.origin)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Upstream {
-    /// `origin` is an absolute `http://` URL (checked when the settings were read); its
-    /// path, if any, is not used. `via`: the name this proxy gives itself in `Via`
-    /// (checked when the settings were read), or none.
-    pub(crate) fn new(origin: Uri, via: Option<&str>, trusted: Vec<Cidr>) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        Self {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-            origin,
-            via: via.and_then(|name| HeaderValue::from_str(&format!("1.1 {name}")).ok()),
-            trusted,
+    /// The origin's client. Refused, naming the setting, when `upstream_ca` cannot be
+    /// read or holds no certificate, or the system has no root certificates.
+    pub(crate) fn new(origin: &Origin) -> Result<Self, (&'static str, String)> {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(origin.connect));
+        http.enforce_http(false);
+        let mut roots = rustls::RootCertStore::empty();
+        match &origin.ca {
+            Some(path) => {
+                let certs = CertificateDer::pem_file_iter(path)
+                    .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+                    .map_err(|e| ("upstream_ca", format!("{}: {e}", path.display())))?;
+                let (added, _) = roots.add_parsable_certificates(certs);
+                if added == 0 {
+                    return Err((
+                        "upstream_ca",
+                        format!("{}: no PEM certificate in it", path.display()),
+                    ));
+                }
+            }
+            None if origin.uri.scheme_str() == Some("https") => {
+                let found = rustls_native_certs::load_native_certs();
+                roots.add_parsable_certificates(found.certs);
+                if roots.is_empty() {
+                    return Err((
+                        "upstream",
+                        "no root certificates on this system to check an https:// origin \
+                         with; name some with upstream_ca"
+                            .to_owned(),
+                    ));
+                }
+            }
+            None => {}
         }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ("upstream", e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let mut client = Client::builder(TokioExecutor::new());
+        client
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new());
+        if origin.http2 && origin.uri.scheme_str() == Some("http") {
+            client.http2_only(true);
+        }
+        Ok(Self(Arc::new(Inner {
+            client: client.build(connector),
+            via: origin.via.as_deref().and_then(Via::new),
+            origin: origin.clone(),
+        })))
     }
 
     /// The origin as a Tower service. An origin that cannot be reached is answered
-    /// with a 502 (which the guard does not cache, and may stand a stale entry in for).
+    /// with a 502, one that does not answer in time with a 504 (which the guard does not
+    /// cache, and may stand a stale entry in for).
     pub(crate) fn service(
         &self,
     ) -> impl tower::Service<
@@ -80,11 +205,12 @@ impl Upstream {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_owned();
+        let origin = &self.0.origin.uri;
         let mut uri = Uri::builder().path_and_query(path);
-        if let Some(scheme) = self.origin.scheme() {
+        if let Some(scheme) = origin.scheme() {
             uri = uri.scheme(scheme.clone());
         }
-        if let Some(authority) = self.origin.authority() {
+        if let Some(authority) = origin.authority() {
             uri = uri.authority(authority.clone());
             if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
                 request.headers_mut().insert(http::header::HOST, host);
@@ -92,26 +218,196 @@ impl Upstream {
         }
         *request.uri_mut() = match uri.build() {
             Ok(uri) => uri,
-            Err(_) => return bad_gateway(),
+            Err(_) => return failed(Failure::Error),
         };
         strip_hop_by_hop(request.headers_mut());
-        self.add_via(request.headers_mut());
-        let peer = request
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(addr)| addr.ip());
+        self.add_via(request.version(), request.headers_mut());
+        // The version is the origin connection's to choose, not the client's.
+        *request.version_mut() = Version::HTTP_11;
+        let peer = request.extensions().get::<Peer>().copied();
         self.forwarded_for(request.headers_mut(), peer);
-        match self.client.request(request).await {
-            Ok(mut response) => {
-                strip_hop_by_hop(response.headers_mut());
-                self.add_via(response.headers_mut());
-                response.map(BodyExt::boxed)
-            }
-            Err(error) => {
-                tracing::warn!(%error, "origin unreachable");
-                bad_gateway()
-            }
+        let clock = request.extensions().get::<OriginTime>().cloned();
+        let started = tokio::time::Instant::now();
+        let sent = tokio::time::timeout(self.0.origin.response, self.0.client.request(request));
+        let sent = sent.await;
+        if let Some(clock) = clock {
+            clock.set(started.elapsed());
         }
+        match sent {
+            Ok(Ok(mut response)) => {
+                strip_hop_by_hop(response.headers_mut());
+                self.add_via(response.version(), response.headers_mut());
+                let idle = self.0.origin.idle;
+                response.map(|body| IdleBody::new(body, idle).boxed())
+            }
+            Ok(Err(error)) => {
+                let failure = Failure::of(&error);
+                if failure != Failure::RequestBody {
+                    tracing::warn!(error = %Chain(&error), "origin unreachable");
+                }
+                failed(failure)
+            }
+            Err(_) => failed(Failure::ResponseTimeout),
+        }
+    }
+}
+
+/// Why the origin gave no answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    /// Not connected within `connect_timeout`: 504.
+    ConnectTimeout,
+    /// No response headers within `response_timeout`: 504.
+    ResponseTimeout,
+    /// Connection refused, reset, a TLS or protocol error: 502.
+    Error,
+    /// The client's body did not arrive in time: 408, and not the origin's failure.
+    RequestBody,
+}
+
+impl Failure {
+    fn of(error: &(dyn StdError + 'static)) -> Self {
+        let mut cause: Option<&(dyn StdError + 'static)> = Some(error);
+        while let Some(error) = cause {
+            if error.is::<RequestBodyTimeout>() {
+                return Self::RequestBody;
+            }
+            if let Some(io) = error.downcast_ref::<std::io::Error>()
+                && io.kind() == std::io::ErrorKind::TimedOut
+            {
+                return Self::ConnectTimeout;
+            }
+            cause = error.source();
+        }
+        Self::Error
+    }
+}
+
+/// An error and its causes, for the log.
+struct Chain<'a>(&'a (dyn StdError + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+/// The sidecar's own answer when the origin gave none, counted by reason in
+/// `stampede_sidecar_upstream_failures_total`.
+fn failed(failure: Failure) -> Response<UpstreamBody> {
+    let (status, reason, body): (_, _, &'static [u8]) = match failure {
+        Failure::ConnectTimeout => (
+            StatusCode::GATEWAY_TIMEOUT,
+            "connect_timeout",
+            b"gateway timeout: the origin did not accept the connection in time\n",
+        ),
+        Failure::ResponseTimeout => (
+            StatusCode::GATEWAY_TIMEOUT,
+            "response_timeout",
+            b"gateway timeout: the origin did not answer in time\n",
+        ),
+        Failure::Error => (StatusCode::BAD_GATEWAY, "error", b"bad gateway\n"),
+        Failure::RequestBody => (
+            StatusCode::REQUEST_TIMEOUT,
+            "",
+            b"request timeout: the body did not arrive in time\n",
+        ),
+    };
+    if failure != Failure::RequestBody {
+        metrics::counter!("stampede_sidecar_upstream_failures_total", "reason" => reason)
+            .increment(1);
+    }
+    let mut response = Response::new(
+        Full::new(Bytes::from_static(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    if failure == Failure::RequestBody {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// The origin's response body, cut with an error (counted as `idle_timeout`) when it
+/// pauses longer than `upstream_idle_timeout`. A frame only notes when it came: the
+/// timer is made at the first wait, and moved only when it goes off early.
+struct IdleBody {
+    body: Incoming,
+    idle: Duration,
+    last: Instant,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl IdleBody {
+    fn new(body: Incoming, idle: Duration) -> Self {
+        Self {
+            body,
+            idle,
+            last: Instant::now(),
+            timer: None,
+        }
+    }
+}
+
+/// The origin's body paused longer than `upstream_idle_timeout`.
+#[derive(Debug)]
+struct UpstreamIdle;
+
+impl fmt::Display for UpstreamIdle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the origin's body paused too long")
+    }
+}
+
+impl StdError for UpstreamIdle {}
+
+impl HttpBody for IdleBody {
+    type Data = Bytes;
+    type Error = Box<dyn StdError + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            self.last = Instant::now();
+            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
+        }
+        let until = self.last + self.idle;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+        if timer.deadline() < until {
+            timer.as_mut().reset(until);
+        }
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                metrics::counter!(
+                    "stampede_sidecar_upstream_failures_total",
+                    "reason" => "idle_timeout"
+                )
+                .increment(1);
+                Poll::Ready(Some(Err(Box::new(UpstreamIdle))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -120,30 +416,38 @@ impl Upstream {
     /// are kept, and its address appended to the first; anyone else's are replaced.
     /// Without a peer (a fill made for another caller carries that caller's), they are
     /// left out.
-    fn forwarded_for(&self, headers: &mut HeaderMap, peer: Option<IpAddr>) {
-        let trusted = peer.is_some_and(|ip| self.trusted.iter().any(|cidr| cidr.contains(ip)));
+    fn forwarded_for(&self, headers: &mut HeaderMap, peer: Option<Peer>) {
+        let trusted = peer.is_some_and(|peer| {
+            let ip = peer.addr.ip();
+            self.0
+                .origin
+                .trusted_proxies
+                .iter()
+                .any(|cidr| cidr.contains(ip))
+        });
         if !trusted {
             headers.remove(X_FORWARDED_FOR);
             headers.remove(X_FORWARDED_PROTO);
         }
         let Some(peer) = peer else { return };
+        let ip = peer.addr.ip();
         let chain = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(before) if trusted => format!("{before}, {peer}"),
-            _ => peer.to_string(),
+            Some(before) if trusted => format!("{before}, {ip}"),
+            _ => ip.to_string(),
         };
         if let Ok(value) = HeaderValue::from_str(&chain) {
             headers.insert(X_FORWARDED_FOR, value);
         }
         if !headers.contains_key(X_FORWARDED_PROTO) {
-            // The sidecar's listener speaks plain HTTP.
-            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+            let proto = if peer.tls { "https" } else { "http" };
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
         }
     }
 
     /// Appends this proxy to `Via` (after the hops already named).
-    fn add_via(&self, headers: &mut HeaderMap) {
-        if let Some(via) = &self.via {
-            headers.append(VIA, via.clone());
+    fn add_via(&self, received: Version, headers: &mut HeaderMap) {
+        if let Some(via) = &self.0.via {
+            headers.append(VIA, via.of(received).clone());
         }
     }
 }
@@ -228,16 +532,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in HOP_BY_HOP {
         headers.remove(name);
     }
-}
-
-fn bad_gateway() -> Response<UpstreamBody> {
-    let mut response = Response::new(
-        Full::new(Bytes::from_static(b"bad gateway\n"))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *response.status_mut() = StatusCode::BAD_GATEWAY;
-    response
 }
 
 #[cfg(test)]

@@ -4,8 +4,9 @@
 --          m = newer metadata when a 304 renewed it, see revalidate.lua)
 -- KEYS[2]  where the token of the response's last invalidation is kept (the same key
 --          for every variant of a response, in the same hash slot)
--- KEYS[3]  (optional, for a read of the response's own entry) where the names of the
---          headers the response varies on are kept (see vary.lua), in the same slot
+-- KEYS[3]  (optional: for a read of the response's own entry, or on a route with keyed
+--          headers of any entry) where the names of the headers the response varies on
+--          are kept (see vary.lua), in the same slot
 --
 -- An entry written before the response's last invalidation is a miss: that is how one
 -- invalidation reaches every variant of a response, without a list of them.

@@ -3,13 +3,15 @@
 -- under and the notice to other instances, in one step.
 --
 -- KEYS[1]  the entry key    KEYS[2]  the lease key    KEYS[3]  the last invalidation's
---          token    KEYS[4]  the lease's fence counter (all in one hash slot)
+--          token    KEYS[4]  the lease's fence counter    KEYS[5]  (for a variant of a
+--          response) the list of the response's variants (all in one hash slot)
 -- ARGV[1]  the renewer's fencing token    ARGV[2]  the renewer's owner value
 -- ARGV[3]  the token of the entry that was revalidated
 -- ARGV[4]  the entry's new metadata (an encoded entry without a body)
 -- ARGV[5]  how long to keep it from now, ms
 -- ARGV[6]  the notice channel    ARGV[7]  the notice of a write
 -- ARGV[8]  the notice of a lease that ended without one
+-- ARGV[9]  (with KEYS[5]) the variant's part of its entry key, as the list holds it
 --
 -- Fenced as write.lua is: refused when a higher token was stored or issued (then the
 -- lease is released as there). When the entry that was revalidated is no longer there
@@ -44,6 +46,10 @@ if current == nil or current ~= tonumber(ARGV[3]) then
 end
 redis.call('HSET', KEYS[1], 't', ARGV[1], 'm', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
+-- The list lasts as long as the entry now does (see write.lua).
+if KEYS[5] then
+  list_variant(KEYS[5], ARGV[9], ARGV[5])
+end
 local released = 0
 if redis.call('TYPE', KEYS[2]).ok == 'string' and redis.call('GET', KEYS[2]) == ARGV[2] then
   redis.call('DEL', KEYS[2])

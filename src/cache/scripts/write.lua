@@ -2,11 +2,16 @@
 -- the notice to other instances, in one step.
 --
 -- KEYS[1]  the entry key    KEYS[2]  the lease key    KEYS[3]  the last invalidation's
---          token    KEYS[4]  the lease's fence counter (all in one hash slot)
+--          token    KEYS[4]  the lease's fence counter    KEYS[5]  (for a variant of a
+--          response) the list of the response's variants (all in one hash slot)
 -- ARGV[1]  the writer's fencing token    ARGV[2]  the writer's owner value
 -- ARGV[3]  the encoded entry    ARGV[4]  how long to keep it, ms
 -- ARGV[5]  the notice channel    ARGV[6]  the notice of a write
 -- ARGV[7]  the notice of a lease that ended without one
+-- ARGV[8]  (with KEYS[5]) the variant's part of its entry key, as the list holds it
+--
+-- A variant that is written is listed (see list_variant), so that an invalidation of
+-- its response deletes it and counts it (see invalidate.lua).
 --
 -- The entry is written only if no higher token was stored or issued: a writer whose
 -- lease expired while it worked, and who was overtaken, cannot replace the newer entry,
@@ -35,6 +40,9 @@ if token >= stored then
   redis.call('HSET', KEYS[1], 't', ARGV[1], 'd', ARGV[3])
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   written = 1
+  if KEYS[5] then
+    list_variant(KEYS[5], ARGV[8], ARGV[4])
+  end
 end
 local released = 0
 if redis.call('TYPE', KEYS[2]).ok == 'string' and redis.call('GET', KEYS[2]) == ARGV[2] then

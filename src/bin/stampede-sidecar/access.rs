@@ -1,0 +1,349 @@
+//! The access log: one line per request on standard output, off by default
+//! (`--access-log json` or `common`).
+//!
+//! A line says who asked (the peer's address), what (method, path, protocol), what it got
+//! (status, how the cache served it, body bytes), and how long it took (until the last
+//! byte of the body left, or the client went away) and how long the origin took when
+//! this request called it (a fill's leader, or a request passed through; a caller served
+//! by someone else's fill has none). It never holds a secret: no header but `User-Agent`,
+//! no cookie, no `Authorization`, and of the query only the parameters' names
+//! (`/search?q&page`), as a query can carry a token.
+//!
+//! A request whose client left before its answer is logged with status 499 (as nginx
+//! does). Lines are written by a thread of their own, so that a slow standard output
+//! never holds a request; if it falls 65,536 lines behind, further lines are dropped and
+//! counted in `stampede_sidecar_access_log_dropped_total`.
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response, Version};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use serde::Deserialize;
+use tower::util::{BoxCloneSyncService, Either};
+use tower::{Service, ServiceExt};
+
+use crate::peer::{OriginTime, Peer};
+
+/// How lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Format {
+    /// No access log.
+    Off,
+    /// One JSON object per line.
+    Json,
+    /// The Common Log Format, with the cache's outcome and the times after it.
+    Common,
+}
+
+/// The service it wraps.
+type Inner = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
+
+/// Logs each request through `inner`.
+#[derive(Clone)]
+pub(crate) struct AccessLog {
+    inner: Inner,
+    format: Format,
+    lines: SyncSender<String>,
+}
+
+impl AccessLog {
+    /// Wraps `inner`, and starts the thread that writes the lines.
+    pub(crate) fn new(inner: Inner, format: Format) -> Self {
+        let (lines, written) = std::sync::mpsc::sync_channel::<String>(65_536);
+        std::thread::Builder::new()
+            .name("access-log".to_owned())
+            .spawn(move || {
+                let stdout = std::io::stdout();
+                let mut out = std::io::BufWriter::new(stdout.lock());
+                while let Ok(line) = written.recv() {
+                    let _ = writeln!(out, "{line}");
+                    // Flushed once nothing more is waiting: whole lines, no delay.
+                    while let Ok(line) = written.try_recv() {
+                        let _ = writeln!(out, "{line}");
+                    }
+                    let _ = out.flush();
+                }
+            })
+            .expect("a thread for the access log");
+        Self {
+            inner,
+            format,
+            lines,
+        }
+    }
+}
+
+impl Service<Request<Body>> for AccessLog {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
+        let origin = OriginTime::default();
+        request.extensions_mut().insert(origin.clone());
+        let mut record = Record {
+            line: Line {
+                at: SystemTime::now(),
+                peer: request.extensions().get::<Peer>().map(|p| p.addr.ip()),
+                method: request.method().to_string(),
+                path: path_of(request.uri()),
+                version: request.version(),
+                user_agent: request
+                    .headers()
+                    .get(http::header::USER_AGENT)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+                status: 499,
+                cache: String::new(),
+                bytes: 0,
+                took: Duration::ZERO,
+                origin: None,
+            },
+            started: Instant::now(),
+            origin,
+            format: self.format,
+            lines: self.lines.clone(),
+        };
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let response = match inner.oneshot(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
+            record.line.status = response.status().as_u16();
+            record.line.cache = response
+                .headers()
+                .get("x-cache")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_owned();
+            Ok(response.map(|body| Body::new(Counted { body, record })))
+        })
+    }
+}
+
+/// A request being logged: written when dropped (with its answer's body, or with the
+/// future if the client left first).
+struct Record {
+    line: Line,
+    started: Instant,
+    origin: OriginTime,
+    format: Format,
+    lines: SyncSender<String>,
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        self.line.took = self.started.elapsed();
+        self.line.origin = self.origin.get();
+        let text = match self.format {
+            Format::Json => self.line.json(),
+            Format::Common => self.line.common(),
+            Format::Off => return,
+        };
+        if let Err(TrySendError::Full(_)) = self.lines.try_send(text) {
+            metrics::counter!("stampede_sidecar_access_log_dropped_total").increment(1);
+        }
+    }
+}
+
+/// What one line says.
+#[derive(Debug, Clone)]
+struct Line {
+    at: SystemTime,
+    peer: Option<IpAddr>,
+    method: String,
+    path: String,
+    version: Version,
+    user_agent: Option<String>,
+    status: u16,
+    /// How it was served (`x-cache`: `hit`, `miss`, `stale`, `pass`, `bypass`, ...).
+    cache: String,
+    bytes: u64,
+    took: Duration,
+    origin: Option<Duration>,
+}
+
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+impl Line {
+    fn json(&self) -> String {
+        serde_json::json!({
+            "time": humantime::format_rfc3339_millis(self.at).to_string(),
+            "peer": self.peer.map(|ip| ip.to_string()),
+            "method": self.method,
+            "path": self.path,
+            "protocol": format!("{:?}", self.version),
+            "status": self.status,
+            "cache": self.cache,
+            "bytes": self.bytes,
+            "duration_ms": millis(self.took),
+            "upstream_ms": self.origin.map(millis),
+            "user_agent": self.user_agent,
+        })
+        .to_string()
+    }
+
+    /// `127.0.0.1 - - [03/Dec/2026:09:40:00 +0000] "GET /a HTTP/1.1" 200 5 cache=hit
+    /// duration_ms=0.42 upstream_ms=-`
+    fn common(&self) -> String {
+        let upstream = self
+            .origin
+            .map_or_else(|| "-".to_owned(), |d| millis(d).to_string());
+        format!(
+            "{} - - [{}] \"{} {} {:?}\" {} {} cache={} duration_ms={} upstream_ms={}",
+            self.peer
+                .map_or_else(|| "-".to_owned(), |ip| ip.to_string()),
+            common_time(self.at),
+            self.method,
+            self.path,
+            self.version,
+            self.status,
+            self.bytes,
+            self.cache,
+            millis(self.took),
+            upstream,
+        )
+    }
+}
+
+/// `03/Dec/2026:09:40:00 +0000`, from the RFC 3339 form (always UTC).
+fn common_time(at: SystemTime) -> String {
+    let text = humantime::format_rfc3339_seconds(at).to_string();
+    // 2026-12-03T09:40:00Z
+    let (date, time) = (&text[..10], &text[11..19]);
+    let month = match &date[5..7] {
+        "01" => "Jan",
+        "02" => "Feb",
+        "03" => "Mar",
+        "04" => "Apr",
+        "05" => "May",
+        "06" => "Jun",
+        "07" => "Jul",
+        "08" => "Aug",
+        "09" => "Sep",
+        "10" => "Oct",
+        "11" => "Nov",
+        _ => "Dec",
+    };
+    format!("{}/{month}/{}:{time} +0000", &date[8..10], &date[..4])
+}
+
+/// The path, and of the query only the parameters' names.
+fn path_of(uri: &http::Uri) -> String {
+    let mut path = uri.path().to_owned();
+    if let Some(query) = uri.query() {
+        path.push('?');
+        let names: Vec<&str> = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| p.split_once('=').map_or(p, |(name, _)| name))
+            .collect();
+        path.push_str(&names.join("&"));
+    }
+    path
+}
+
+/// A response body that counts its bytes into its record.
+struct Counted {
+    body: Body,
+    record: Record,
+}
+
+impl HttpBody for Counted {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            self.record.line.bytes += data.len() as u64;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// `service` in the access log, or alone (at no cost) when it is off.
+pub(crate) fn wrap<S>(service: S, format: Format) -> Either<AccessLog, S>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    match format {
+        Format::Off => Either::Right(service),
+        format => Either::Left(AccessLog::new(Inner::new(service), format)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_query_keeps_its_names_only() {
+        let path = |uri: &str| path_of(&uri.parse().unwrap());
+        assert_eq!(path("/a"), "/a");
+        assert_eq!(path("/search?q=secret&page=2"), "/search?q&page");
+        assert_eq!(path("/x?token=abc&&flag"), "/x?token&flag");
+    }
+
+    #[test]
+    fn lines_in_both_formats() {
+        let line = Line {
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_290_800),
+            peer: Some("127.0.0.1".parse().unwrap()),
+            method: "GET".to_owned(),
+            path: "/a?q".to_owned(),
+            version: Version::HTTP_11,
+            user_agent: Some("curl/8".to_owned()),
+            status: 200,
+            cache: "hit".to_owned(),
+            bytes: 5,
+            took: Duration::from_micros(420),
+            origin: None,
+        };
+        assert_eq!(
+            line.common(),
+            "127.0.0.1 - - [03/Dec/2026:09:40:00 +0000] \"GET /a?q HTTP/1.1\" 200 5 \
+             cache=hit duration_ms=0.42 upstream_ms=-"
+        );
+        let json: serde_json::Value = serde_json::from_str(&line.json()).unwrap();
+        assert_eq!(json["time"], "2026-12-03T09:40:00.000Z");
+        assert_eq!(json["status"], 200);
+        assert_eq!(json["upstream_ms"], serde_json::Value::Null);
+        assert_eq!(json["protocol"], "HTTP/1.1");
+    }
+}

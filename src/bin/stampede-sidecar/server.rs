@@ -1,0 +1,534 @@
+//! The client side: connections accepted (plain or TLS), HTTP/1.1 and HTTP/2 served on
+//! them, and the limits a proxy at the edge needs.
+//!
+//! - **At most `max_connections` at once.** Beyond it the sidecar stops accepting: new
+//!   connections wait in the listener's accept queue (the kernel's backlog) until one
+//!   closes, rather than being refused, so that a burst is absorbed and not failed.
+//! - **HTTP/1.1 with keep-alive and HTTP/2**, told apart by the connection's first bytes
+//!   (h2c with prior knowledge) or, over TLS, by ALPN (`h2`, `http/1.1`).
+//! - **A request's headers within `header_read_timeout`**, counted from the
+//!   connection's start (the TLS handshake included) or from the first byte of the next
+//!   request on a kept-alive connection; a connection that overruns is closed (a client
+//!   that sends half a header block holds nothing for long).
+//! - **An idle connection closed after `keep_alive_timeout`** (for HTTP/2, one with no
+//!   stream open; it is sent a GOAWAY).
+//! - **A request's body within `request_body_timeout`** of its headers; past it, the
+//!   body fails, and the request is answered 408 (see [`RequestBodyTimeout`]).
+//!
+//! Each closing for a limit is counted in `stampede_sidecar_client_timeouts_total`
+//! (label `timeout`: `header_read`, `keep_alive`, `request_body`); the open connections
+//! are the gauge `stampede_sidecar_connections`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::time::{Instant, Sleep};
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+use crate::peer::{Peer, RequestBodyTimeout};
+
+/// The client side's limits and TLS.
+#[derive(Clone, Debug)]
+pub(crate) struct Limits {
+    pub(crate) max_connections: usize,
+    pub(crate) header_read: Duration,
+    pub(crate) keep_alive: Duration,
+    pub(crate) body_read: Duration,
+    pub(crate) tls: Option<Tls>,
+}
+
+/// Where the certificate chain and key of TLS termination are.
+#[derive(Clone, Debug)]
+pub(crate) struct Tls {
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
+}
+
+impl Tls {
+    /// Reads and checks the certificate chain and key. A refusal names the setting
+    /// (`tls_cert` or `tls_key`) and says what is wrong.
+    pub(crate) fn acceptor(&self) -> Result<TlsAcceptor, (&'static str, String)> {
+        let certs = CertificateDer::pem_file_iter(&self.cert)
+            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+            .map_err(|e| ("tls_cert", format!("{}: {e}", self.cert.display())))?;
+        if certs.is_empty() {
+            return Err((
+                "tls_cert",
+                format!("{}: no PEM certificate in it", self.cert.display()),
+            ));
+        }
+        let key = PrivateKeyDer::from_pem_file(&self.key)
+            .map_err(|e| ("tls_key", format!("{}: {e}", self.key.display())))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ("tls_cert", e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| ("tls_key", format!("does not fit the certificate: {e}")))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
+/// Serves `service` on `listener` until `stop` ends, then lets every connection finish
+/// its requests (HTTP/1.1 connections close after their current response, HTTP/2 ones
+/// get a GOAWAY) and returns when all have closed.
+pub(crate) async fn serve<S>(
+    listener: TcpListener,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
+    service: S,
+    stop: impl Future<Output = ()>,
+) where
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // The limits are the connection task's (see `Activity`): hyper's own header timer
+    // would arm and disarm a timer for every request.
+    builder.http1().keep_alive(true).header_read_timeout(None);
+    builder.http2().max_concurrent_streams(256);
+    let shared = Arc::new(Shared {
+        builder,
+        limits,
+        tls,
+        draining: watch::Sender::new(false),
+    });
+    let permits = Arc::new(Semaphore::new(shared.limits.max_connections));
+    // Each connection's task holds a sender: when all are gone, every one has closed.
+    let (open, mut closed) = mpsc::channel::<()>(1);
+    tokio::pin!(stop);
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit.expect("never closed"),
+            () = &mut stop => break,
+        };
+        let (stream, addr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors, or a connection reset before it was
+                    // accepted: not the listener's end.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let service = service.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            connection(stream, addr, &shared, service, permit).await;
+            drop(open);
+        });
+    }
+    drop(listener);
+    shared.draining.send_replace(true);
+    drop(open);
+    let _ = closed.recv().await;
+}
+
+/// What every connection's task shares.
+struct Shared {
+    builder: auto::Builder<TokioExecutor>,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
+    draining: watch::Sender<bool>,
+}
+
+/// One connection, from its handshake to its close.
+async fn connection<S>(
+    stream: TcpStream,
+    addr: SocketAddr,
+    shared: &Shared,
+    service: S,
+    _permit: OwnedSemaphorePermit,
+) where
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let gauge = metrics::gauge!("stampede_sidecar_connections");
+    gauge.increment(1);
+    let activity = Arc::new(Activity::new());
+    match &shared.tls {
+        None => {
+            let peer = Peer { addr, tls: false };
+            drive(
+                Watched::new(stream, &activity, None),
+                peer,
+                shared,
+                service,
+                activity,
+            )
+            .await;
+        }
+        Some(acceptor) => {
+            match tokio::time::timeout(shared.limits.header_read, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => {
+                    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                    let peer = Peer { addr, tls: true };
+                    let io = Watched::new(stream, &activity, Some(h2));
+                    drive(io, peer, shared, service, activity).await;
+                }
+                Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                Err(_) => client_timeout(Expired::HeaderRead),
+            }
+        }
+    }
+    gauge.decrement(1);
+}
+
+/// Serves HTTP on one connection's byte stream, closing it when a limit runs out.
+async fn drive<IO, S>(io: IO, peer: Peer, shared: &Shared, service: S, activity: Arc<Activity>)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let body_read = shared.limits.body_read;
+    let requests = activity.clone();
+    let hyper_service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        // Made before the future, so that a request dropped half-way still ends.
+        let end = RequestEnd::start(&requests);
+        let mut request = request.map(|body| Body::new(TimedBody::new(body, body_read)));
+        request.extensions_mut().insert(peer);
+        let service = service.clone();
+        async move {
+            let response = match service.oneshot(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
+            Ok::<_, Infallible>(response.map(|body| Body::new(Tracked { body, _end: end })))
+        }
+    });
+    let conn = shared
+        .builder
+        .serve_connection(TokioIo::new(io), hyper_service);
+    tokio::pin!(conn);
+    let mut draining = shared.draining.subscribe();
+    let mut shutting = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+                return;
+            }
+            _ = async { draining.wait_for(|d| *d).await.is_ok() }, if !shutting => {
+                conn.as_mut().graceful_shutdown();
+                shutting = true;
+            }
+            expired = activity.expired(&shared.limits) => {
+                client_timeout(expired);
+                if expired == Expired::KeepAlive {
+                    // Idle: HTTP/1.1 closes at once, HTTP/2 says GOAWAY first.
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(1), conn.as_mut()).await;
+                }
+                // A stalled header read is cut: dropping the connection closes it.
+                return;
+            }
+        }
+    }
+}
+
+fn client_timeout(expired: Expired) {
+    let timeout = match expired {
+        Expired::HeaderRead => "header_read",
+        Expired::KeepAlive => "keep_alive",
+    };
+    metrics::counter!("stampede_sidecar_client_timeouts_total", "timeout" => timeout).increment(1);
+}
+
+/// Which connection limit ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expired {
+    HeaderRead,
+    KeepAlive,
+}
+
+/// Where a connection stands, for its limits.
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    /// Waiting for a request's headers since then.
+    Head(Instant),
+    /// Requests in flight: the body timeout and the origin's bound them.
+    Busy(usize),
+    /// Nothing in flight since then.
+    Idle(Instant),
+}
+
+/// A connection's phase, moved by its bytes and its requests, and looked at by its
+/// task. Nothing is signalled when it moves (that would cost a wake-up and a timer per
+/// request): the task wakes at the current phase's deadline, and at least once per
+/// shortest limit, as a phase that begins later cannot end sooner than that.
+struct Activity {
+    phase: Mutex<Phase>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            phase: Mutex::new(Phase::Head(Instant::now())),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.phase
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Bytes arrived on an idle HTTP/1.1 connection: the next request's head has begun.
+    fn bytes(&self) {
+        let mut phase = self.lock();
+        if let Phase::Idle(_) = *phase {
+            *phase = Phase::Head(Instant::now());
+        }
+    }
+
+    fn started(&self) {
+        let mut phase = self.lock();
+        *phase = match *phase {
+            Phase::Busy(n) => Phase::Busy(n + 1),
+            Phase::Head(_) | Phase::Idle(_) => Phase::Busy(1),
+        };
+    }
+
+    fn ended(&self) {
+        let mut phase = self.lock();
+        *phase = match *phase {
+            Phase::Busy(n) if n > 1 => Phase::Busy(n - 1),
+            _ => Phase::Idle(Instant::now()),
+        };
+    }
+
+    fn deadline(&self, limits: &Limits) -> Option<(Instant, Expired)> {
+        match *self.lock() {
+            Phase::Head(since) => Some((since + limits.header_read, Expired::HeaderRead)),
+            Phase::Idle(since) => Some((since + limits.keep_alive, Expired::KeepAlive)),
+            Phase::Busy(_) => None,
+        }
+    }
+
+    /// Ends when a limit runs out.
+    async fn expired(&self, limits: &Limits) -> Expired {
+        let shortest = limits.header_read.min(limits.keep_alive);
+        loop {
+            let now = Instant::now();
+            let wake = match self.deadline(limits) {
+                Some((at, expired)) if at <= now => return expired,
+                Some((at, _)) => at.min(now + shortest),
+                None => now + shortest,
+            };
+            tokio::time::sleep_until(wake).await;
+        }
+    }
+}
+
+/// Ends a request's part in its connection's activity when dropped: with its response's
+/// body (written out, or abandoned), or with its future if it never answered.
+struct RequestEnd(Arc<Activity>);
+
+impl RequestEnd {
+    fn start(activity: &Arc<Activity>) -> Self {
+        activity.started();
+        Self(activity.clone())
+    }
+}
+
+impl Drop for RequestEnd {
+    fn drop(&mut self) {
+        self.0.ended();
+    }
+}
+
+/// A response body that ends its request when it is dropped.
+struct Tracked {
+    body: Body,
+    _end: RequestEnd,
+}
+
+impl HttpBody for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body that fails with [`RequestBodyTimeout`] once its time is up. Its
+/// timer is made only if the body is ever waited for (a GET's never is).
+struct TimedBody {
+    body: Incoming,
+    deadline: Instant,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl TimedBody {
+    fn new(body: Incoming, within: Duration) -> Self {
+        Self {
+            body,
+            deadline: Instant::now() + within,
+            timer: None,
+        }
+    }
+}
+
+impl HttpBody for TimedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
+        }
+        let deadline = self.deadline;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                metrics::counter!(
+                    "stampede_sidecar_client_timeouts_total",
+                    "timeout" => "request_body"
+                )
+                .increment(1);
+                Poll::Ready(Some(Err(Box::new(RequestBodyTimeout))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A connection's byte stream, telling its [`Activity`] when bytes arrive on an idle
+/// HTTP/1.1 connection. HTTP/2 (known by ALPN, or by the preface of h2c) is left out:
+/// its pings and window updates are not the start of a request.
+struct Watched<IO> {
+    io: IO,
+    activity: Arc<Activity>,
+    /// Whether the connection speaks HTTP/2; unknown until its first bytes.
+    h2: Option<bool>,
+}
+
+impl<IO> Watched<IO> {
+    fn new(io: IO, activity: &Arc<Activity>, h2: Option<bool>) -> Self {
+        Self {
+            io,
+            activity: activity.clone(),
+            h2,
+        }
+    }
+}
+
+/// The start of HTTP/2's connection preface.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        let read = &buf.filled()[before..];
+        if !read.is_empty() {
+            let h2 = *self.h2.get_or_insert_with(|| {
+                read.len() >= 3 && H2_PREFACE.starts_with(&read[..read.len().min(14)])
+            });
+            if !h2 {
+                self.activity.bytes();
+            }
+        }
+        polled
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}

@@ -1,0 +1,54 @@
+-- The list of a response's variants (`CacheKeys::variants_key`): a set of the variant
+-- part of each variant's entry key (`v_` and a keyed hash), in the hash slot of the
+-- response's entries, kept at least as long as every entry it lists. Shared by the
+-- scripts that write variants and by the invalidation that deletes them (prepended to
+-- them when they are loaded, after tokens.lua).
+
+-- Lists variant `part` in `list`, and keeps the list at least `keep_ms` more (a list of
+-- another type, garbage written by hand, is replaced).
+local function list_variant(list, part, keep_ms)
+  local kind = redis.call('TYPE', list).ok
+  if kind ~= 'set' and kind ~= 'none' then
+    redis.call('DEL', list)
+  end
+  redis.call('SADD', list, part)
+  if redis.call('PTTL', list) < tonumber(keep_ms) then
+    redis.call('PEXPIRE', list, keep_ms)
+  end
+end
+
+-- Whether `key` holds an entry (not a tombstone, nor garbage) written at or after
+-- `hidden_below` (the token of the response's last invalidation: an older entry was
+-- hidden by it already).
+local function holds_entry(key, hidden_below)
+  if redis.call('TYPE', key).ok ~= 'hash' or redis.call('HEXISTS', key, 'd') == 0 then
+    return false
+  end
+  return sane_token(tonumber(redis.call('HGET', key, 't'))) >= hidden_below
+end
+
+-- Deletes every variant `list` names (the entry keys `{base}:{part}:entry`, in the
+-- list's hash slot), and the list. Returns how many of them held an entry (see
+-- holds_entry).
+local function drop_variants(list, base, hidden_below)
+  local kind = redis.call('TYPE', list).ok
+  if kind ~= 'set' then
+    if kind ~= 'none' then
+      redis.call('DEL', list)
+    end
+    return 0
+  end
+  local dropped = 0
+  for _, part in ipairs(redis.call('SMEMBERS', list)) do
+    -- Only what a write lists: anything else was not put there by the crate.
+    if string.match(part, '^v_%x+$') then
+      local key = base .. ':' .. part .. ':entry'
+      if holds_entry(key, hidden_below) then
+        dropped = dropped + 1
+      end
+      redis.call('DEL', key)
+    end
+  end
+  redis.call('DEL', list)
+  return dropped
+end

@@ -44,6 +44,8 @@ def strip(src):
     """The source without comments, strings and `#[cfg(test)]` modules."""
     src = re.sub(r'/\*.*?\*/', '', src, flags=re.S)
     src = re.sub(r'//[^\n]*', '', src)
+    # Character literals first: `'"'` would open a string.
+    src = re.sub(r"b?'(?:\\(?:x[0-9a-fA-F]{2}|u\{[0-9a-fA-F]+\}|.)|[^'\\\n])'", "' '", src)
     src = re.sub(r'"(?:\\.|[^"\\])*"', '""', src)
     out, i = [], 0
     for m in re.finditer(r'#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{', src):

@@ -929,6 +929,14 @@ where
         let header = header.as_ref();
         let name = HeaderName::from_bytes(header.as_bytes())
             .map_err(|_| ConfigError::invalid(field, format!("`{header}` is not a header name")))?;
+        // The cache answers ranges from the whole representation: a fill never asks for
+        // a part, and no entry is one range's.
+        if name == http::header::RANGE || name == http::header::IF_RANGE {
+            return Err(ConfigError::invalid(
+                field,
+                format!("`{header}` is answered by the cache, never keyed nor forwarded on a fill"),
+            ));
+        }
         if !out.contains(&name) {
             out.push(name);
         }
@@ -1040,6 +1048,8 @@ mod tests {
             (b().max_body(defaults::MAX_BODY_LIMIT + 1), "max_body"),
             (b().key_headers(["bad header"]), "key_headers"),
             (b().forward_headers(["x\n"]), "forward_headers"),
+            (b().key_headers(["Range"]), "key_headers"),
+            (b().forward_headers(["if-range"]), "forward_headers"),
             (b().key_query([""]), "key_query"),
             (b().fresh_jitter(defaults::FRESH_TTL), "fresh_jitter"),
             (b().hit_for_pass(Duration::from_secs(7200)), "hit_for_pass"),

@@ -292,6 +292,36 @@ async fn an_entry_in_its_keep_window_is_revalidated_by_the_fill() {
     assert_eq!(origin.calls(), 2);
 }
 
+/// A conditional request that finds nothing to answer from joins the fill, which asks
+/// the origin for the whole (unconditionally): when the entry it stores meets the
+/// request's condition, the answer is `304` (RFC 9111 §4.3.2), as it is from a hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conditional_request_that_fills_gets_304_when_the_entry_meets_it() {
+    let server = RedisServer::start();
+    let origin = Validating::default();
+    let guard = ready_guard(&server).await;
+    let layer = guard.layer(docs_policy(Duration::from_secs(60))).unwrap();
+    let addr = serve(origin.route(layer.clone())).await;
+
+    let filled = fetch(addr, "/doc", &[("if-modified-since", LAST_MODIFIED)]).await;
+    assert_eq!(filled.status, StatusCode::NOT_MODIFIED);
+    assert_eq!(filled.x_cache(), "miss");
+    assert_eq!(filled.body, "");
+    assert_eq!(filled.headers[header::ETAG], ETAG);
+    assert!(cache_status(&filled).starts_with("stampede-guard; fwd=uri-miss; stored; ttl="));
+    // The origin was asked for the body, without the client's condition.
+    assert_eq!(
+        (origin.calls(), origin.bodies(), origin.not_modified()),
+        (1, 1, 0)
+    );
+    assert_eq!(layer.stats().get(Event::NotModified), 1);
+
+    let whole = fetch(addr, "/doc", &[]).await;
+    assert_eq!((whole.status, whole.x_cache()), (StatusCode::OK, "hit"));
+    assert_eq!(whole.body, "the body (call 1)");
+    assert_eq!(origin.calls(), 1);
+}
+
 /// A `304` that would make the entry another one's (here, give it a `Set-Cookie`) does
 /// not renew it: the entry is left as it was, no client is handed the cookie, and the
 /// refresh counts as an answer that may not be stored.

@@ -1,28 +1,39 @@
 // Counts a cache-tests result file the way cache-tests.fyi does: every test's
-// verdict comes from the suite's own `determineTestResult` (lib/display.mjs),
-// with dependencies honoured (a test whose `depends_on` did not pass is
-// "dependency", not "fail"). Usage:
-//   node summarize.mjs RESULTS.json [--failing]
-// Run from benches/conformance/ (it imports the installed package).
+// verdict comes from the suite's own `determineTestResult`, with dependencies
+// honoured (a test whose `depends_on` did not pass is "dependency", not "fail").
+// Usage:
+//   node summarize.mjs RESULTS.json [--suite DIR] [--failing]
+// DIR is the suite that made RESULTS.json: a checkout of its repository (verdicts in
+// test-engine/lib/results.mjs) or the npm package `http-cache-tests` 0.4.5 (verdicts
+// in lib/display.mjs, and the surrogate-control tests, which its cli.mjs adds). By
+// default, the package installed beside this file.
 import fs from 'fs'
 import path from 'path'
 import { fileURLToPath, pathToFileURL } from 'url'
 
 const here = path.dirname(fileURLToPath(import.meta.url))
-const pkg = path.join(here, 'node_modules', 'http-cache-tests')
-const load = p => import(pathToFileURL(path.join(pkg, p)).href)
+const args = process.argv.slice(2)
+const at = args.indexOf('--suite')
+const suite = at >= 0 ? path.resolve(args[at + 1]) : path.join(here, 'node_modules', 'http-cache-tests')
+const load = p => import(pathToFileURL(path.join(suite, p)).href)
+const isRepository = fs.existsSync(path.join(suite, 'test-engine', 'lib', 'results.mjs'))
 
 const { default: tests } = await load('tests/index.mjs')
-const { default: surrogate } = await load('tests/surrogate-control.mjs')
-const display = await load('lib/display.mjs')
-tests.push(surrogate) // cli.mjs runs these too
+let determineTestResult
+if (isRepository) {
+  ({ determineTestResult } = await load('test-engine/lib/results.mjs'))
+} else {
+  ({ determineTestResult } = await load('lib/display.mjs'))
+  const { default: surrogate } = await load('tests/surrogate-control.mjs')
+  tests.push(surrogate) // the package's cli.mjs runs these too
+}
 
-const file = process.argv[2]
-const listFailing = process.argv.includes('--failing')
+const file = args.find((a, i) => !a.startsWith('--') && args[i - 1] !== '--suite')
+const listFailing = args.includes('--failing')
 const results = JSON.parse(fs.readFileSync(file, 'utf8'))
 
-// determineTestResult returns one of display.mjs's resultTypes; its third
-// element is the console symbol, which names the verdict.
+// determineTestResult returns one of the suite's resultTypes; its third element is
+// the console symbol, which names the verdict.
 const verdicts = {
   '✅': 'pass',
   '⛔️': 'fail',
@@ -35,28 +46,28 @@ const verdicts = {
   '↻': 'retry',
   '-': 'untested'
 }
+const verdictOf = id => verdicts[determineTestResult(tests, id, results)[2]]
 
 const count = () => ({ total: 0 })
-const required = count()
-const all = count()
-const failingRequired = []
-for (const suite of tests) {
-  for (const test of suite.tests) {
+const byKind = { required: count(), optimal: count(), check: count() }
+const notPassing = [] // required tests that did not pass, and optional ones that failed
+for (const group of tests) {
+  for (const test of group.tests) {
     if (test.browser_only === true) continue // not run against proxies
-    const verdict = verdicts[display.determineTestResult(tests, test.id, results)[2]]
+    const verdict = verdictOf(test.id)
     const kind = test.kind || 'required'
-    for (const c of kind === 'required' ? [required, all] : [all]) {
-      c.total++
-      c[verdict] = (c[verdict] || 0) + 1
-    }
-    if (kind === 'required' && verdict !== 'pass') {
+    const c = byKind[kind]
+    c.total++
+    c[verdict] = (c[verdict] || 0) + 1
+    const listed = kind === 'required' ? verdict !== 'pass' : ['optional_fail', 'dependency', 'setup_fail', 'harness_fail', 'retry'].includes(verdict)
+    if (listed && kind !== 'check') {
       const r = results[test.id]
       let why = Array.isArray(r) ? r[1] : ''
       if (verdict === 'dependency') {
-        const unmet = test.depends_on.filter(d => !['pass', 'yes'].includes(verdicts[display.determineTestResult(tests, d, results)[2]]))
+        const unmet = test.depends_on.filter(d => !['pass', 'yes'].includes(verdictOf(d)))
         why = `depends on ${unmet.join(', ')}` + (why ? `; its own result: ${why}` : '')
       }
-      failingRequired.push({ suite: suite.id, id: test.id, verdict, name: test.name, why })
+      notPassing.push({ group: group.id, id: test.id, kind, verdict, name: test.name, why })
     }
   }
 }
@@ -66,14 +77,22 @@ const line = (label, c) => {
   const parts = order.filter(k => c[k]).map(k => `${k} ${c[k]}`)
   return `${label.padEnd(9)} ${String(c.total).padStart(3)} tests: ${parts.join(', ')}`
 }
-console.log(line('required', required))
-console.log(line('all', all))
-console.log(`summary: required ${required.pass || 0}/${required.total} passed, ${required.fail || 0} failed, ${required.dependency || 0} dependency, ${(required.setup_fail || 0) + (required.harness_fail || 0) + (required.retry || 0) + (required.untested || 0)} setup/harness/retry/untested`)
+console.log(line('required', byKind.required))
+console.log(line('optimal', byKind.optimal))
+console.log(line('check', byKind.check))
+const r = byKind.required
+const o = byKind.optimal
+const other = c => (c.setup_fail || 0) + (c.harness_fail || 0) + (c.retry || 0) + (c.untested || 0)
+console.log(`summary: required ${r.pass || 0}/${r.total} passed, ${r.fail || 0} failed, ${r.dependency || 0} dependency, ${other(r)} setup/harness/retry/untested; ` +
+  `optional ${o.optional_fail || 0} failed, ${o.dependency || 0} dependency, ${other(o)} setup/harness/retry/untested`)
 if (listFailing) {
-  console.log('\nrequired tests not passing (dependency = a test it depends on did not pass):')
-  let suite
-  for (const f of failingRequired) {
-    if (f.suite !== suite) { suite = f.suite; console.log(`  [${suite}]`) }
-    console.log(`    ${f.verdict.padEnd(10)} ${f.id} — ${f.name}${f.why ? `\n               ${f.why}` : ''}`)
+  for (const [kind, title] of [['required', 'required tests not passing'], ['optimal', 'optional tests failing']]) {
+    const list = notPassing.filter(f => f.kind === kind)
+    console.log(`\n${title} (${list.length}; dependency = a test it depends on did not pass):`)
+    let group
+    for (const f of list) {
+      if (f.group !== group) { group = f.group; console.log(`  [${group}]`) }
+      console.log(`    ${f.verdict.padEnd(13)} ${f.id} — ${f.name}${f.why ? `\n                  ${f.why}` : ''}`)
+    }
   }
 }

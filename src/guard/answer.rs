@@ -84,7 +84,7 @@ where
         )
     {
         route.stats.record(Event::NotModified);
-        return Some(serve_not_modified(stored, age, x_cache));
+        return Some(serve_not_modified(stored, age, x_cache, true));
     }
     Some(serve_aged(stored, age, asked.kind, x_cache))
 }
@@ -173,12 +173,26 @@ pub(crate) fn serve_aged<B: Body>(
     response
 }
 
-/// `304 Not Modified` from an entry `age` old: no body, the stored headers RFC 9110
-/// §15.4.5 asks for, and the layer's own.
+/// The answer from the entry a fill came to (`kept` when it is in the caches), to a
+/// conditional request: `304` if the entry meets its condition (RFC 9111 §4.3.2: the
+/// entry was just filled or validated), else `None`.
+pub(crate) fn filled_not_modified<B: Body>(
+    stored: &Stored,
+    kept: bool,
+    request: &http::HeaderMap,
+) -> Option<Response<ResponseBody<B>>> {
+    let cached = &stored.response;
+    not_modified(cached.status, &cached.headers, request)
+        .then(|| serve_not_modified(stored, stored.age(), XCache::Miss, kept))
+}
+
+/// `304 Not Modified` from an entry `age` old (`kept` when it is in the caches): no
+/// body, the stored headers RFC 9110 §15.4.5 asks for, and the layer's own.
 fn serve_not_modified<B: Body>(
     stored: &Stored,
     age: Duration,
     x_cache: XCache,
+    kept: bool,
 ) -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::empty());
     *response.status_mut() = StatusCode::NOT_MODIFIED;
@@ -190,7 +204,7 @@ fn serve_not_modified<B: Body>(
     }
     headers.insert(http::header::AGE, age_value(age.as_secs()));
     headers.insert(X_CACHE_NAME, x_cache.value());
-    headers.insert(CACHE_STATUS_NAME, x_cache.of_entry(ttl(stored, age), true));
+    headers.insert(CACHE_STATUS_NAME, x_cache.of_entry(ttl(stored, age), kept));
     response
 }
 

@@ -55,6 +55,14 @@ impl<B: Body> ResponseBody<B> {
         }
     }
 
+    /// The whole body, when it is held (not streamed from the origin).
+    pub(crate) fn whole(&self) -> Option<Bytes> {
+        match &self.kind {
+            Kind::Full(data) => Some(data.clone().unwrap_or_default()),
+            Kind::Stream { .. } => None,
+        }
+    }
+
     pub(crate) fn stream(body: B) -> Self {
         Self::resume(VecDeque::new(), None, Some(Box::pin(body)))
     }

@@ -21,7 +21,8 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use super::answer::{
-    failed, mark_forwarded, serve, serve_buffered, serve_filled, stood_aside, usable_on_error,
+    failed, filled_not_modified, mark_forwarded, serve, serve_buffered, serve_filled, stood_aside,
+    usable_on_error,
 };
 use super::body::ResponseBody;
 use super::fill::{Answered, Fill, Kept, Stopped, lease_unavailable, not_stored};
@@ -35,7 +36,7 @@ use super::route::Route;
 use super::vary::Check;
 use crate::cache::{Freshness, L2Read, Stored, invalidated, l2_read};
 use crate::http::conditional;
-use crate::http::request::Kind;
+use crate::http::request::{Asked, Kind};
 use crate::http::response::{self, NotStored};
 use crate::keys::CacheKeys;
 use crate::lease::{Acquire, AcquireOutcome, FencingToken};
@@ -133,16 +134,17 @@ where
 }
 
 /// Waits for the key's fill and turns how it landed into what this caller (with
-/// request `headers`, and `fallback`) does; a HEAD (`kind`) is answered from the GET the
-/// fill made.
+/// request `headers`, and `fallback`) does; a HEAD is answered from the GET the fill
+/// made, and a conditional request that the entry meets, `304`.
 pub(crate) async fn landed<B: OriginBody, E>(
     route: &Arc<Route>,
     flight: Flight<B, E>,
     keys: &CacheKeys,
     headers: &http::HeaderMap,
-    kind: Kind,
+    asked: Asked,
     fallback: &Option<Arc<Stored>>,
 ) -> Next<B, E> {
+    let kind = asked.kind;
     let Flight { waiting, own } = flight;
     let is_leader = own.is_some();
     let policy = &route.policy;
@@ -197,6 +199,12 @@ pub(crate) async fn landed<B: OriginBody, E>(
                 return Next::Rekey;
             }
             route.stats.record(Event::Miss);
+            if asked.conditional
+                && let Some(not_modified) = filled_not_modified(stored, *kept, headers)
+            {
+                route.stats.record(Event::NotModified);
+                return Next::Answer(not_modified);
+            }
             Next::Answer(serve_filled(stored, *kept, kind))
         }
         Landed::Shared {

@@ -32,6 +32,7 @@ use crate::cache::entry::{self, CachedResponse};
 use crate::cache::{Freshness, L2Read, Renewal, Stored, l2_read, l2_revalidate, l2_write};
 use crate::http::conditional;
 use crate::http::directives::{Lifetimes, lifetimes};
+use crate::http::range;
 use crate::http::response::{self, NotStored};
 use crate::keys::CacheKeys;
 use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease, LeaseLost};
@@ -386,10 +387,12 @@ impl Fill {
     fn entry_of(
         &self,
         status: StatusCode,
-        headers: HeaderMap,
+        mut headers: HeaderMap,
         body: Bytes,
         life: Lifetimes,
     ) -> Arc<Stored> {
+        // The layer answers byte ranges of what it stores (see `ranged`).
+        range::advertise(status, &mut headers);
         let (token, local) = match &self.claim {
             Some(Claim::Leased(lease)) => (lease.fencing_token(), false),
             Some(Claim::Local(token)) => (*token, true),

@@ -59,6 +59,10 @@
 //! * A **conditional** request (`If-None-Match`, `If-Modified-Since`) that the entry it
 //!   is answered from meets gets `304` (`http::conditional`); a refresh of an entry with a
 //!   validator asks the origin the same way, and a `304` renews the entry with its body.
+//! * A **range request** (`Range: bytes=…`, a GET) is answered as a request for the
+//!   whole, and its one range is then cut from the held body: `206`, or `416` when it
+//!   lies past the end (`http::range`, `guard::ranged`). The origin is never sent
+//!   `Range` on a fill, and it is never part of a key.
 //! * A fresh entry **due for an early refresh** (`guard::early`) is served as a hit and
 //!   refreshed as a stale one is; an entry **purged** by a tag (`guard::purge`, [`Purge`]) is stale
 //!   (soft) or gone (hard); on a route that follows the origin, each entry's lifetimes
@@ -154,10 +158,10 @@
 //! Each file imports only the ones listed above it (and the crate's lower modules:
 //! `http`, `cache`, `lease`, `store`, `notify`, `policy`, `keys`, `metrics`):
 //!
-//! * `body`, `outcome`, `marks`, `budget`, `vary`, `early`, `hold`, `purge`: the
-//!   pieces: the answer's body, what `x-cache` and `Cache-Status` say, the marks a
+//! * `body`, `outcome`, `marks`, `budget`, `vary`, `early`, `hold`, `purge`, `ranged`:
+//!   the pieces: the answer's body, what `x-cache` and `Cache-Status` say, the marks a
 //!   fill's ending leaves, the refresh budget, learned `Vary` names, early refresh,
-//!   adaptive lease TTLs, tag purges as read;
+//!   adaptive lease TTLs, tag purges as read, byte ranges cut from a held body;
 //! * `origin`: calling the origin, each call bounded, and reading its answer;
 //! * `inflight`: what is in flight in this process: cold fills (one per key, and what
 //!   their waiters get) and refreshes (one per key, or held off);
@@ -188,6 +192,7 @@ mod marks;
 mod origin;
 mod outcome;
 mod purge;
+mod ranged;
 mod refresh;
 mod route;
 mod service;

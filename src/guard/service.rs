@@ -17,9 +17,11 @@ use super::future::ResponseFuture;
 use super::marks::Mark;
 use super::origin::{FillBody, Inner, OriginBody};
 use super::outcome::XCache;
+use super::ranged;
 use super::route::Route;
 use super::vary::{self, Check};
 use crate::cache::{Instant, L2Read, Stored, l2_read_with_names};
+use crate::http::range::Ranged;
 use crate::http::request::{self, Asked};
 use crate::keys::CacheKeys;
 use crate::metrics::Event;
@@ -123,6 +125,37 @@ where
                 });
             }
         };
+        // A range is answered as a request for the whole, then cut (see `ranged`).
+        match asked
+            .ranged
+            .then(|| Ranged::of(request.headers()))
+            .flatten()
+        {
+            None => self.cached(request, asked),
+            Some(range) => {
+                let whole = self.cached(request, asked);
+                ResponseFuture::new(async move { Ok(ranged::cut(whole.await?, &range)) })
+            }
+        }
+    }
+}
+
+impl<S> Guard<S> {
+    /// The answer to a request the route caches, for the whole of what it asks.
+    fn cached<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        asked: Asked,
+    ) -> ResponseFuture<ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Default + Send + 'static,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Send + 'static,
+    {
+        let route = &self.route;
         // L1 answers fresh and stale entries here, without a future to allocate: the
         // common case costs a fast keyed hash, a lookup and the response (no HMAC, no
         // key string: the Redis keys are made only past L1).
@@ -380,14 +413,7 @@ where
         };
         let flight = join(&route, &inner, caller);
         // (A HEAD joins the fill of the GET it is answered from, as a cache converts it.)
-        let landed = landed(
-            &route,
-            flight,
-            &keys,
-            request.headers(),
-            asked.kind,
-            &fallback,
-        );
+        let landed = landed(&route, flight, &keys, request.headers(), asked, &fallback);
         match landed.await {
             Next::Answer(response) => return Ok(response),
             Next::Error(error) => return Err(error),

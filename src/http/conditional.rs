@@ -52,7 +52,7 @@ fn weak_eq(a: &str, b: &str) -> bool {
 }
 
 fn http_date(value: &HeaderValue) -> Option<std::time::SystemTime> {
-    httpdate::parse_http_date(value.to_str().ok()?).ok()
+    super::date::parse(value)
 }
 
 /// The stored headers a `304` carries (RFC 9110 §15.4.5: those a 200 would have sent

@@ -24,6 +24,7 @@ use std::time::{Duration, SystemTime};
 use http::header::{AGE, CACHE_CONTROL, DATE, ETAG, EXPIRES, LAST_MODIFIED};
 use http::{HeaderMap, StatusCode};
 
+use super::structured;
 use crate::policy::Policy;
 
 /// The longest any window may be (entries are refused past it, see `entry::decode`).
@@ -98,14 +99,33 @@ impl Directives {
 /// The field whose directives this cache follows: `CDN-Cache-Control` (RFC 9213, for
 /// the caches of a CDN, which a shared cache in front of an origin is), else
 /// `Surrogate-Control` (its older form), else `Cache-Control`. A targeted field takes
-/// the place of `Cache-Control` whole, as RFC 9213 says.
+/// the place of `Cache-Control` whole, as RFC 9213 says; a `CDN-Cache-Control` that is
+/// not a valid dictionary (RFC 8941), or whose lifetimes are not integers, is ignored
+/// whole (RFC 9213 §2.1).
 pub(crate) fn controlling(headers: &HeaderMap) -> http::HeaderName {
-    for targeted in ["cdn-cache-control", "surrogate-control"] {
-        if headers.contains_key(targeted) {
-            return http::HeaderName::from_static(targeted);
-        }
+    const CDN: http::HeaderName = http::HeaderName::from_static("cdn-cache-control");
+    if headers.contains_key(CDN) && is_valid_cdn_field(headers.get_all(CDN)) {
+        return CDN;
+    }
+    if headers.contains_key("surrogate-control") {
+        return http::HeaderName::from_static("surrogate-control");
     }
     CACHE_CONTROL
+}
+
+/// Whether `CDN-Cache-Control`'s field lines are a dictionary whose lifetimes are
+/// integers (`max-age="60"` is of the wrong type).
+fn is_valid_cdn_field(lines: http::header::GetAll<'_, http::HeaderValue>) -> bool {
+    let Some(members) = structured::dictionary(lines.iter().map(http::HeaderValue::as_bytes))
+    else {
+        return false;
+    };
+    members.iter().all(|(key, value)| {
+        !matches!(
+            key.as_str(),
+            "max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error"
+        ) || *value == structured::Value::Integer
+    })
 }
 
 /// How old an answer is when it arrives, how long it is fresh, served stale while
@@ -146,8 +166,7 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
             .or_else(|| heuristic_lifetime(headers))
             .unwrap_or(Duration::ZERO)
     };
-    // An `Age` that does not parse makes the answer stale on arrival (RFC 9111 §5.1).
-    let age = initial_age(headers).unwrap_or(lifetime.min(MAX_AGE_ON_ARRIVAL));
+    let age = initial_age(headers);
     // What is left of its freshness, within the route's bounds; the entry starts `age`
     // old, and its `Age` goes on from there (RFC 9111 §4.2.3).
     // An entry is fresh for a day at most from its origin's answer (entries fresh
@@ -177,26 +196,25 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
     }
 }
 
-/// `Age` as the origin (or a cache before it) sent it: one field line of whole seconds
-/// (none: zero), at most [`MAX_AGE_ON_ARRIVAL`]. `None` for anything else (two lines, a
-/// list, a sign, a fraction, a parameter): such an answer is taken to be stale.
-fn initial_age(headers: &HeaderMap) -> Option<Duration> {
-    let mut lines = headers.get_all(AGE).iter();
-    let Some(first) = lines.next() else {
-        return Some(Duration::ZERO);
-    };
-    if lines.next().is_some() {
-        return None;
+/// `Age` as the origin (or a cache before it) sent it, at most [`MAX_AGE_ON_ARRIVAL`]:
+/// the first value given (RFC 9111 §4.2.1: of a value given more than once, on two
+/// field lines or as a list, the first occurrence may be used), in whole seconds. A
+/// value that is not a non-negative integer (a sign, a fraction, a parameter, text) is
+/// not an age at all, and is ignored as if absent: zero (§4.2.3, "or 0, if not
+/// available"; §5.1).
+fn initial_age(headers: &HeaderMap) -> Duration {
+    let first = headers
+        .get(AGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(str::trim)
+        .unwrap_or_default();
+    if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+        return Duration::ZERO;
     }
-    let text = first.to_str().ok()?.trim();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    // All digits: too many for a u64 is very old.
-    let seconds = text.parse::<u64>().unwrap_or(u64::MAX);
-    Some(Duration::from_secs(
-        seconds.min(MAX_AGE_ON_ARRIVAL.as_secs()),
-    ))
+    // All digits: too many for a u64 is very old (§1.2.2).
+    let seconds = first.parse::<u64>().unwrap_or(u64::MAX);
+    Duration::from_secs(seconds.min(MAX_AGE_ON_ARRIVAL.as_secs()))
 }
 
 /// How long past freshness an entry with `headers` may stand in for a failing origin.
@@ -251,7 +269,7 @@ fn heuristic_lifetime(headers: &HeaderMap) -> Option<Duration> {
 }
 
 fn date(value: &http::HeaderValue) -> Option<SystemTime> {
-    httpdate::parse_http_date(value.to_str().ok()?).ok()
+    super::date::parse(value)
 }
 
 /// The statuses a cache may give a heuristic lifetime to (RFC 9110 §15.1), but for the
@@ -356,13 +374,29 @@ mod tests {
         // Stale on arrival: fresh for a millisecond past its age.
         let late = life(&[("cache-control", "max-age=10"), ("age", "100")]);
         assert_eq!(late.fresh_for - late.age, Duration::from_millis(1));
-        // An `Age` that does not parse makes it stale on arrival (RFC 9111 §5.1).
-        for bad in ["soon", "-7200", "7200.0", "7200,0", "0, 0", "1;a=b"] {
+        // An `Age` that is not a non-negative integer is ignored (RFC 9111 §4.2.3).
+        for bad in ["soon", "-7200", "7200.0", "1;a=b", ""] {
             let l = life(&[("age", bad), ("cache-control", "max-age=60")]);
-            assert_eq!(l.fresh_for - l.age, Duration::from_millis(1), "{bad}");
+            assert_eq!((l.age, l.fresh_for), (S(0), S(60)), "{bad}");
         }
-        let two = life(&[("age", "0"), ("age", "0"), ("cache-control", "max-age=60")]);
-        assert_eq!(two.fresh_for - two.age, Duration::from_millis(1));
+        // Of several, the first (§4.2.1): on one line or on two.
+        let fresh = [S(0), S(60)];
+        let stale = |l: Lifetimes| l.fresh_for - l.age == Duration::from_millis(1);
+        let max_age = ("cache-control", "max-age=60");
+        for (ages, is_stale) in [
+            (&[("age", "0, 7200")][..], false),
+            (&[("age", "7200, 0")], true),
+            (&[("age", "0"), ("age", "7200")], false),
+            (&[("age", "7200"), ("age", "0")], true),
+            (&[("age", "0"), ("age", "0")], false),
+            (&[("age", "0, 0")], false),
+        ] {
+            let l = life(&[ages, &[max_age]].concat());
+            assert_eq!(stale(l), is_stale, "{ages:?}");
+            if !is_stale {
+                assert_eq!([l.age, l.fresh_for], fresh, "{ages:?}");
+            }
+        }
         // A target after `;` is taken.
         let targeted = life(&[("surrogate-control", "max-age=100;edge")]);
         assert_eq!(targeted.fresh_for, S(100));
@@ -405,6 +439,16 @@ mod tests {
         assert_eq!(
             life(&[("date", date), ("expires", "Sun, 06 Nov 1994 08:51:37 GMT")]).fresh_for,
             S(120)
+        );
+        // Read robustly (RFC 9110 §5.6.7): names in any case, any day name.
+        assert_eq!(
+            life(&[("date", date), ("expires", "MON, 06 NOV 1994 08:51:37 gmt")]).fresh_for,
+            S(120)
+        );
+        // Another zone is not a date: in the past (RFC 9111 §5.3).
+        assert_eq!(
+            life(&[("date", date), ("expires", "Sun, 06 Nov 1994 08:51:37 UTC")]).fresh_for,
+            Duration::from_millis(1)
         );
         assert_eq!(
             life(&[("date", date), ("expires", "0")]).fresh_for,
@@ -470,6 +514,15 @@ mod tests {
             ("cdn-cache-control", "max-age=50"),
         ]);
         assert_eq!(l.fresh_for, S(50));
+        // One that is not a valid dictionary, or whose lifetime is not an integer, is
+        // ignored (RFC 9213 §2.1): `Cache-Control` rules.
+        for invalid in ["max-age=50, &&&&&", "max-age=\"50\"", "max-age=50,"] {
+            let l = life(&[
+                ("cache-control", "max-age=5"),
+                ("cdn-cache-control", invalid),
+            ]);
+            assert_eq!(l.fresh_for, S(5), "{invalid}");
+        }
         let l = life(&[
             ("cache-control", "max-age=5, must-revalidate"),
             ("surrogate-control", "max-age=40"),
@@ -494,6 +547,14 @@ mod tests {
             store(&[
                 ("cache-control", "max-age=60"),
                 ("surrogate-control", "no-store")
+            ])
+            .is_err()
+        );
+        // An invalid targeted field leaves `Cache-Control` in charge.
+        assert!(
+            store(&[
+                ("cache-control", "no-store"),
+                ("cdn-cache-control", "max-age=10000, &&&&&")
             ])
             .is_err()
         );

@@ -77,6 +77,10 @@ pub(crate) fn fill_request<B, F: Default>(
             .chain(learned)
             .chain(&policy.forward_headers)
         {
+            // (A learned `Vary: Range` is not one: see `response::vary_names`.)
+            if *name == header::RANGE || *name == header::IF_RANGE {
+                continue;
+            }
             for value in given.get_all(name) {
                 headers.append(name.clone(), value.clone());
             }
@@ -184,6 +188,15 @@ mod tests {
         let fill: Request<()> = fill_request(&p, &[], &absolute);
         assert_eq!(fill.uri(), "/items");
         assert_eq!(fill.headers()["host"], "shop.example");
+        // Never a range, even one a `Vary` named.
+        let ranged = get("/items")
+            .header("range", "bytes=0-1")
+            .header("if-range", "\"v1\"")
+            .body(())
+            .unwrap();
+        let fill: Request<()> = fill_request(&p, &[header::RANGE, header::IF_RANGE], &ranged);
+        assert!(!fill.headers().contains_key(header::RANGE));
+        assert!(!fill.headers().contains_key(header::IF_RANGE));
         let unkeyed = Policy::builder("items").key_host(false).build().unwrap();
         let fill: Request<()> = fill_request(&unkeyed, &[], &absolute);
         assert!(fill.headers().get("host").is_none());

@@ -4,17 +4,23 @@
 //!
 //! * `request`: which requests the cache answers, and what tells them apart (identity,
 //!   keyed query, variant);
+//! * `date`: HTTP dates, read robustly;
 //! * `forward`: what a fill sends the origin;
 //! * `directives`: what an answer's `Cache-Control`, `Expires`, `Age` and validators
 //!   say about how long it may be reused;
 //! * `conditional`: conditional requests, from clients and to the origin;
-//! * `response`: which answers may be stored and shared, and their `Vary`.
+//! * `range`: range requests, answered from a whole body;
+//! * `response`: which answers may be stored and shared, and their `Vary`;
+//! * `structured`: Structured Field dictionaries, as `CDN-Cache-Control` is one.
 
 pub(crate) mod conditional;
+pub(crate) mod date;
 pub(crate) mod directives;
 pub(crate) mod forward;
+pub(crate) mod range;
 pub(crate) mod request;
 pub(crate) mod response;
+pub(crate) mod structured;
 
 pub use self::response::{CACHE_NAME, CACHE_STATUS, X_CACHE};
 pub(crate) use self::response::{CACHE_STATUS_NAME, X_CACHE_NAME, is_set_by_the_layer};

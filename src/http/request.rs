@@ -48,11 +48,12 @@ pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Asked
     };
     // One pass over the names a request has (a handful), rather than three hashed
     // lookups: every request comes here.
-    let (mut authorization, mut cookie, mut conditional) = (false, false, false);
+    let (mut authorization, mut cookie, mut conditional, mut ranged) = (false, false, false, false);
     for name in request.headers().keys() {
         authorization |= *name == header::AUTHORIZATION;
         cookie |= *name == header::COOKIE;
         conditional |= is_conditional(name);
+        ranged |= *name == header::RANGE;
     }
     if authorization && !policy.allow_authorization {
         return Err(Bypass::Authorization);
@@ -60,7 +61,12 @@ pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Asked
     if cookie && !policy.allow_cookies {
         return Err(Bypass::Cookie);
     }
-    Ok(Asked { kind, conditional })
+    Ok(Asked {
+        kind,
+        conditional,
+        // Only a GET's range is answered (RFC 9110 §14.2).
+        ranged: ranged && kind == Kind::Get,
+    })
 }
 
 /// Whether a client's request is a conditional one the cache may answer: it has
@@ -77,6 +83,8 @@ pub(crate) struct Asked {
     /// It has `If-None-Match` or `If-Modified-Since`: an entry that meets the condition
     /// answers `304` (see `conditional`).
     pub(crate) conditional: bool,
+    /// A GET with `Range`: its answer is cut to the range (see `range`).
+    pub(crate) ranged: bool,
 }
 
 /// What tells the URLs of a route apart, as bytes to be hashed: the host (if keyed), the
@@ -328,7 +336,8 @@ pub(super) mod tests {
             classify(&p, &Request::head("/").body(()).unwrap()),
             Ok(Asked {
                 kind: Kind::Head,
-                conditional: false
+                conditional: false,
+                ranged: false,
             })
         );
         let conditional = get("/").header("if-none-match", "\"v1\"").body(()).unwrap();
@@ -336,9 +345,17 @@ pub(super) mod tests {
             classify(&p, &conditional),
             Ok(Asked {
                 kind: Kind::Get,
-                conditional: true
+                conditional: true,
+                ranged: false,
             })
         );
+        let ranged = get("/").header("range", "bytes=0-1").body(()).unwrap();
+        assert_eq!(classify(&p, &ranged).map(|a| a.ranged), Ok(true));
+        let head = Request::head("/")
+            .header("range", "bytes=0-1")
+            .body(())
+            .unwrap();
+        assert_eq!(classify(&p, &head).map(|a| a.ranged), Ok(false));
         let open = Policy::builder("items")
             .allow_authorization(true)
             .build()

@@ -38,8 +38,8 @@ pub(crate) fn is_set_by_the_layer(name: &http::HeaderName) -> bool {
     *name == http::header::AGE || *name == X_CACHE_NAME || *name == CACHE_STATUS_NAME
 }
 
-/// The names a response's `Vary` lists; `Err` for `Vary: *` (or a value that is not
-/// text), which no request can match.
+/// The names a response's `Vary` lists, but `Range` and `If-Range`; `Err` for `Vary: *`
+/// (or a value that is not text), which no request can match.
 pub(crate) fn vary_names(headers: &HeaderMap) -> Result<Vec<HeaderName>, NotStored> {
     let mut names = Vec::new();
     for value in headers.get_all(header::VARY) {
@@ -49,6 +49,11 @@ pub(crate) fn vary_names(headers: &HeaderMap) -> Result<Vec<HeaderName>, NotStor
                 return Err(NotStored::VaryStar);
             }
             let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| NotStored::VaryStar)?;
+            // The cache answers ranges from the whole, which a fill asks for without
+            // them: an answer cannot vary on them, and no key is made of them.
+            if name == header::RANGE || name == header::IF_RANGE {
+                continue;
+            }
             if !names.contains(&name) {
                 names.push(name);
             }
@@ -163,6 +168,18 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
                 .flatten(),
         );
     let overridden = targeted != header::CACHE_CONTROL;
+    // `must-understand` (RFC 9111 §5.2.2.3): a cache that knows the status's caching
+    // rules follows them and ignores `no-store`; one that does not, stores nothing.
+    let must_understand = headers
+        .get_all(&targeted)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|d| d.trim().eq_ignore_ascii_case("must-understand"));
+    let understood = response.status().canonical_reason().is_some();
+    if must_understand && !understood {
+        return Err(NotStored::Status);
+    }
     for (value, is_targeted) in fields {
         let Ok(value) = value.to_str() else {
             return Err(NotStored::Private);
@@ -179,6 +196,9 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
             let why = if name.eq_ignore_ascii_case("private") {
                 NotStored::Private
             } else if name.eq_ignore_ascii_case("no-store") {
+                if must_understand {
+                    continue;
+                }
                 NotStored::NoStore
             } else if name.eq_ignore_ascii_case("no-cache") && !policy.follow_origin {
                 // (Followed, it is stored, and revalidated on every use.)
@@ -262,6 +282,25 @@ mod tests {
         assert_eq!(storable(&p, &with("vary", "Accept-Language")), Ok(()));
         let not_found = Response::builder().status(404).body(()).unwrap();
         assert_eq!(storable(&p, &not_found), Err(NotStored::Status));
+        // `must-understand`: `no-store` is ignored for a status whose rules the cache
+        // knows, and nothing is stored for one it does not (RFC 9111 §5.2.2.3).
+        assert_eq!(
+            storable(&p, &with("cache-control", "no-store, must-understand")),
+            Ok(())
+        );
+        assert_eq!(
+            storable(
+                &p,
+                &with("cache-control", "no-store, must-understand, private")
+            ),
+            Err(NotStored::Private)
+        );
+        let unknown = Response::builder()
+            .status(599)
+            .header("cache-control", "max-age=60, no-store, must-understand")
+            .body(())
+            .unwrap();
+        assert_eq!(storable(&p, &unknown), Err(NotStored::Status));
     }
 
     #[test]
@@ -299,6 +338,11 @@ mod tests {
             fr.headers(),
             de.headers()
         ));
+        let ranged = Response::builder()
+            .header("vary", "Range, If-Range, accept-language")
+            .body(())
+            .unwrap();
+        assert_eq!(vary_names(ranged.headers()), Ok(lang.to_vec()));
         let star = Response::builder().header("vary", "*").body(()).unwrap();
         assert!(!same_variant(star.headers(), fr.headers(), fr2.headers()));
     }

@@ -1,0 +1,116 @@
+//! The answer to a request for a byte range (see `http::range`): cut from the whole
+//! body the layer holds, an entry's or an answer shared by a fill, after the request
+//! was answered as a request for the whole.
+//!
+//! An answer streamed from the origin is left as the origin made it: a pass-through
+//! carries the caller's `Range` to the origin, which answers it; the one caller whose
+//! fill found the answer too large to buffer gets it whole (its fill asked for the whole
+//! representation), as a server may (RFC 9110 §14.2).
+
+use http::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
+use http::{HeaderValue, Response, StatusCode};
+use http_body::Body;
+
+use super::body::ResponseBody;
+use crate::http::range::{Part, Ranged, content_range, unsatisfied_range};
+
+/// The answer to `ranged` made of the answer to the whole: its part (`206`), `416`, or
+/// the answer itself.
+pub(crate) fn cut<B: Body>(
+    response: Response<ResponseBody<B>>,
+    ranged: &Ranged,
+) -> Response<ResponseBody<B>> {
+    let Some(whole) = response.body().whole() else {
+        return response;
+    };
+    let len = whole.len() as u64;
+    let part = ranged.part(response.status(), response.headers(), len);
+    let (mut parts, _) = match part {
+        Part::Whole => return response,
+        _ => response.into_parts(),
+    };
+    let body = match part {
+        Part::Bytes { first, last, len } => {
+            parts.status = StatusCode::PARTIAL_CONTENT;
+            parts
+                .headers
+                .insert(CONTENT_RANGE, content_range(first, last, len));
+            parts
+                .headers
+                .insert(CONTENT_LENGTH, HeaderValue::from(last - first + 1));
+            ResponseBody::full(whole.slice(first as usize..=last as usize))
+        }
+        Part::Unsatisfiable { len } => {
+            parts.status = StatusCode::RANGE_NOT_SATISFIABLE;
+            parts.headers.insert(CONTENT_RANGE, unsatisfied_range(len));
+            parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(0));
+            // The body it described is not sent.
+            parts.headers.remove(CONTENT_TYPE);
+            ResponseBody::empty()
+        }
+        Part::Whole => unreachable!("returned above"),
+    };
+    Response::from_parts(parts, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http::HeaderMap;
+    use http_body_util::{BodyExt, Empty};
+
+    type Answer = Response<ResponseBody<Empty<Bytes>>>;
+
+    fn whole(status: StatusCode, body: &'static str) -> Answer {
+        let mut response = Response::new(ResponseBody::full(Bytes::from_static(body.as_bytes())));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        response
+    }
+
+    fn ranged(range: &'static str) -> Ranged {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::RANGE, HeaderValue::from_static(range));
+        Ranged::of(&headers).unwrap()
+    }
+
+    async fn text(response: Answer) -> String {
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_held_200_is_cut() {
+        let part = cut(
+            whole(StatusCode::OK, "0123456789abcdef"),
+            &ranged("bytes=-5"),
+        );
+        assert_eq!(part.status(), StatusCode::PARTIAL_CONTENT);
+        assert_eq!(part.headers()[CONTENT_RANGE], "bytes 11-15/16");
+        assert_eq!(part.headers()[CONTENT_LENGTH], "5");
+        assert_eq!(text(part).await, "bcdef");
+
+        let none = cut(whole(StatusCode::OK, "0123"), &ranged("bytes=4-"));
+        assert_eq!(none.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+        assert_eq!(none.headers()[CONTENT_RANGE], "bytes */4");
+        assert_eq!(none.headers()[CONTENT_LENGTH], "0");
+        assert!(!none.headers().contains_key(CONTENT_TYPE));
+        assert_eq!(text(none).await, "");
+    }
+
+    #[tokio::test]
+    async fn other_answers_are_left_whole() {
+        let not_found = cut(whole(StatusCode::NOT_FOUND, "gone"), &ranged("bytes=0-1"));
+        assert_eq!(not_found.status(), StatusCode::NOT_FOUND);
+        assert_eq!(text(not_found).await, "gone");
+        let several = cut(whole(StatusCode::OK, "0123"), &ranged("bytes=0-0,2-2"));
+        assert_eq!(several.status(), StatusCode::OK);
+        assert_eq!(text(several).await, "0123");
+        let streamed: Answer = Response::new(ResponseBody::stream(Empty::new()));
+        let streamed = cut(streamed, &ranged("bytes=0-0"));
+        assert_eq!(streamed.status(), StatusCode::OK);
+    }
+}

@@ -1157,6 +1157,61 @@ fn the_documented_config_is_accepted() {
     assert!(text(&out.stdout).contains("settings ok: 3 route(s)"));
 }
 
+/// The README's production config is the fixture, and is accepted as it stands (its
+/// files made for the test: certificates, authorities, the secret).
+#[test]
+fn the_production_config_is_accepted() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/sidecar-production.toml"
+    );
+    let config = std::fs::read_to_string(fixture).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("```toml\n{config}```")),
+        "the README shows tests/fixtures/sidecar-production.toml as it is"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    support::tls::authority(dir.path(), "ca");
+    support::tls::signed(
+        dir.path(),
+        "server",
+        "127.0.0.1",
+        "subjectAltName=IP:127.0.0.1",
+    );
+    for (from, to) in [
+        ("server.crt", "cert.pem"),
+        ("server.key", "key.pem"),
+        ("ca.crt", "origin-ca.pem"),
+        ("ca.crt", "redis-ca.pem"),
+    ] {
+        std::fs::copy(dir.path().join(from), dir.path().join(to)).unwrap();
+    }
+    std::fs::write(dir.path().join("secret"), SECRET).unwrap();
+    let config = config.replace(
+        "/etc/stampede-sidecar/",
+        &format!("{}/", dir.path().display()),
+    );
+    let path = dir.path().join("production.toml");
+    std::fs::write(&path, config).unwrap();
+    let child = Command::new(BIN)
+        .args(["--config", path.to_str().unwrap(), "--check"])
+        .env_clear()
+        .env("STAMPEDE_SIDECAR_REDIS_PASSWORD", "a password")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_output(child);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("settings ok: 2 route(s), Redis Cluster from rediss://redis-0.internal"),
+        "{said}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fills_once_then_hits_over_tcp_and_reports_health() {
     let mut redis = RedisServer::start();

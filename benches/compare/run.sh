@@ -13,9 +13,9 @@
 #   sidecar's --workers.
 #
 # Prints, for each instance and key count: requests/s, CPU per request (user + system
-# time of the proxy processes, wrk and the origin not counted), origin calls per key per
-# freshness window, p99, and the sidecar's ratios to nginx (requests/s: higher is better;
-# CPU per request: lower is better).
+# time of the proxy processes, wrk and the origin not counted; Redis's apart), origin
+# calls per key per freshness window, p99, and the sidecar's ratios to nginx
+# (requests/s: higher is better; CPU per request: lower is better).
 #
 #   bash benches/compare/run.sh
 #   DURATION=10 CONNECTIONS=192 INSTANCES="1 3 8" KEY_COUNTS="4 100" WORKERS=1 bash benches/compare/run.sh
@@ -58,6 +58,7 @@ REDIS=$(free_port)
 python3 benches/compare/origin.py "$ORIGIN" "$work/calls" & pids+=($!)
 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
   --logfile "$work/redis.log" & pids+=($!)
+REDIS_PID=$!
 sleep 1
 
 start_nginx() { # name port
@@ -134,6 +135,7 @@ run() { # kind instances keys
   wait "${warm[@]}" 2>/dev/null || true
   local calls_before; calls_before=$(cat "$work/calls" 2>/dev/null || echo 0)
   local cpu_before; cpu_before=$(cpu_ticks "${started[@]}")
+  local redis_before; redis_before=$(cpu_ticks "$REDIS_PID")
   local per=$(( CONNECTIONS / n )) outs=() loads=()
   for port in "${ports[@]}"; do
     KEYS=$keys wrk -t1 -c"$per" -d"${DURATION}s" --latency -s benches/compare/hot-keys.lua \
@@ -143,15 +145,17 @@ run() { # kind instances keys
   done
   wait "${loads[@]}"
   local cpu; cpu=$(( $(cpu_ticks "${started[@]}") - cpu_before ))
+  local redis_cpu; redis_cpu=$(( $(cpu_ticks "$REDIS_PID") - redis_before ))
   local calls; calls=$(( $(cat "$work/calls" 2>/dev/null || echo 0) - calls_before ))
   local requests; requests=$(cat "${outs[@]}" | awk '/requests in/ {s += $1} END {print s + 0}')
   local rps; rps=$(cat "${outs[@]}" | awk '/Requests\/sec/ {s += $2} END {printf "%.0f", s}')
   local p99; p99=$(cat "${outs[@]}" | awk '/ 99%/ {print $2}' | sort -h | tail -1)
   local us; us=$(awk -v c="$cpu" -v t="$TICKS" -v r="$requests" 'BEGIN {printf "%.1f", r ? c / t * 1e6 / r : 0}')
+  local redis_us; redis_us=$(awk -v c="$redis_cpu" -v t="$TICKS" -v r="$requests" 'BEGIN {printf "%.2f", r ? c / t * 1e6 / r : 0}')
   local per_key; per_key=$(awk -v c="$calls" -v k="$keys" -v d="$DURATION" -v f="$FRESH" 'BEGIN {printf "%.2f", c / (k * d / f)}')
   RPS[$kind-$n-$keys]=$rps
   CPU[$kind-$n-$keys]=$us
-  rows+=("$(printf '%-8s %9s %5s %12s %12s %16s %10s' "$kind" "$n" "$keys" "$rps" "$us" "$per_key" "$p99")")
+  rows+=("$(printf '%-8s %9s %5s %12s %12s %12s %16s %10s' "$kind" "$n" "$keys" "$rps" "$us" "$redis_us" "$per_key" "$p99")")
   for pid in "${started[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait "${started[@]}" 2>/dev/null || true
   sleep 0.5
@@ -166,7 +170,7 @@ done
 
 echo
 echo "$DURATION s per run, $CONNECTIONS connections split over the instances, origin 200 ms, fresh ${FRESH} s"
-printf '%-8s %9s %5s %12s %12s %16s %10s\n' "" "instances" "keys" "requests/s" "CPU us/req" "origin/key/window" "p99"
+printf '%-8s %9s %5s %12s %12s %12s %16s %10s\n' "" "instances" "keys" "requests/s" "CPU us/req" "Redis us/req" "origin/key/window" "p99"
 printf '%s\n' "${rows[@]}"
 echo
 echo "sidecar / nginx (requests/s: goal >= 1.3; CPU per request: goal <= 0.25)"

@@ -55,7 +55,7 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 ORIGIN=$(free_port)
 REDIS=$(free_port)
-python3 benches/compare/origin.py "$ORIGIN" "$work/calls" & pids+=($!)
+python3 benches/compare/origin.py "$ORIGIN" "$work/calls" 2> "$work/origin.log" & pids+=($!)
 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
   --logfile "$work/redis.log" & pids+=($!)
 REDIS_PID=$!

@@ -171,6 +171,7 @@ impl KeySpace {
             "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
              +script|load +publish +subscribe +get +set +del +hget +hset +hexists +pexpire \
              +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrem +sadd +smembers \
+             +scard +sismember \
              +cluster|slots +asking +role"
         )
     }

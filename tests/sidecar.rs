@@ -448,13 +448,21 @@ async fn x_forwarded_for_is_the_peer_unless_the_peer_is_trusted() {
         }
     });
     let origin = serve(app).await;
+    // Two lines of it: a proxy in front may add its own line (HAProxy does).
     let spoofed = [
         ("x-forwarded-for", "203.0.113.7"),
+        ("x-forwarded-for", "198.51.100.2"),
         ("x-forwarded-proto", "https"),
+        ("x-real-ip", "203.0.113.7"),
+        ("forwarded", "for=203.0.113.7"),
     ];
     for (trusted, want_for, want_proto) in [
         (None, "127.0.0.1", "http"),
-        (Some("127.0.0.0/8"), "203.0.113.7, 127.0.0.1", "https"),
+        (
+            Some("127.0.0.0/8"),
+            "203.0.113.7, 198.51.100.2, 127.0.0.1",
+            "https",
+        ),
     ] {
         seen.lock().unwrap().clear();
         let mut args = vec!["--upstream".to_owned(), format!("http://{origin}")];
@@ -470,7 +478,13 @@ async fn x_forwarded_for_is_the_peer_unless_the_peer_is_trusted() {
         assert_eq!(seen.len(), 2, "the POST and the fill");
         let (post, fill) = (&seen[0], &seen[1]);
         assert_eq!(post["x-forwarded-for"], want_for, "{trusted:?}");
+        assert_eq!(post.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(post["x-forwarded-proto"], want_proto, "{trusted:?}");
+        if trusted.is_none() {
+            for spoofable in ["x-real-ip", "forwarded"] {
+                assert!(!post.contains_key(spoofable), "{spoofable}: {post:?}");
+            }
+        }
         assert_eq!(fill["x-forwarded-for"], want_for, "{trusted:?}");
         // A fill never forwards the client's scheme (it would poison the entry for
         // everyone): the sidecar's own.
@@ -1147,6 +1161,71 @@ async fn the_access_log_says_how_each_request_was_served_and_no_secret() {
         line.contains("] \"GET /items/3 HTTP/1.1\" 200 15 cache=miss duration_ms="),
         "{line}"
     );
+}
+
+/// A client that stops reading holds nothing for long: with `--send-timeout 1s`, a
+/// connection whose answer (32 MiB, more than the sockets hold) has not moved for a
+/// second is closed, and the client gets no more than what was in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() {
+    const BIG: usize = 32 << 20;
+    let app = Router::new().fallback(|| async { vec![b'x'; BIG] });
+    let origin = serve(app).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--send-timeout",
+        "1s",
+    ]);
+    let mut stream = TcpStream::connect(sidecar.listen).await.unwrap();
+    stream
+        .write_all(b"POST /big HTTP/1.1\r\nHost: shop.example\r\nContent-Length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    // Not reading: the answer fills the sockets and stops moving. Long enough for the
+    // second to pass on a busy machine; what matters is what arrives next.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match within(HANG, stream.read(&mut buf), "reading the rest").await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+        assert!(
+            got < BIG,
+            "the whole answer arrived: the connection was not cut"
+        );
+    }
+    assert!(got > 0, "part of the answer was in flight");
+}
+
+/// With the access log on, SIGTERM still drains and exits 0 (its thread never holds
+/// standard output while it waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_with_the_access_log_on() {
+    let (origin, _calls, _gate) = origin(u64::MAX).await;
+    let mut sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--access-log",
+        "json",
+    ]);
+    assert_eq!(
+        fetch(sidecar.listen, "/items/1", &[]).await.status,
+        StatusCode::OK
+    );
+    assert!(
+        eventually(HANG, || async {
+            sidecar.log().contains("\"method\":\"GET\"")
+        })
+        .await,
+        "the request is logged:\n{}",
+        sidecar.log()
+    );
+    sidecar.signal("TERM");
+    assert_eq!(sidecar.exited(HANG).await, Some(0), "{}", sidecar.log());
+    assert!(sidecar.log().contains("drained"), "{}", sidecar.log());
 }
 
 #[test]

@@ -102,7 +102,9 @@ pub(crate) fn fill_request<B, F: Default>(
                 || NOT_FOR_A_FILL.contains(name)
                 || name.as_str() == "keep-alive"
                 || name.as_str() == "proxy-connection"
-                || listed.contains(name)
+                // A keyed header stays even where `Connection` lists it: the entry is
+                // keyed on it, so the fill must ask with it.
+                || (listed.contains(name) && !keyed(name))
                 || (*name == header::AUTHORIZATION && !policy.allow_authorization)
                 || (*name == header::COOKIE && !policy.allow_cookies)
                 || (POISONING_HEADERS.contains(&name.as_str()) && !keyed(name));
@@ -200,6 +202,23 @@ mod tests {
         let unkeyed = Policy::builder("items").key_host(false).build().unwrap();
         let fill: Request<()> = fill_request(&unkeyed, &[], &absolute);
         assert!(fill.headers().get("host").is_none());
+    }
+
+    #[test]
+    fn a_keyed_header_stays_on_the_fill_even_if_connection_lists_it() {
+        let p = Policy::builder("items")
+            .key_headers(["accept-language"])
+            .build()
+            .unwrap();
+        let request = get("/items")
+            .header("accept-language", "de")
+            .header("connection", "accept-language, x-hop")
+            .header("x-hop", "gone")
+            .body(())
+            .unwrap();
+        let fill: Request<()> = fill_request(&p, &[], &request);
+        assert_eq!(fill.headers()["accept-language"], "de");
+        assert!(!fill.headers().contains_key("x-hop"));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! this request called it (a fill's leader, or a request passed through; a caller served
 //! by someone else's fill has none). It never holds a secret: no header but `User-Agent`,
 //! no cookie, no `Authorization`, and of the query only the parameters' names
-//! (`/search?q&page`), as a query can carry a token.
+//! (`/search?q&page`; an item without `=` as `-`), as a query can carry a token.
 //!
 //! A request whose client left before its answer is logged with status 499 (as nginx
 //! does). Lines are written by a thread of their own, so that a slow standard output
@@ -63,10 +63,11 @@ impl AccessLog {
             .name("access-log".to_owned())
             .spawn(move || {
                 let stdout = std::io::stdout();
-                let mut out = std::io::BufWriter::new(stdout.lock());
                 while let Ok(line) = written.recv() {
+                    // Standard output is locked for one batch only (what is waiting), never
+                    // while waiting: the sidecar's own messages (the drain's) go through.
+                    let mut out = std::io::BufWriter::new(stdout.lock());
                     let _ = writeln!(out, "{line}");
-                    // Flushed once nothing more is waiting: whole lines, no delay.
                     while let Ok(line) = written.try_recv() {
                         let _ = writeln!(out, "{line}");
                     }
@@ -245,19 +246,39 @@ fn common_time(at: SystemTime) -> String {
     format!("{}/{month}/{}:{time} +0000", &date[8..10], &date[..4])
 }
 
-/// The path, and of the query only the parameters' names.
+/// The path, and of the query only the parameters' names (an item without `=`, which
+/// may be a value, as `-`); `"`, `\` and controls percent-encoded, so that a line
+/// cannot be forged.
 fn path_of(uri: &http::Uri) -> String {
-    let mut path = uri.path().to_owned();
+    let mut path = escaped(uri.path());
     if let Some(query) = uri.query() {
         path.push('?');
-        let names: Vec<&str> = query
+        let names: Vec<String> = query
             .split('&')
             .filter(|p| !p.is_empty())
-            .map(|p| p.split_once('=').map_or(p, |(name, _)| name))
+            .map(|p| {
+                p.split_once('=')
+                    .map_or("-".to_owned(), |(name, _)| escaped(name))
+            })
             .collect();
         path.push_str(&names.join("&"));
     }
     path
+}
+
+fn escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == '"' || c == '\\' || c.is_control() {
+            let mut buf = [0u8; 4];
+            for byte in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{byte:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A response body that counts its bytes into its record.
@@ -317,7 +338,9 @@ mod tests {
         let path = |uri: &str| path_of(&uri.parse().unwrap());
         assert_eq!(path("/a"), "/a");
         assert_eq!(path("/search?q=secret&page=2"), "/search?q&page");
-        assert_eq!(path("/x?token=abc&&flag"), "/x?token&flag");
+        assert_eq!(path("/x?token=abc&&flag"), "/x?token&-");
+        assert_eq!(path("/a%22b"), "/a%22b");
+        assert_eq!(escaped("a\"b\\c"), "a%22b%5Cc");
     }
 
     #[test]

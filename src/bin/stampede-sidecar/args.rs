@@ -70,7 +70,7 @@ pub(crate) struct Args {
     pub(crate) redis_client_key: Option<PathBuf>,
 
     /// The Redis ACL user (instead of the URL's). Its password comes from
-    /// `STAMPEDE_SIDECAR_REDIS_PASSWORD` (or the URL), never from a flag.
+    /// `STAMPEDE_SIDECAR_REDIS_PASSWORD`, never from a flag.
     #[arg(long, value_name = "USER")]
     pub(crate) redis_username: Option<String>,
 
@@ -164,12 +164,19 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) request_body_timeout: Option<Duration>,
 
-    /// How long connecting to the origin may take; then 504 [default: 5s].
+    /// How long an answer may go without a byte of it written to the client (one that
+    /// does not read); then the connection is closed [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) send_timeout: Option<Duration>,
+
+    /// How long connecting to the origin may take (TLS included); then 504
+    /// [default: 5s].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) connect_timeout: Option<Duration>,
 
-    /// How long the origin may take to send its response headers; then 504
-    /// [default: 60s]. A fill is also bounded by its route's lease.
+    /// How long the origin may take to send its response headers, from when the request
+    /// is sent (its body's upload included); then 504 [default: 60s]. A fill is also
+    /// bounded by its route's lease.
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) response_timeout: Option<Duration>,
 
@@ -254,6 +261,7 @@ impl fmt::Debug for Args {
             .field("header_read_timeout", &self.header_read_timeout)
             .field("keep_alive_timeout", &self.keep_alive_timeout)
             .field("request_body_timeout", &self.request_body_timeout)
+            .field("send_timeout", &self.send_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("upstream_idle_timeout", &self.upstream_idle_timeout)
@@ -285,6 +293,10 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
 pub(crate) fn upstream(text: &str) -> Result<Uri, String> {
     let uri: Uri = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
     match (uri.scheme_str(), uri.authority()) {
+        (Some(_), Some(authority)) if authority.as_str().contains('@') => Err(format!(
+            "`{}`: no user or password in an origin's URL (it would be sent as its host)",
+            redacted(text)
+        )),
         (Some("http" | "https"), Some(_)) => Ok(uri),
         (Some(other), Some(_)) => Err(format!(
             "`{text}`: origins are http:// or https://, not {other}://"
@@ -339,6 +351,8 @@ mod tests {
         assert!(upstream("http://127.0.0.1:9000").is_ok());
         assert!(upstream("https://example.com").is_ok());
         assert!(upstream("ftp://example.com").is_err());
+        let refused = upstream("http://user:hunter2@example.com").unwrap_err();
+        assert!(!refused.contains("hunter2"), "{refused}");
         assert!(upstream("/relative").is_err());
     }
 }

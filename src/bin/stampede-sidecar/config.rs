@@ -35,6 +35,7 @@ mod defaults {
     pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
     pub(super) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(60);
     pub(super) const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+    pub(super) const SEND_TIMEOUT: Duration = Duration::from_secs(60);
     pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     pub(super) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
     pub(super) const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -117,6 +118,7 @@ with_policy_fields! {
         header_read_timeout: Option<String>,
         keep_alive_timeout: Option<String>,
         request_body_timeout: Option<String>,
+        send_timeout: Option<String>,
         connect_timeout: Option<String>,
         response_timeout: Option<String>,
         upstream_idle_timeout: Option<String>,
@@ -573,6 +575,12 @@ impl Settings {
                 args.request_body_timeout,
                 &file.request_body_timeout,
                 defaults::REQUEST_BODY_TIMEOUT,
+            )?,
+            send: timeout(
+                "send_timeout",
+                args.send_timeout,
+                &file.send_timeout,
+                defaults::SEND_TIMEOUT,
             )?,
             tls,
         };

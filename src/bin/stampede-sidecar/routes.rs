@@ -14,7 +14,7 @@ use tower::util::Oneshot;
 use tower::{Layer, ServiceExt};
 
 use crate::config::{SettingError, Settings};
-use crate::upstream::Upstream;
+use crate::upstream::{Upstream, strip_hop_by_hop};
 
 type Route = BoxCloneSyncService<Request<Body>, Response, Infallible>;
 
@@ -109,7 +109,12 @@ impl tower::Service<Request<Body>> for Routes {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
+    /// The hop-by-hop headers, and those `Connection` lists, go before the guard sees
+    /// the request: a header a client names in `Connection` (a keyed one) must not key
+    /// the entry and then be missing from the fill, which would store the answer to a
+    /// request without it under the key of a request with it.
+    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
+        strip_hop_by_hop(request.headers_mut());
         let route = self.route(request.uri().path()).clone();
         route.oneshot(request)
     }

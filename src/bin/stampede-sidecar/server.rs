@@ -14,10 +14,12 @@
 //!   stream open; it is sent a GOAWAY).
 //! - **A request's body within `request_body_timeout`** of its headers; past it, the
 //!   body fails, and the request is answered 408 (see [`RequestBodyTimeout`]).
+//! - **An answer's bytes moving at least every `send_timeout`**: a client that stops
+//!   reading (or an HTTP/2 client that opens no window) has its connection closed.
 //!
 //! Each closing for a limit is counted in `stampede_sidecar_client_timeouts_total`
-//! (label `timeout`: `header_read`, `keep_alive`, `request_body`); the open connections
-//! are the gauge `stampede_sidecar_connections`.
+//! (label `timeout`: `header_read`, `keep_alive`, `request_body`, `send`); the open
+//! connections are the gauge `stampede_sidecar_connections`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -54,6 +56,7 @@ pub(crate) struct Limits {
     pub(crate) header_read: Duration,
     pub(crate) keep_alive: Duration,
     pub(crate) body_read: Duration,
+    pub(crate) send: Duration,
     pub(crate) tls: Option<Tls>,
 }
 
@@ -232,6 +235,7 @@ where
                 Ok(response) => response,
                 Err(never) => match never {},
             };
+            let end = end.answering();
             Ok::<_, Infallible>(response.map(|body| Body::new(Tracked { body, _end: end })))
         }
     });
@@ -271,6 +275,7 @@ fn client_timeout(expired: Expired) {
     let timeout = match expired {
         Expired::HeaderRead => "header_read",
         Expired::KeepAlive => "keep_alive",
+        Expired::Send => "send",
     };
     metrics::counter!("stampede_sidecar_client_timeouts_total", "timeout" => timeout).increment(1);
 }
@@ -280,6 +285,8 @@ fn client_timeout(expired: Expired) {
 enum Expired {
     HeaderRead,
     KeepAlive,
+    /// An answer's bytes did not move for `send_timeout`: a client that does not read.
+    Send,
 }
 
 /// Where a connection stands, for its limits.
@@ -287,68 +294,105 @@ enum Expired {
 enum Phase {
     /// Waiting for a request's headers since then.
     Head(Instant),
-    /// Requests in flight: the body timeout and the origin's bound them.
+    /// Requests in flight: their bodies' timeout and the origin's bound them, and the
+    /// send timeout their answers.
     Busy(usize),
     /// Nothing in flight since then.
     Idle(Instant),
 }
 
-/// A connection's phase, moved by its bytes and its requests, and looked at by its
+/// A connection's phase, and its answers being written: how many, and when a byte of
+/// them last moved.
+#[derive(Clone, Copy, Debug)]
+struct State {
+    phase: Phase,
+    answering: usize,
+    moved: Instant,
+}
+
+/// A connection's state, moved by its bytes and its requests, and looked at by its
 /// task. Nothing is signalled when it moves (that would cost a wake-up and a timer per
-/// request): the task wakes at the current phase's deadline, and at least once per
-/// shortest limit, as a phase that begins later cannot end sooner than that.
+/// request): the task wakes at the current deadline, and at least once per shortest
+/// limit, as a deadline that begins later cannot end sooner than that.
 struct Activity {
-    phase: Mutex<Phase>,
+    state: Mutex<State>,
 }
 
 impl Activity {
     fn new() -> Self {
+        let now = Instant::now();
         Self {
-            phase: Mutex::new(Phase::Head(Instant::now())),
+            state: Mutex::new(State {
+                phase: Phase::Head(now),
+                answering: 0,
+                moved: now,
+            }),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Phase> {
-        self.phase
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Bytes arrived on an idle HTTP/1.1 connection: the next request's head has begun.
     fn bytes(&self) {
-        let mut phase = self.lock();
-        if let Phase::Idle(_) = *phase {
-            *phase = Phase::Head(Instant::now());
+        let mut state = self.lock();
+        if let Phase::Idle(_) = state.phase {
+            state.phase = Phase::Head(Instant::now());
+        }
+    }
+
+    /// Bytes of an answer were written.
+    fn wrote(&self) {
+        let mut state = self.lock();
+        if state.answering > 0 {
+            state.moved = Instant::now();
         }
     }
 
     fn started(&self) {
-        let mut phase = self.lock();
-        *phase = match *phase {
+        let mut state = self.lock();
+        state.phase = match state.phase {
             Phase::Busy(n) => Phase::Busy(n + 1),
             Phase::Head(_) | Phase::Idle(_) => Phase::Busy(1),
         };
     }
 
-    fn ended(&self) {
-        let mut phase = self.lock();
-        *phase = match *phase {
+    /// A request's answer is handed over to be written.
+    fn answering(&self) {
+        let mut state = self.lock();
+        state.answering += 1;
+        state.moved = Instant::now();
+    }
+
+    fn ended(&self, answered: bool) {
+        let mut state = self.lock();
+        if answered {
+            state.answering = state.answering.saturating_sub(1);
+        }
+        state.phase = match state.phase {
             Phase::Busy(n) if n > 1 => Phase::Busy(n - 1),
             _ => Phase::Idle(Instant::now()),
         };
     }
 
     fn deadline(&self, limits: &Limits) -> Option<(Instant, Expired)> {
-        match *self.lock() {
+        let state = *self.lock();
+        match state.phase {
             Phase::Head(since) => Some((since + limits.header_read, Expired::HeaderRead)),
             Phase::Idle(since) => Some((since + limits.keep_alive, Expired::KeepAlive)),
+            Phase::Busy(_) if state.answering > 0 => {
+                Some((state.moved + limits.send, Expired::Send))
+            }
             Phase::Busy(_) => None,
         }
     }
 
     /// Ends when a limit runs out.
     async fn expired(&self, limits: &Limits) -> Expired {
-        let shortest = limits.header_read.min(limits.keep_alive);
+        let shortest = limits.header_read.min(limits.keep_alive).min(limits.send);
         loop {
             let now = Instant::now();
             let wake = match self.deadline(limits) {
@@ -363,18 +407,31 @@ impl Activity {
 
 /// Ends a request's part in its connection's activity when dropped: with its response's
 /// body (written out, or abandoned), or with its future if it never answered.
-struct RequestEnd(Arc<Activity>);
+struct RequestEnd {
+    activity: Arc<Activity>,
+    answered: bool,
+}
 
 impl RequestEnd {
     fn start(activity: &Arc<Activity>) -> Self {
         activity.started();
-        Self(activity.clone())
+        Self {
+            activity: activity.clone(),
+            answered: false,
+        }
+    }
+
+    /// Its answer is handed over: the send timeout applies from now.
+    fn answering(mut self) -> Self {
+        self.activity.answering();
+        self.answered = true;
+        self
     }
 }
 
 impl Drop for RequestEnd {
     fn drop(&mut self) {
-        self.0.ended();
+        self.activity.ended(self.answered);
     }
 }
 
@@ -509,7 +566,13 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written
+            && n > 0
+        {
+            self.activity.wrote();
+        }
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -525,7 +588,13 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = written
+            && n > 0
+        {
+            self.activity.wrote();
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -72,7 +72,7 @@ pub(crate) struct Origin {
 pub(crate) struct Upstream(Arc<Inner>);
 
 struct Inner {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    client: Client<Bounded, Body>,
     origin: Origin,
     /// What `Via` says of this proxy after the protocol's version
     /// (`1.1 stampede-sidecar`, `2 stampede-sidecar`); none when turned off.
@@ -164,6 +164,10 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
+        let connector = Bounded {
+            inner: connector,
+            within: origin.connect,
+        };
         let mut client = Client::builder(TokioExecutor::new());
         client
             .timer(TokioTimer::new())
@@ -249,6 +253,41 @@ impl Upstream {
             }
             Err(_) => failed(Failure::ResponseTimeout),
         }
+    }
+}
+
+/// The origin's connector, with its whole connection (the TCP connect, and for
+/// https:// the TLS handshake) within `connect_timeout`.
+#[derive(Clone)]
+struct Bounded {
+    inner: HttpsConnector<HttpConnector>,
+    within: Duration,
+}
+
+type Connecting = <HttpsConnector<HttpConnector> as tower::Service<Uri>>::Response;
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+impl tower::Service<Uri> for Bounded {
+    type Response = Connecting;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Connecting, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let within = self.within;
+        Box::pin(async move {
+            match tokio::time::timeout(within, connecting).await {
+                Ok(connected) => connected,
+                Err(_) => Err(Box::new(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "not connected within connect_timeout",
+                )) as BoxError),
+            }
+        })
     }
 }
 
@@ -426,14 +465,23 @@ impl Upstream {
                 .any(|cidr| cidr.contains(ip))
         });
         if !trusted {
-            headers.remove(X_FORWARDED_FOR);
-            headers.remove(X_FORWARDED_PROTO);
+            // What a client says of itself, or of who it is behind, proves nothing.
+            for name in SPOOFABLE {
+                headers.remove(name);
+            }
         }
         let Some(peer) = peer else { return };
         let ip = peer.addr.ip();
-        let chain = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(before) if trusted => format!("{before}, {ip}"),
-            _ => ip.to_string(),
+        // Every line of it: a proxy in front may have added its own (HAProxy does).
+        let before: Vec<&str> = headers
+            .get_all(X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let chain = if trusted && !before.is_empty() {
+            format!("{}, {ip}", before.join(", "))
+        } else {
+            ip.to_string()
         };
         if let Ok(value) = HeaderValue::from_str(&chain) {
             headers.insert(X_FORWARDED_FOR, value);
@@ -454,6 +502,16 @@ impl Upstream {
 
 const X_FORWARDED_FOR: &str = "x-forwarded-for";
 const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
+
+/// What only a trusted proxy may tell the origin about the client: dropped from anyone
+/// else's requests.
+const SPOOFABLE: [&str; 5] = [
+    X_FORWARDED_FOR,
+    X_FORWARDED_PROTO,
+    "x-forwarded-host",
+    "x-real-ip",
+    "forwarded",
+];
 
 /// An address block: an address and how many of its leading bits a peer must share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -518,7 +576,7 @@ const HOP_BY_HOP: [&str; 9] = [
 ];
 
 /// Removes the hop-by-hop headers and those the `Connection` header lists.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()

@@ -4,12 +4,21 @@
 -- scripts that write variants and by the invalidation that deletes them (prepended to
 -- them when they are loaded, after tokens.lua).
 
+-- At most this many variants are listed per response: the list (and the invalidation
+-- that walks it, in one script) stays bounded whatever values clients send in a keyed
+-- header. A variant written past it is not listed: an invalidation still hides it (the
+-- invalidation's token is above its own), but neither deletes nor counts it.
+local MAX_LISTED = 1024
+
 -- Lists variant `part` in `list`, and keeps the list at least `keep_ms` more (a list of
 -- another type, garbage written by hand, is replaced).
 local function list_variant(list, part, keep_ms)
   local kind = redis.call('TYPE', list).ok
   if kind ~= 'set' and kind ~= 'none' then
     redis.call('DEL', list)
+  end
+  if redis.call('SCARD', list) >= MAX_LISTED and redis.call('SISMEMBER', list, part) == 0 then
+    return
   end
   redis.call('SADD', list, part)
   if redis.call('PTTL', list) < tonumber(keep_ms) then

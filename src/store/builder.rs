@@ -273,7 +273,7 @@ impl RedisStoreBuilder {
         // The error's text is not passed on: it can quote the URL, password and all.
         let info = url
             .into_connection_info()
-            .map_err(|_| ConfigError::invalid(field, "not a valid Redis URL"))?;
+            .map_err(|_| ConfigError::invalid(field, url_problem(url)))?;
         Ok(match info.addr().clone() {
             redis::ConnectionAddr::TcpTls {
                 host,
@@ -409,9 +409,67 @@ impl RedisStoreBuilder {
     }
 }
 
+/// Why `url` is not a Redis URL, in words that never quote it (it may hold a password).
+fn url_problem(url: &str) -> String {
+    const SCHEMES: [&str; 5] = ["redis", "rediss", "redis+unix", "unix", "valkey"];
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "not a valid Redis URL: no scheme (write redis://host:port)".to_owned();
+    };
+    if !SCHEMES.contains(&scheme) && !scheme.eq_ignore_ascii_case("valkeys") {
+        let shown: String = scheme.chars().take(16).collect();
+        return format!(
+            "not a valid Redis URL: the scheme is `{shown}`, not redis://, rediss:// or \
+             redis+unix://"
+        );
+    }
+    if scheme.contains("unix") {
+        return "not a valid Redis URL: a Unix socket URL needs a path".to_owned();
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match host_port.strip_prefix('[') {
+        // [::1]:6379
+        Some(v6) => match v6.split_once(']') {
+            Some((host, tail)) => (host, tail.strip_prefix(':')),
+            None => return "not a valid Redis URL: an IPv6 host without its `]`".to_owned(),
+        },
+        None => match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        },
+    };
+    if host.is_empty() {
+        return "not a valid Redis URL: no host".to_owned();
+    }
+    if let Some(port) = port
+        && port.parse::<u16>().is_err()
+    {
+        return "not a valid Redis URL: the port must be a number from 0 to 65535".to_owned();
+    }
+    "not a valid Redis URL".to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_that_is_not_redis_says_why_without_quoting_it() {
+        for (url, says) in [
+            ("garbage", "no scheme"),
+            ("http://127.0.0.1:6379", "the scheme is `http`"),
+            ("redis://127.0.0.1:99999", "the port"),
+            ("redis://user:hunter2@:6379", "no host"),
+            ("rediss://user:hunter2@127.0.0.1:x", "the port"),
+        ] {
+            let Err(error) = RedisStore::builder(url).build() else {
+                panic!("{url} is refused");
+            };
+            let error = error.to_string();
+            assert!(error.contains(says), "{url}: {error}");
+            assert!(!error.contains("hunter2"), "{error}");
+        }
+    }
 
     /// Building connects nothing, so it needs no runtime (a plain `#[test]` has none).
     #[test]

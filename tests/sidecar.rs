@@ -300,7 +300,7 @@ fn a_bad_config_exits_2_naming_the_file_the_route_and_the_field() {
             assert!(err.contains("\"items\""), "the route is named:\n{err}");
         }
     }
-    // Two routes of one name: the guard refuses the second.
+    // Two routes of one name: refused, saying which, and no advice for library users.
     let twice =
         "[[routes]]\nname = \"a\"\nprefix = \"/a\"\n\n[[routes]]\nname = \"a\"\nprefix = \"/b\"\n";
     let path = write_config(dir.path(), twice);
@@ -308,6 +308,8 @@ fn a_bad_config_exits_2_naming_the_file_the_route_and_the_field() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("\"a\"") && err.contains("`name`"), "{err}");
+    assert!(err.contains("routes[0]'s name too"), "{err}");
+    assert!(!err.contains("clone"), "{err}");
 
     let missing = run(&["--config", "no-such-file.toml", "--check"]);
     assert_eq!(missing.status.code(), Some(2));

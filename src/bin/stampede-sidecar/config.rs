@@ -661,6 +661,16 @@ impl Settings {
                     ),
                 ));
             }
+            if let Some(first) = file.routes[..i].iter().position(|r| r.name == route.name) {
+                return Err(place.error(
+                    "name",
+                    format!(
+                        "\"{}\" is routes[{first}]'s name too: each route needs a name of its \
+                         own (it labels its metrics and its keys)",
+                        route.name
+                    ),
+                ));
+            }
             if route.name == defaults::ROUTE && default.is_some() {
                 return Err(place.error(
                     "name",

@@ -224,6 +224,7 @@ impl Policy {
             },
             header_error: None,
             cold_wait_set: false,
+            refresh_timeout_set: false,
         }
     }
 
@@ -309,6 +310,9 @@ pub struct PolicyBuilder {
     header_error: Option<ConfigError>,
     /// Whether `cold_wait` was set; if not, it follows the refresh timeout.
     cold_wait_set: bool,
+    /// Whether `refresh_timeout` was set (else a check that fails on its default names
+    /// the setting the user did set).
+    refresh_timeout_set: bool,
 }
 
 impl fmt::Debug for PolicyBuilder {
@@ -347,6 +351,7 @@ impl PolicyBuilder {
     /// callers that waited for it get an entry that may stand in, or `504`.
     pub fn refresh_timeout(mut self, timeout: Duration) -> Self {
         self.policy.refresh_timeout = timeout;
+        self.refresh_timeout_set = true;
         self
     }
 
@@ -709,14 +714,28 @@ impl PolicyBuilder {
         ConfigError::nonzero("error_backoff", p.error_backoff)?;
         match p.watchdog {
             None if p.refresh_timeout > p.lease_ttl => {
-                return Err(ConfigError::invalid(
-                    "refresh_timeout",
-                    format!(
-                        "{:?} is longer than the lease TTL ({:?}) and there is no watchdog: \
-                         the refresh would outlive its lease",
-                        p.refresh_timeout, p.lease_ttl
-                    ),
-                ));
+                // Named after what the user set: a short lease against the default
+                // refresh timeout is the lease's doing.
+                return Err(if self.refresh_timeout_set {
+                    ConfigError::invalid(
+                        "refresh_timeout",
+                        format!(
+                            "{:?} is longer than lease_ttl ({:?}) and there is no watchdog: \
+                             the refresh would outlive its lease",
+                            p.refresh_timeout, p.lease_ttl
+                        ),
+                    )
+                } else {
+                    ConfigError::invalid(
+                        "lease_ttl",
+                        format!(
+                            "{:?} is shorter than refresh_timeout ({:?}, its default) and \
+                             there is no watchdog: the refresh would outlive its lease; set \
+                             refresh_timeout to at most the lease, or a watchdog",
+                            p.lease_ttl, p.refresh_timeout
+                        ),
+                    )
+                });
             }
             Some(max) if max < p.lease_ttl || max > Duration::from_secs(3600) => {
                 return Err(ConfigError::invalid(
@@ -1009,6 +1028,8 @@ mod tests {
         let ms = Duration::from_millis;
         let cases: Vec<(PolicyBuilder, &str)> = vec![
             (Policy::builder("Items"), "route"),
+            // The lease the user set, shorter than the refresh timeout's default.
+            (b().lease_ttl(ms(200)), "lease_ttl"),
             (Policy::builder(""), "route"),
             (b().fresh_ttl(Duration::ZERO), "fresh_ttl"),
             (b().lease_ttl(Duration::ZERO), "lease_ttl"),

@@ -886,3 +886,76 @@ async fn large_entries_are_read_within_a_size_scaled_deadline() {
     assert_eq!(reader.layer.stats().get(Event::RedisError), 0);
     assert_eq!(origin.calls(), 6);
 }
+
+/// While Redis is unavailable the guard says so: `mode()` is
+/// `LocalOnly(RedisUnavailable)` and its answers carry `detail=local-only` in
+/// `Cache-Status`, over real TCP as `curl -i` shows it; once Redis answers again both
+/// go back by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_only_is_seen_in_the_mode_and_in_cache_status() {
+    use stampede_guard::{LocalOnly, Mode as GuardMode};
+
+    let mut server = RedisServer::start();
+    let guard = guard_at(&server.url(), BreakerConfig::default());
+    let layer = guard
+        .layer(policy().fresh_ttl(Duration::from_secs(60)).build().unwrap())
+        .unwrap();
+    let app = axum::Router::new().route(
+        "/items/{n}",
+        axum::routing::get(|| async { "an item" }).layer(layer),
+    );
+    let addr = support::http::serve(app).await;
+    let cache_status =
+        |got: &support::web::Got| got.headers["cache-status"].to_str().unwrap().to_owned();
+
+    let first = support::http::fetch(addr, "/items/1", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(guard.mode(), GuardMode::Shared);
+    let hit = support::http::fetch(addr, "/items/1", &[]).await;
+    assert!(
+        !cache_status(&hit).contains("detail="),
+        "{}",
+        cache_status(&hit)
+    );
+
+    server.kill();
+    // Misses ask Redis and fail until the breaker opens.
+    let mut n = 100;
+    assert!(
+        eventually(HANG, || {
+            n += 1;
+            let path = format!("/items/{n}");
+            let guard = guard.clone();
+            async move {
+                support::http::fetch(addr, &path, &[]).await;
+                guard.mode() == GuardMode::LocalOnly(LocalOnly::RedisUnavailable)
+            }
+        })
+        .await,
+        "the breaker opens"
+    );
+    let hit = support::http::fetch(addr, "/items/1", &[]).await;
+    assert_eq!(hit.status, StatusCode::OK);
+    assert!(cache_status(&hit).starts_with("stampede-guard; hit; ttl="));
+    assert!(
+        cache_status(&hit).ends_with("; detail=local-only"),
+        "{}",
+        cache_status(&hit)
+    );
+
+    server.restart();
+    assert!(
+        eventually(HANG, || async {
+            support::http::fetch(addr, "/items/1", &[]).await;
+            guard.mode() == GuardMode::Shared
+        })
+        .await,
+        "the breaker closes once Redis answers"
+    );
+    let hit = support::http::fetch(addr, "/items/1", &[]).await;
+    assert!(
+        !cache_status(&hit).contains("detail="),
+        "{}",
+        cache_status(&hit)
+    );
+}

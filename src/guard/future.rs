@@ -9,6 +9,7 @@ use http::Response;
 use http_body::Body;
 
 use super::body::ResponseBody;
+use super::outcome::say_local_only;
 
 type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
 
@@ -19,6 +20,8 @@ type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>,
 /// boxed future rather than a state machine spelled out by hand.
 pub struct ResponseFuture<B: Body, E> {
     inner: Inner<B, E>,
+    /// Served while Redis is unavailable: `Cache-Status` says `detail=local-only`.
+    local_only: bool,
 }
 
 enum Inner<B: Body, E> {
@@ -33,13 +36,21 @@ impl<B: Body, E> ResponseFuture<B, E> {
     ) -> Self {
         Self {
             inner: Inner::Boxed(Box::pin(future)),
+            local_only: false,
         }
     }
 
     pub(crate) fn ready(response: Response<ResponseBody<B>>) -> Self {
         Self {
             inner: Inner::Ready(Some(response)),
+            local_only: false,
         }
+    }
+
+    /// The answer was made while Redis was unavailable, and says so.
+    pub(crate) fn local_only(mut self) -> Self {
+        self.local_only = true;
+        self
     }
 }
 
@@ -48,11 +59,19 @@ impl<B: Body, E> Future for ResponseFuture<B, E> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Unpin: both variants are (a response, a boxed future).
-        match &mut self.get_mut().inner {
+        let this = self.get_mut();
+        let polled = match &mut this.inner {
             Inner::Ready(response) => {
                 Poll::Ready(Ok(response.take().expect("polled after completion")))
             }
             Inner::Boxed(future) => future.as_mut().poll(cx),
+        };
+        match polled {
+            Poll::Ready(Ok(mut response)) if this.local_only => {
+                say_local_only(response.headers_mut());
+                Poll::Ready(Ok(response))
+            }
+            other => other,
         }
     }
 }

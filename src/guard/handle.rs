@@ -131,6 +131,30 @@ impl StampedeGuard {
         }
     }
 
+    /// Whether the guard shares the fleet's cache now, or serves from this process
+    /// alone, and why. Local-only answers also say so in `Cache-Status`
+    /// (`detail=local-only`) while Redis is unavailable.
+    ///
+    /// ```
+    /// use stampede_guard::{KeySpace, LocalOnly, Mode, RedisStore, StampedeGuard};
+    ///
+    /// let keys = KeySpace::builder().env("dev").service("docs")
+    ///     .secret(b"a secret of sixteen bytes or more".to_vec()).build()?;
+    /// let guard = StampedeGuard::builder(RedisStore::local_only(), keys).build()?;
+    /// assert_eq!(guard.mode(), Mode::LocalOnly(LocalOnly::NoRedis));
+    /// # Ok::<(), stampede_guard::ConfigError>(())
+    /// ```
+    pub fn mode(&self) -> Mode {
+        let store = &self.shared.store;
+        if store.is_local_only() {
+            Mode::LocalOnly(LocalOnly::NoRedis)
+        } else if store.circuit_open() {
+            Mode::LocalOnly(LocalOnly::RedisUnavailable)
+        } else {
+            Mode::Shared
+        }
+    }
+
     /// Whether the guard hears other instances' notices (fills, invalidations) now. Off
     /// before the first request (or [`ready`](Self::ready)), while Redis cannot be
     /// reached, and always for a local-only store. For health pages: an instance that
@@ -323,4 +347,26 @@ impl GuardBuilder {
             }),
         })
     }
+}
+
+/// Whether a guard shares the fleet's cache ([`StampedeGuard::mode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Mode {
+    /// Entries, leases and notices go through Redis: one fill per key for the fleet.
+    Shared,
+    /// L1 and the local single-flight only: one fill per key per process.
+    LocalOnly(LocalOnly),
+}
+
+/// Why a guard serves from its process alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LocalOnly {
+    /// Its store has no Redis ([`RedisStore::local_only`]).
+    NoRedis,
+    /// Redis failed repeatedly and the circuit breaker is open: the guard probes it and
+    /// goes back to [`Mode::Shared`] by itself once it answers. The log says why (once,
+    /// at `warn`, when it opened).
+    RedisUnavailable,
 }

@@ -201,7 +201,9 @@ mod vary;
 
 pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
-pub use self::handle::{DEFAULT_L1_CAPACITY, DEFAULT_REFRESH_BUDGET, GuardBuilder, StampedeGuard};
+pub use self::handle::{
+    DEFAULT_L1_CAPACITY, DEFAULT_REFRESH_BUDGET, GuardBuilder, LocalOnly, Mode, StampedeGuard,
+};
 pub use self::invalidate::InvalidateError;
 pub use self::layer::GuardLayer;
 pub use self::purge::MARGIN as PURGE_MARGIN;

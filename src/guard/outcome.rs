@@ -133,6 +133,33 @@ fn made(text: String) -> HeaderValue {
     HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static(CACHE_NAME))
 }
 
+/// Adds `detail=local-only` (RFC 9211 §2.8) to this cache's `Cache-Status` entry, unless
+/// it has a detail already (the guard's own answers say what failed).
+pub(crate) fn say_local_only(headers: &mut http::HeaderMap) {
+    let mut values: Vec<http::HeaderValue> = headers
+        .get_all(crate::http::CACHE_STATUS_NAME)
+        .iter()
+        .cloned()
+        .collect();
+    let Some(ours) = values.iter_mut().find(|v| {
+        v.to_str()
+            .is_ok_and(|v| v.starts_with(crate::http::CACHE_NAME) && !v.contains("detail="))
+    }) else {
+        return;
+    };
+    let Ok(marked) = http::HeaderValue::from_str(&format!(
+        "{}; detail=local-only",
+        ours.to_str().unwrap_or_default()
+    )) else {
+        return;
+    };
+    *ours = marked;
+    headers.remove(crate::http::CACHE_STATUS_NAME);
+    for value in values {
+        headers.append(crate::http::CACHE_STATUS_NAME, value);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,5 +202,42 @@ mod tests {
         ] {
             assert_eq!(x.value(), x.as_str());
         }
+    }
+
+    #[test]
+    fn local_only_is_said_once_and_only_in_this_caches_entry() {
+        let mut headers = http::HeaderMap::new();
+        headers.append(
+            crate::http::CACHE_STATUS_NAME,
+            "stampede-guard; hit; ttl=5".parse().unwrap(),
+        );
+        headers.append(
+            crate::http::CACHE_STATUS_NAME,
+            "upstream; hit".parse().unwrap(),
+        );
+        say_local_only(&mut headers);
+        let all: Vec<_> = headers
+            .get_all(crate::http::CACHE_STATUS_NAME)
+            .iter()
+            .collect();
+        assert_eq!(
+            all,
+            [
+                "stampede-guard; hit; ttl=5; detail=local-only",
+                "upstream; hit"
+            ]
+        );
+        let mut failed = http::HeaderMap::new();
+        failed.insert(
+            crate::http::CACHE_STATUS_NAME,
+            "stampede-guard; fwd=uri-miss; detail=origin-error"
+                .parse()
+                .unwrap(),
+        );
+        say_local_only(&mut failed);
+        assert_eq!(
+            failed[crate::http::CACHE_STATUS_NAME],
+            "stampede-guard; fwd=uri-miss; detail=origin-error"
+        );
     }
 }

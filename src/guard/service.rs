@@ -102,6 +102,33 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // Redis is unavailable (the breaker is open; one atomic load): the answer says
+        // it was made from this process alone.
+        let store = &self.route.shared.store;
+        let local_only = store.circuit_open() && !store.is_local_only();
+        let future = self.answer(request);
+        if local_only {
+            future.local_only()
+        } else {
+            future
+        }
+    }
+}
+
+impl<S> Guard<S> {
+    /// The answer to `request`, before it is marked (see `call`).
+    fn answer<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+    ) -> ResponseFuture<ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Default + Send + 'static,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Send + 'static,
+    {
         let route = &self.route;
         route.shared.ensure_listening();
         let asked = match request::classify(&route.policy, &request) {

@@ -123,6 +123,34 @@ struct Tls {
 
 impl Tls {
     /// What redis-rs is given besides the URL, if anything.
+    /// Refuses, naming the setting, a certificate or key that is not PEM: met here, not
+    /// at the first connection.
+    fn check(&self) -> Result<(), ConfigError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certificates =
+            |field: &'static str, pem: &[u8]| match CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(found) if !found.is_empty() => Ok(()),
+                Ok(_) => Err(ConfigError::invalid(field, "no PEM certificate in it")),
+                Err(e) => Err(ConfigError::invalid(field, format!("not PEM: {e}"))),
+            };
+        if let Some(root) = &self.root {
+            certificates("tls_root_certificate", root)?;
+        }
+        if let Some((certificate, key)) = &self.client {
+            certificates("tls_client_certificate", certificate)?;
+            PrivateKeyDer::from_pem_slice(key).map_err(|e| {
+                ConfigError::invalid(
+                    "tls_client_certificate",
+                    format!("its key is not a PEM private key: {e}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     fn certificates(&self) -> Option<TlsCertificates> {
         if self.root.is_none() && self.client.is_none() {
             return None;
@@ -323,6 +351,7 @@ impl RedisStoreBuilder {
     /// Checks the settings and builds the store. Connects nothing.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         let command_timeout = ConfigError::nonzero("command_timeout", self.command_timeout)?;
+        self.tls.check()?;
         if self.username.is_some() && self.password.is_none() {
             // Redis authenticates a user only with a password: the user alone would be
             // dropped without a word.
@@ -452,6 +481,20 @@ fn url_problem(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_certificate_or_key_that_is_not_pem_is_refused_naming_the_setting() {
+        let builder = || RedisStore::builder("rediss://127.0.0.1:6380");
+        let refused = |b: RedisStoreBuilder| b.build().err().map(|e| e.field());
+        assert_eq!(
+            refused(builder().tls_root_certificate(b"not a certificate".to_vec())),
+            Some("tls_root_certificate")
+        );
+        assert_eq!(
+            refused(builder().tls_client_certificate(b"nope".to_vec(), b"nope".to_vec())),
+            Some("tls_client_certificate")
+        );
+    }
 
     #[test]
     fn a_url_that_is_not_redis_says_why_without_quoting_it() {

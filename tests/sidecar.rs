@@ -1412,6 +1412,8 @@ async fn purges_over_http_need_the_token() {
     )
     .await;
     assert_eq!(soft.status, StatusCode::OK, "{}", soft.body);
+    let said: serde_json::Value = serde_json::from_str(&soft.body).unwrap();
+    assert_eq!(said, serde_json::json!({"tags": 1, "soft": true}));
     for path in ["/max-age-60/a", "/max-age-60/b"] {
         assert_eq!(fetch(sidecar.listen, path, &[]).await.x_cache(), "miss");
     }

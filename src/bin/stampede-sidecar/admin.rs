@@ -10,7 +10,10 @@
 //!
 //! * `POST /purge/tags` with `{"tags": ["a", "b"], "soft": false}`: purges every entry
 //!   tagged with one of them (`Surrogate-Key`, `Cache-Tag`), on every sidecar of the
-//!   fleet; soft makes them stale instead of gone (`StampedeGuard::purge_tags`).
+//!   fleet; soft makes them stale instead of gone (`StampedeGuard::purge_tags`). It
+//!   answers `{"tags": 2, "soft": false}`: how many tags, not entries (a tag purge is a
+//!   timestamp each entry is checked against when it is read; no index of entries is
+//!   kept, so there is nothing to count).
 //! * `POST /purge/path` with `{"path": "/items/1?page=2"}`: removes every entry of that
 //!   path and query (its keyed query: the route's `key_query`), whatever the headers of
 //!   the requests that filled them: each value of the route's `key_headers`, and each
@@ -87,13 +90,13 @@ async fn purge_tags(
     match admin.guard.purge_tags(&asked.tags, how).await {
         Ok(()) => (
             StatusCode::OK,
-            Json(serde_json::json!({"purged": asked.tags.len(), "soft": asked.soft})),
+            Json(serde_json::json!({"tags": asked.tags.len(), "soft": asked.soft})),
         ),
         // Purged here; the rest of the fleet did not hear of it.
         Err(error) => (
             StatusCode::BAD_GATEWAY,
             Json(serde_json::json!({
-                "purged": asked.tags.len(),
+                "tags": asked.tags.len(),
                 "soft": asked.soft,
                 "error": format!("only this sidecar purged: {error}"),
             })),

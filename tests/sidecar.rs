@@ -211,6 +211,23 @@ async fn origin(fast: u64) -> (SocketAddr, Arc<AtomicU64>, watch::Sender<bool>) 
     (serve(app).await, calls, open)
 }
 
+/// An origin that keeps the headers of every request it gets and answers `body`,
+/// fresh for a minute.
+async fn recording_origin() -> (SocketAddr, Arc<Mutex<Vec<http::HeaderMap>>>) {
+    let seen = Arc::new(Mutex::new(Vec::<http::HeaderMap>::new()));
+    let app = Router::new().fallback({
+        let seen = seen.clone();
+        move |headers: http::HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(headers);
+                ([("cache-control", "max-age=60")], "body")
+            }
+        }
+    });
+    (serve(app).await, seen)
+}
+
 fn write_config(dir: &Path, text: &str) -> String {
     let path = dir.join("sidecar.toml");
     std::fs::write(&path, text).unwrap();
@@ -438,18 +455,7 @@ async fn hop_by_hop_headers_stay_on_their_hop_and_via_names_the_sidecar() {
 /// on a fill alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn x_forwarded_for_is_the_peer_unless_the_peer_is_trusted() {
-    let seen = Arc::new(Mutex::new(Vec::<http::HeaderMap>::new()));
-    let app = Router::new().fallback({
-        let seen = seen.clone();
-        move |headers: http::HeaderMap| {
-            let seen = seen.clone();
-            async move {
-                seen.lock().unwrap().push(headers);
-                ([("cache-control", "max-age=60")], "body")
-            }
-        }
-    });
-    let origin = serve(app).await;
+    let (origin, seen) = recording_origin().await;
     // Two lines of it: a proxy in front may add its own line (HAProxy does).
     let spoofed = [
         ("x-forwarded-for", "203.0.113.7"),
@@ -801,18 +807,7 @@ async fn tls_termination_and_http2_to_the_origin() {
         "subjectAltName=IP:127.0.0.1",
     );
     let file = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
-    let seen = Arc::new(Mutex::new(Vec::<http::HeaderMap>::new()));
-    let app = Router::new().fallback({
-        let seen = seen.clone();
-        move |headers: http::HeaderMap| {
-            let seen = seen.clone();
-            async move {
-                seen.lock().unwrap().push(headers);
-                ([("cache-control", "max-age=60")], "body")
-            }
-        }
-    });
-    let origin = serve(app).await;
+    let (origin, seen) = recording_origin().await;
     let edge = Sidecar::start(&[
         "--upstream",
         &format!("http://{origin}"),

@@ -122,12 +122,9 @@ impl<S> Guard<S> {
         request: Request<ReqBody>,
     ) -> ResponseFuture<ResBody, S::Error>
     where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
-        ReqBody: Default + Send + 'static,
-        ResBody: Body<Data = Bytes> + Send + 'static,
-        ResBody::Error: Send + 'static,
+        S: Inner<ReqBody, ResBody>,
+        ReqBody: FillBody,
+        ResBody: OriginBody,
     {
         let route = &self.route;
         route.shared.ensure_listening();
@@ -165,9 +162,7 @@ impl<S> Guard<S> {
             }
         }
     }
-}
 
-impl<S> Guard<S> {
     /// The answer to a request the route caches, for the whole of what it asks.
     fn cached<ReqBody, ResBody>(
         &mut self,
@@ -175,12 +170,9 @@ impl<S> Guard<S> {
         asked: Asked,
     ) -> ResponseFuture<ResBody, S::Error>
     where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
-        ReqBody: Default + Send + 'static,
-        ResBody: Body<Data = Bytes> + Send + 'static,
-        ResBody::Error: Send + 'static,
+        S: Inner<ReqBody, ResBody>,
+        ReqBody: FillBody,
+        ResBody: OriginBody,
     {
         let route = &self.route;
         // L1 answers fresh and stale entries here, without a future to allocate: the

@@ -23,13 +23,12 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::Body;
-use bytes::Bytes;
 use http::{Request, Response, Version};
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use serde::Deserialize;
 use tower::util::{BoxCloneSyncService, Either};
 use tower::{Service, ServiceExt};
 
+use crate::bodies::{Tap, Tapped};
 use crate::peer::{OriginTime, Peer};
 
 /// How lines are written.
@@ -132,7 +131,7 @@ impl Service<Request<Body>> for AccessLog {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("-")
                 .to_owned();
-            Ok(response.map(|body| Body::new(Counted { body, record })))
+            Ok(response.map(|body| Body::new(Tapped::new(body, record))))
         })
     }
 }
@@ -281,35 +280,10 @@ fn escaped(text: &str) -> String {
     out
 }
 
-/// A response body that counts its bytes into its record.
-struct Counted {
-    body: Body,
-    record: Record,
-}
-
-impl HttpBody for Counted {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && let Some(data) = frame.data_ref()
-        {
-            self.record.line.bytes += data.len() as u64;
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+/// A record counts its answer's bytes, and is written when the body goes.
+impl Tap for Record {
+    fn data(&mut self, len: usize) {
+        self.line.bytes += len as u64;
     }
 }
 

@@ -14,6 +14,7 @@
 mod access;
 mod admin;
 mod args;
+mod bodies;
 mod config;
 mod peer;
 mod routes;

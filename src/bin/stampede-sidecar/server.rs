@@ -32,9 +32,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::Bytes;
 use http::{Request, Response};
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -43,10 +41,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
+use crate::bodies::{Bounded, Tap, Tapped};
 use crate::peer::{Peer, RequestBodyTimeout};
 
 /// The client side's limits and TLS.
@@ -227,7 +226,8 @@ where
     let hyper_service = hyper::service::service_fn(move |request: Request<Incoming>| {
         // Made before the future, so that a request dropped half-way still ends.
         let end = RequestEnd::start(&requests);
-        let mut request = request.map(|body| Body::new(TimedBody::new(body, body_read)));
+        let mut request =
+            request.map(|body| Body::new(Bounded::total(body, body_read, body_timed_out)));
         request.extensions_mut().insert(peer);
         let service = service.clone();
         async move {
@@ -236,7 +236,7 @@ where
                 Err(never) => match never {},
             };
             let end = end.answering();
-            Ok::<_, Infallible>(response.map(|body| Body::new(Tracked { body, _end: end })))
+            Ok::<_, Infallible>(response.map(|body| Body::new(Tapped::new(body, end))))
         }
     });
     let conn = shared
@@ -435,85 +435,14 @@ impl Drop for RequestEnd {
     }
 }
 
-/// A response body that ends its request when it is dropped.
-struct Tracked {
-    body: Body,
-    _end: RequestEnd,
-}
+/// A request's end comes with its answer's body: the body is [`Tapped`] with it.
+impl Tap for RequestEnd {}
 
-impl HttpBody for Tracked {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// A request body that fails with [`RequestBodyTimeout`] once its time is up. Its
-/// timer is made only if the body is ever waited for (a GET's never is).
-struct TimedBody {
-    body: Incoming,
-    deadline: Instant,
-    timer: Option<Pin<Box<Sleep>>>,
-}
-
-impl TimedBody {
-    fn new(body: Incoming, within: Duration) -> Self {
-        Self {
-            body,
-            deadline: Instant::now() + within,
-            timer: None,
-        }
-    }
-}
-
-impl HttpBody for TimedBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
-            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
-        }
-        let deadline = self.deadline;
-        let timer = self
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => {
-                metrics::counter!(
-                    "stampede_sidecar_client_timeouts_total",
-                    "timeout" => "request_body"
-                )
-                .increment(1);
-                Poll::Ready(Some(Err(Box::new(RequestBodyTimeout))))
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
+/// A request body's time ran out: counted, and the error its body ends with.
+fn body_timed_out() -> Box<dyn std::error::Error + Send + Sync> {
+    metrics::counter!("stampede_sidecar_client_timeouts_total", "timeout" => "request_body")
+        .increment(1);
+    Box::new(RequestBodyTimeout)
 }
 
 /// A connection's byte stream, telling its [`Activity`] when bytes arrive on an idle
@@ -533,6 +462,18 @@ impl<IO> Watched<IO> {
             activity: activity.clone(),
             h2,
         }
+    }
+}
+
+impl<IO> Watched<IO> {
+    /// Notes that bytes of an answer moved, if some were written.
+    fn noted(&self, written: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        if let Poll::Ready(Ok(n)) = written
+            && n > 0
+        {
+            self.activity.wrote();
+        }
+        written
     }
 }
 
@@ -567,12 +508,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.io).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = written
-            && n > 0
-        {
-            self.activity.wrote();
-        }
-        written
+        self.noted(written)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -589,12 +525,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = written
-            && n > 0
-        {
-            self.activity.wrote();
-        }
-        written
+        self.noted(written)
     }
 
     fn is_write_vectored(&self) -> bool {

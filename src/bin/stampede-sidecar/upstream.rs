@@ -24,18 +24,16 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::header::{CONNECTION, VIA};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use tokio::time::{Instant, Sleep};
 
+use crate::bodies::Bounded;
 use crate::peer::{OriginTime, Peer, RequestBodyTimeout};
 
 /// The body of the origin's answers (or of the sidecar's own 502 and 504).
@@ -72,7 +70,7 @@ pub(crate) struct Origin {
 pub(crate) struct Upstream(Arc<Inner>);
 
 struct Inner {
-    client: Client<Bounded, Body>,
+    client: Client<TimedConnector, Body>,
     origin: Origin,
     /// What `Via` says of this proxy after the protocol's version
     /// (`1.1 stampede-sidecar`, `2 stampede-sidecar`); none when turned off.
@@ -164,7 +162,7 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        let connector = Bounded {
+        let connector = TimedConnector {
             inner: connector,
             within: origin.connect,
         };
@@ -242,7 +240,7 @@ impl Upstream {
                 strip_hop_by_hop(response.headers_mut());
                 self.add_via(response.version(), response.headers_mut());
                 let idle = self.0.origin.idle;
-                response.map(|body| IdleBody::new(body, idle).boxed())
+                response.map(|body| Bounded::idle(body, idle, upstream_idle).boxed())
             }
             Ok(Err(error)) => {
                 let failure = Failure::of(&error);
@@ -259,7 +257,7 @@ impl Upstream {
 /// The origin's connector, with its whole connection (the TCP connect, and for
 /// https:// the TLS handshake) within `connect_timeout`.
 #[derive(Clone)]
-struct Bounded {
+struct TimedConnector {
     inner: HttpsConnector<HttpConnector>,
     within: Duration,
 }
@@ -267,7 +265,7 @@ struct Bounded {
 type Connecting = <HttpsConnector<HttpConnector> as tower::Service<Uri>>::Response;
 type BoxError = Box<dyn StdError + Send + Sync>;
 
-impl tower::Service<Uri> for Bounded {
+impl tower::Service<Uri> for TimedConnector {
     type Response = Connecting;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Connecting, BoxError>> + Send>>;
@@ -376,27 +374,6 @@ fn failed(failure: Failure) -> Response<UpstreamBody> {
     response
 }
 
-/// The origin's response body, cut with an error (counted as `idle_timeout`) when it
-/// pauses longer than `upstream_idle_timeout`. A frame only notes when it came: the
-/// timer is made at the first wait, and moved only when it goes off early.
-struct IdleBody {
-    body: Incoming,
-    idle: Duration,
-    last: Instant,
-    timer: Option<Pin<Box<Sleep>>>,
-}
-
-impl IdleBody {
-    fn new(body: Incoming, idle: Duration) -> Self {
-        Self {
-            body,
-            idle,
-            last: Instant::now(),
-            timer: None,
-        }
-    }
-}
-
 /// The origin's body paused longer than `upstream_idle_timeout`.
 #[derive(Debug)]
 struct UpstreamIdle;
@@ -409,45 +386,12 @@ impl fmt::Display for UpstreamIdle {
 
 impl StdError for UpstreamIdle {}
 
-impl HttpBody for IdleBody {
-    type Data = Bytes;
-    type Error = Box<dyn StdError + Send + Sync>;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
-            self.last = Instant::now();
-            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
-        }
-        let until = self.last + self.idle;
-        let timer = self
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
-        if timer.deadline() < until {
-            timer.as_mut().reset(until);
-        }
-        match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => {
-                metrics::counter!(
-                    "stampede_sidecar_upstream_failures_total",
-                    "reason" => "idle_timeout"
-                )
-                .increment(1);
-                Poll::Ready(Some(Err(Box::new(UpstreamIdle))))
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
+/// The origin's body paused too long: counted (as `idle_timeout`), and the error the
+/// answer is cut with.
+fn upstream_idle() -> BoxError {
+    metrics::counter!("stampede_sidecar_upstream_failures_total", "reason" => "idle_timeout")
+        .increment(1);
+    Box::new(UpstreamIdle)
 }
 
 impl Upstream {

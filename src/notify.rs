@@ -281,6 +281,9 @@ async fn listen(
 ) {
     let mut backoff = Duration::from_millis(50);
     let timeout = store.connect_timeout();
+    // What the log said last, so that a retry every second says nothing new.
+    let mut lost = false;
+    let mut read_back_failed = false;
     loop {
         if let Ok(mut pubsub) = store.pubsub(timeout).await
             && let Ok(Ok(())) = tokio::time::timeout(timeout, pubsub.subscribe(&channel)).await
@@ -290,15 +293,27 @@ async fn listen(
             // read succeeds, the subscription does not count as up: it is tried again.
             let mut hgetall = redis::cmd("HGETALL");
             hgetall.arg(&purges_key);
-            let Ok(records) = store
+            let records = match store
                 .run::<Vec<(String, String)>>(Operation::Read, Request::Command(&hgetall))
                 .await
-            else {
-                tracing::warn!("stampede-guard could not read the purges back; resubscribing");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
+            {
+                Ok(records) => records,
+                Err(error) => {
+                    if !std::mem::replace(&mut read_back_failed, true) {
+                        tracing::warn!(
+                            %error,
+                            "stampede-guard could not read the purges back; resubscribing"
+                        );
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
             };
+            read_back_failed = false;
+            if std::mem::replace(&mut lost, false) {
+                tracing::info!("stampede-guard's notice subscription is back");
+            }
             let Some(guard) = hears.upgrade() else { return };
             guard.subscribed();
             guard.purges_recorded(&records);
@@ -332,6 +347,7 @@ async fn listen(
                 }
             }
             subscribed.send_replace(false);
+            lost = true;
             tracing::warn!("stampede-guard lost its notice subscription; reconnecting");
         }
         tokio::time::sleep(backoff).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use stampede_guard::keys::Scope;
 use stampede_guard::lease::{AcquireOutcome, LeaseClient, ReleaseOutcome, RenewOutcome};
 use stampede_guard::metrics::Event;
-use stampede_guard::{Policy, RedisStore, StampedeGuard};
+use stampede_guard::{LocalOnly, Mode, Policy, RedisStore, StampedeGuard};
 use support::web::{Origin, full, get, instance, keys, send};
 use support::{HANG, RedisServer, eventually, within};
 
@@ -135,4 +135,109 @@ fn logs_and_spans_hold_no_owner_value_raw_key_or_body() {
     for raw in ["alice", "example.com", "acme-corporation", "body-SECRET-42"] {
         assert!(!logs.contains(raw), "{raw} was logged:\n{logs}");
     }
+}
+
+/// Each change of Redis's state is said once, with its cause, and never per request:
+/// Redis answering, its first failure, the breaker opening (local-only from then on) and
+/// Redis answering again, and the notice subscription lost and back, while 1,000
+/// requests are served local-only in between.
+#[test]
+fn each_change_of_redis_state_is_logged_once() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    // One thread, so that every task logs to the subscriber set above.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut server = RedisServer::start();
+    let logs = || String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    runtime.block_on(async {
+        let origin = Origin::new(Duration::ZERO, |_, _| http::Response::new(full("item")));
+        let store = RedisStore::builder(server.url())
+            .command_timeout(Duration::from_millis(250))
+            .build()
+            .unwrap();
+        let policy = Policy::builder("items")
+            .fresh_ttl(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let guard = StampedeGuard::builder(store, keys()).build().unwrap();
+        let i = instance(guard, policy, origin.service()).await;
+        for n in 0..10 {
+            assert_eq!(
+                send(&i.service, get(&format!("/items/{n}"))).await.status,
+                200
+            );
+        }
+        server.kill();
+        for n in 0..1000 {
+            let got = send(&i.service, get(&format!("/items/{}", n % 50))).await;
+            assert_eq!(got.status, 200, "request {n}");
+        }
+        assert_eq!(
+            i.guard.mode(),
+            Mode::LocalOnly(LocalOnly::RedisUnavailable),
+            "{}",
+            logs()
+        );
+        server.restart();
+        let back = eventually(HANG, || async {
+            i.guard.mode() == Mode::Shared && i.guard.notices_connected()
+        });
+        assert!(back.await, "{}", logs());
+        for n in 0..10 {
+            let got = send(&i.service, get(&format!("/items/{}", 100 + n))).await;
+            assert_eq!(got.status, 200);
+        }
+    });
+    let logs = logs();
+    let said: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains(" INFO ") || line.contains(" WARN "))
+        .collect();
+    let count = |what: &str| said.iter().filter(|line| line.contains(what)).count();
+    for (what, times) in [
+        (
+            "INFO stampede_guard::store::breaker: Redis answers: the cache is shared",
+            1,
+        ),
+        (
+            "WARN stampede_guard::store::breaker: Redis failed: going on without it",
+            1,
+        ),
+        (
+            "WARN stampede_guard::store::breaker: Redis unavailable: the circuit breaker opened",
+            1,
+        ),
+        ("lost its notice subscription", 1),
+        (
+            "INFO stampede_guard::store::breaker: Redis answers again",
+            1,
+        ),
+        ("notice subscription is back", 1),
+    ] {
+        assert_eq!(count(what), times, "{what:?}:\n{logs}");
+    }
+    assert_eq!(said.len(), 6, "one line per change, nothing else:\n{logs}");
+    // Each failure says why, with the error's own words.
+    let failed = said
+        .iter()
+        .find(|line| line.contains("Redis failed"))
+        .unwrap();
+    assert!(failed.contains("error=redis "), "{failed}");
+    let opened = said
+        .iter()
+        .find(|line| line.contains("Redis unavailable"))
+        .unwrap();
+    assert!(
+        opened.contains("error=redis ") && opened.contains("failures=5"),
+        "{opened}"
+    );
 }

@@ -330,6 +330,11 @@ impl GuardBuilder {
         let _ = crate::cache::Instant::now();
         let channel = self.keys.channel();
         let purges_key = self.keys.purges_key();
+        if self.store.is_local_only() {
+            tracing::info!(
+                "no Redis: running local-only (L1 and one origin call per key per process)"
+            );
+        }
         Ok(StampedeGuard {
             shared: Arc::new(Shared {
                 store: self.store,

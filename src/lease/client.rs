@@ -372,12 +372,14 @@ fn log_acquire(name: &LeaseName, outcome: &AcquireOutcome) {
             holder = lease.owner.holder(),
             "lease acquired"
         ),
-        AcquireOutcome::TimedOut(attempt) => tracing::warn!(
+        // At `debug`: the store says once when Redis fails, and why; an acquire that
+        // fails with it is one of many.
+        AcquireOutcome::TimedOut(attempt) => tracing::debug!(
             lease = name.key(),
             error = %attempt.error,
             "lease acquire timed out; outcome unknown, treated as not acquired"
         ),
-        AcquireOutcome::Unavailable(error) => tracing::warn!(
+        AcquireOutcome::Unavailable(error) => tracing::debug!(
             lease = name.key(),
             %error,
             "lease acquire failed"

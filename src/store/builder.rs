@@ -13,7 +13,7 @@ use super::cluster::Cluster;
 use super::handle::{
     Backend, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, Inner, RedisStore,
 };
-use super::manager::Manager;
+use super::manager::{Connecting, Manager};
 use super::sentinel::Sentinel;
 use crate::error::ConfigError;
 
@@ -420,6 +420,7 @@ impl RedisStoreBuilder {
         }
         .map_err(|_| ConfigError::invalid("url", "not usable with these TLS settings"))?;
         self.warn_if_insecure();
+        let connecting = Connecting::default();
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size)
             // Checks only the broken mark: no round trip.
@@ -430,10 +431,15 @@ impl RedisStoreBuilder {
             // are replaced when they are found broken.
             .idle_timeout(None)
             .max_lifetime(None)
-            .build_unchecked(Manager::new(client.clone(), connect_timeout));
+            .build_unchecked(Manager::new(
+                client.clone(),
+                connect_timeout,
+                connecting.clone(),
+            ));
         Ok(made(Backend::Single {
             pool,
             client: Box::new(client),
+            connecting,
         }))
     }
 }

@@ -128,7 +128,17 @@ impl fmt::Display for StoreErrorKind {
 /// A Redis operation that did not complete.
 ///
 /// It says which [`Operation`] failed and how ([`StoreErrorKind`]); the redis-rs error
-/// behind it, where there is one, is its [`source`](std::error::Error::source).
+/// behind it, where there is one, is its [`source`](std::error::Error::source), and its
+/// message ends with it, so that the message alone says why:
+///
+/// ```text
+/// redis ping: no connection to Redis in time: TLS: invalid peer certificate: UnknownIssuer
+/// redis ping: no connection to Redis in time: Connection refused (os error 111)
+/// redis acquire: Redis answered with an error (NOPERM): this user has no permissions to run the 'evalsha' command
+/// ```
+///
+/// A check-out from the pool that ran out of time carries the error of the pool's last
+/// failed connect, if there was one since the last that succeeded.
 #[derive(Debug, Clone)]
 pub struct StoreError {
     operation: Operation,
@@ -214,14 +224,45 @@ impl StoreError {
     }
 }
 
+/// Says why, after what failed: the error reply's code and text, or the cause of a
+/// failed connection as redis-rs and rustls give it (a refused port, a name that did not
+/// resolve, a certificate refused, a wrong password), so that the message alone is
+/// enough to act on.
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "redis {}: {}", self.operation, self.kind)?;
-        if let Some(code) = self.server_code() {
-            write!(f, " ({code})")?;
+        let Some(source) = &self.source else {
+            return Ok(());
+        };
+        match (source.code(), source.detail()) {
+            (Some(code), Some(detail)) => write!(f, " ({code}): {detail}"),
+            (Some(code), None) => write!(f, " ({code})"),
+            _ if is_tls(source) => write!(f, ": TLS: {source}"),
+            _ => write!(f, ": {source}"),
         }
-        Ok(())
     }
+}
+
+/// Whether an error comes from the TLS handshake: rustls' error inside an I/O error,
+/// which redis-rs keeps behind an `Arc`.
+fn is_tls(error: &redis::RedisError) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let is_rustls = |error: &(dyn std::error::Error + 'static)| {
+        error.is::<rustls::Error>()
+            || error
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+    };
+    let mut source = std::error::Error::source(error);
+    while let Some(error) = source {
+        let shared = error.downcast_ref::<Shared>().map(|shared| &**shared as _);
+        if is_rustls(error) || shared.is_some_and(is_rustls) {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 impl std::error::Error for StoreError {

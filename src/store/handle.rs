@@ -13,7 +13,7 @@ use tokio::time::{Instant, timeout_at};
 use super::breaker::Breaker;
 use super::cluster::{self, Cluster};
 use super::error::{Operation, StoreError, StoreErrorKind};
-use super::manager::{Conn, Manager};
+use super::manager::{Conn, Connecting, Manager};
 use super::sentinel::Sentinel;
 use crate::metrics::REDIS_ERRORS;
 
@@ -51,6 +51,9 @@ pub(super) enum Backend {
         /// For what a pool cannot give: pub/sub connections (boxed: with its TLS settings
         /// it is large, and it is used once per subscription).
         client: Box<Client>,
+        /// Why the pool's last connect failed (what a check-out that ran out of time
+        /// says), and the generation its connections are made in.
+        connecting: Connecting,
     },
     /// A Redis Cluster (boxed: its client is large, and the enum is built once).
     Cluster(Box<Cluster>),
@@ -241,7 +244,12 @@ impl RedisStore {
                 .increment(1);
                 // Error replies (OOM, NOPERM, READONLY...) come back fast: they cost no
                 // waiting, and a PING would close the breaker at once.
-                if error.counts_against_redis() && self.inner.breaker.failure() {
+                if !error.counts_against_redis() {
+                    self.inner.breaker.refused(error);
+                } else if self.inner.breaker.failure(error) {
+                    if let Backend::Single { connecting, .. } = &self.inner.backend {
+                        connecting.outage();
+                    }
                     self.start_probe();
                 }
             }
@@ -321,8 +329,10 @@ impl Inner {
         slack: Duration,
     ) -> Result<T, StoreError> {
         let deadline = Instant::now() + self.command_timeout + slack;
-        let pool = match &self.backend {
-            Backend::Single { pool, .. } => pool,
+        let (pool, connecting) = match &self.backend {
+            Backend::Single {
+                pool, connecting, ..
+            } => (pool, connecting),
             Backend::Cluster(cluster) => {
                 let mut conn = cluster.connection(operation).await?;
                 return execute(&mut conn, request, deadline, operation).await;
@@ -343,7 +353,9 @@ impl Inner {
                 ));
             }
         };
-        let Conn { mut conn, broken } = checkout(pool, deadline, operation, |c| c.clone()).await?;
+        let Conn {
+            mut conn, broken, ..
+        } = checkout(pool, deadline, operation, connecting, |c| c.clone()).await?;
         let result = execute(&mut conn, request, deadline, operation).await;
         if let Err(error) = &result
             && error.breaks_connection()
@@ -387,11 +399,13 @@ async fn probe(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Checks a connection out, clones what is needed of it and gives it back at once.
+/// Checks a connection out, clones what is needed of it and gives it back at once. Out
+/// of time, the error says why the last connect failed, if one did.
 async fn checkout<M, T>(
     pool: &bb8::Pool<M>,
     deadline: Instant,
     operation: Operation,
+    connecting: &Connecting,
     take: impl FnOnce(&M::Connection) -> T,
 ) -> Result<T, StoreError>
 where
@@ -407,7 +421,7 @@ where
         Ok(Err(bb8::RunError::TimedOut)) | Err(_) => Err(StoreError::new(
             operation,
             StoreErrorKind::NoConnection,
-            None,
+            connecting.last_error(),
         )),
     }
 }

@@ -225,6 +225,7 @@ impl Policy {
             header_error: None,
             cold_wait_set: false,
             refresh_timeout_set: false,
+            error_backoff_set: false,
         }
     }
 
@@ -295,7 +296,7 @@ impl Policy {
                     field,
                     value,
                     min,
-                    why: "it is a lease TTL, and a lease must last several Redis command timeouts",
+                    why: "it is a lease TTL, and a lease must last 4 times the store's command_timeout",
                 });
             }
         }
@@ -313,6 +314,8 @@ pub struct PolicyBuilder {
     /// Whether `refresh_timeout` was set (else a check that fails on its default names
     /// the setting the user did set).
     refresh_timeout_set: bool,
+    /// Whether `error_backoff` was set (the same, for it).
+    error_backoff_set: bool,
 }
 
 impl fmt::Debug for PolicyBuilder {
@@ -401,6 +404,7 @@ impl PolicyBuilder {
     /// timeouts, at most the lease TTL).
     pub fn error_backoff(mut self, backoff: Duration) -> Self {
         self.policy.error_backoff = backoff;
+        self.error_backoff_set = true;
         self
     }
 
@@ -741,7 +745,7 @@ impl PolicyBuilder {
                 return Err(ConfigError::invalid(
                     "watchdog",
                     format!(
-                        "{max:?} must be between the lease TTL ({:?}) and 1 hour",
+                        "{max:?} must be between lease_ttl ({:?}) and 1 hour",
                         p.lease_ttl
                     ),
                 ));
@@ -762,17 +766,32 @@ impl PolicyBuilder {
         {
             return Err(ConfigError::invalid(
                 "soft_timeout",
-                "must be above zero and at most the refresh timeout",
+                format!(
+                    "{soft:?} must be above zero and at most refresh_timeout ({:?})",
+                    p.refresh_timeout
+                ),
             ));
         }
         if p.error_backoff > p.lease_ttl {
-            return Err(ConfigError::invalid(
-                "error_backoff",
-                format!(
-                    "{:?} is longer than the lease TTL ({:?})",
-                    p.error_backoff, p.lease_ttl
-                ),
-            ));
+            // As for the refresh timeout: named after what the user set.
+            return Err(if self.error_backoff_set {
+                ConfigError::invalid(
+                    "error_backoff",
+                    format!(
+                        "{:?} is longer than lease_ttl ({:?})",
+                        p.error_backoff, p.lease_ttl
+                    ),
+                )
+            } else {
+                ConfigError::invalid(
+                    "lease_ttl",
+                    format!(
+                        "{:?} is shorter than error_backoff ({:?}, its default): set \
+                         error_backoff to at most the lease",
+                        p.lease_ttl, p.error_backoff
+                    ),
+                )
+            });
         }
         let day = Duration::from_secs(24 * 3600);
         for (field, value) in [
@@ -1105,6 +1124,52 @@ mod tests {
             let error = builder.build().unwrap_err();
             assert_eq!(error.field(), field, "{error}");
             assert!(error.to_string().contains(field), "{error}");
+        }
+    }
+
+    /// A check between two settings names the one the user set as the field, and the
+    /// other in its message.
+    #[test]
+    fn a_check_that_relates_two_settings_names_both() {
+        let b = || Policy::builder("items");
+        let ms = Duration::from_millis;
+        let cases: Vec<(PolicyBuilder, &str, &str)> = vec![
+            (b().lease_ttl(ms(200)), "lease_ttl", "refresh_timeout"),
+            (
+                b().lease_ttl(ms(1000)).refresh_timeout(ms(1001)),
+                "refresh_timeout",
+                "lease_ttl",
+            ),
+            // The default error back-off (1 s) against a lease the user made shorter.
+            (
+                b().lease_ttl(ms(500)).refresh_timeout(ms(400)),
+                "lease_ttl",
+                "error_backoff",
+            ),
+            (
+                b().lease_ttl(ms(1000))
+                    .refresh_timeout(ms(500))
+                    .error_backoff(ms(2000)),
+                "error_backoff",
+                "lease_ttl",
+            ),
+            (b().watchdog(ms(1000)), "watchdog", "lease_ttl"),
+            (
+                b().soft_timeout(Duration::from_secs(5)),
+                "soft_timeout",
+                "refresh_timeout",
+            ),
+            (
+                b().min_fresh(Duration::from_secs(10))
+                    .max_fresh(Duration::from_secs(5)),
+                "min_fresh",
+                "max_fresh",
+            ),
+        ];
+        for (builder, field, other) in cases {
+            let error = builder.build().unwrap_err();
+            assert_eq!(error.field(), field, "{error}");
+            assert!(error.to_string().contains(other), "{other}: {error}");
         }
     }
 

@@ -29,6 +29,10 @@ pub(crate) struct L1 {
     /// values in tests.
     busy_at: u64,
     sample: u32,
+    /// Run once by the next put, under the entry's lock, between its last look at the
+    /// tombstones and moka's insert: where an invalidation used to be lost.
+    #[cfg(test)]
+    pub(crate) before_insert: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 struct UntilKept;
@@ -86,6 +90,8 @@ impl L1 {
             front,
             busy_at,
             sample,
+            #[cfg(test)]
+            before_insert: std::sync::Mutex::new(None),
         }
     }
 
@@ -121,6 +127,14 @@ impl L1 {
     /// Puts an entry in L1 unless an entry with a higher token is there, or the key was
     /// invalidated after the entry was made. Returns whether it was put.
     ///
+    /// An invalidation that races the put always wins. Every invalidation writes its
+    /// tombstone, then removes the entries from moka. The put looks at the tombstones
+    /// before moka's insert and again after it: an invalidation whose tombstone came
+    /// before the second look is seen by it (the entry is taken out again), and one that
+    /// came after it finds the entry in moka. Looking before only was not enough: moka's
+    /// `invalidate` takes no lock on a key it does not hold, so one that came between the
+    /// look and the insert removed nothing, and the old entry stayed until it expired.
+    ///
     /// L1 is moka's synchronous cache: its operations do not wait, so the request path
     /// can answer a hit without an `await` (and without allocating a future).
     /// `epoch` is the guard's subscription epoch now: the entry is marked with it.
@@ -143,17 +157,36 @@ impl L1 {
                 Some(e) if e.value().response.token > stored.response.token => Op::Nop,
                 // Again, under the entry's lock: an invalidation may have come since.
                 _ if refused(tombstones) => Op::Nop,
-                _ => Op::Put(stored.clone()),
+                _ => {
+                    #[cfg(test)]
+                    if let Some(hook) = self.before_insert.lock().expect("hook lock").take() {
+                        hook();
+                    }
+                    Op::Put(stored.clone())
+                }
             }
         });
         let put = matches!(
             result,
             CompResult::Inserted(_) | CompResult::ReplacedWith(_)
         );
-        if put {
-            self.front.put(key, stored, changes);
+        if !put {
+            return false;
         }
-        put
+        // The second look (see above): the entry is in moka now.
+        if refused(tombstones) {
+            let _ = self
+                .moka
+                .entry(key)
+                .and_compute_with(|existing| match existing {
+                    Some(e) if Arc::ptr_eq(e.value(), &stored) => Op::Remove,
+                    _ => Op::Nop,
+                });
+            // The front has not had it: nothing to remove there.
+            return false;
+        }
+        self.front.put(key, stored, changes);
+        true
     }
 
     /// Drops `response` from L1, and with `variants` every variant of it (those its
@@ -380,6 +413,61 @@ mod front_tests {
     }
 
     const HOUR: Duration = Duration::from_secs(3600);
+
+    /// What every invalidation does (the local one, with or without Redis, and a
+    /// notice's): the tombstone, then the entries out of L1.
+    fn invalidate(l1: &L1, tombstones: &Tombstones, key: LocalKey, token: u64, variants: bool) {
+        tombstones.insert(key.response, FencingToken::new(token));
+        l1.invalidate_response(key.response, variants);
+    }
+
+    /// An invalidation that comes between the put's look at the tombstones and moka's
+    /// insert (driven there by a hook, not by luck) wins: the entry it invalidated is
+    /// not put, not read, and not in the front; before the look and after the insert,
+    /// it wins as well. With and without variants.
+    #[test]
+    fn an_invalidation_that_races_a_put_wins_in_every_order() {
+        for variants in [false, true] {
+            let l1 = Arc::new(L1::new(1 << 20));
+            let tombstones = Arc::new(new_tombstones());
+            let (a, b) = (key(1, 0), key(1, 7));
+            let at = if variants { b } else { a };
+            // Between the look and the insert.
+            let (hook_l1, hook_tombstones) = (l1.clone(), tombstones.clone());
+            *l1.before_insert.lock().unwrap() = Some(Box::new(move || {
+                invalidate(&hook_l1, &hook_tombstones, at, 10, variants);
+            }));
+            assert!(
+                !l1.put(&tombstones, at, entry(5, HOUR), 0),
+                "raced, {variants}"
+            );
+            assert!(l1.before_insert.lock().unwrap().is_none(), "the hook ran");
+            assert!(
+                l1.get(&at, Instant::now()).is_none(),
+                "resurrected, {variants}"
+            );
+            l1.moka.run_pending_tasks();
+            assert!(!l1.moka.contains_key(&at));
+            front_agrees(&l1);
+            // Before the look: refused at once.
+            let c = key(2, if variants { 3 } else { 0 });
+            invalidate(&l1, &tombstones, c, 10, variants);
+            assert!(!l1.put(&tombstones, c, entry(5, HOUR), 0));
+            assert!(l1.get(&c, Instant::now()).is_none());
+            // After the insert: removed from moka and the front.
+            let d = key(3, if variants { 3 } else { 0 });
+            assert!(l1.put(&tombstones, d, entry(5, HOUR), 0));
+            assert!(l1.get(&d, Instant::now()).is_some());
+            invalidate(&l1, &tombstones, d, 10, variants);
+            assert!(l1.get(&d, Instant::now()).is_none());
+            // A newer entry than the invalidation is put, raced or not.
+            *l1.before_insert.lock().unwrap() = Some(Box::new(|| {}));
+            let newer = entry(11, HOUR);
+            assert!(l1.put(&tombstones, at, newer.clone(), 0));
+            assert!(same(l1.get(&at, Instant::now()), &newer));
+            front_agrees(&l1);
+        }
+    }
 
     /// What a hit reads comes from the front after the first read; a newer entry put at
     /// the key replaces it there at once; an invalidation leaves nothing to read.

@@ -375,3 +375,85 @@ pub enum LocalOnly {
     /// at `warn`, when it opened).
     RedisUnavailable,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use bytes::Bytes;
+    use futures_util::FutureExt;
+    use http_body_util::{BodyExt, Full};
+    use tower::{Layer, ServiceExt};
+
+    use super::*;
+    use crate::lease::FencingToken;
+    use crate::notify::Hears;
+
+    fn get() -> http::Request<Full<Bytes>> {
+        http::Request::get("/items/1")
+            .header("host", "shop.example")
+            .body(Full::default())
+            .unwrap()
+    }
+
+    /// How a fill's put into L1 meets an invalidation between its last look at the
+    /// tombstones and moka's insert: on the notice path (what another instance's
+    /// invalidation does here) and on the local one without Redis. Either way the entry
+    /// it invalidated is not served again: the next request calls the origin.
+    #[tokio::test]
+    async fn an_invalidation_that_races_a_fill_wins_on_every_path() {
+        for notice in [true, false] {
+            let keys = KeySpace::builder()
+                .env("test")
+                .service("race")
+                .secret(b"a test secret of more than sixteen bytes".to_vec())
+                .build()
+                .unwrap();
+            let guard = StampedeGuard::builder(RedisStore::local_only(), keys)
+                .build()
+                .unwrap();
+            let layer = guard
+                .layer(
+                    Policy::builder("items")
+                        .fresh_ttl(Duration::from_secs(60))
+                        .build()
+                        .unwrap(),
+                )
+                .unwrap();
+            let calls = Arc::new(AtomicU64::new(0));
+            let counted = calls.clone();
+            let service = layer.layer(tower::service_fn(move |_: http::Request<Full<Bytes>>| {
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(
+                        format!("version {n}"),
+                    ))))
+                }
+            }));
+            let local = layer.cache_keys(&get()).unwrap().local;
+            let shared = Arc::downgrade(&guard.shared);
+            let invalidating = layer.clone();
+            *guard.shared.l1.before_insert.lock().unwrap() = Some(Box::new(move || {
+                if notice {
+                    let token = FencingToken::new(local_micros() + 1_000_000);
+                    shared.upgrade().unwrap().invalidated(Some(local), token);
+                } else {
+                    let done = invalidating.invalidate(&get()).now_or_never();
+                    assert!(matches!(done, Some(Ok(true))), "{done:?}");
+                }
+            }));
+            let body = |response: http::Response<_>| async move {
+                let bytes = BodyExt::collect(response.into_body()).await.unwrap();
+                String::from_utf8(bytes.to_bytes().to_vec()).unwrap()
+            };
+            let first = service.clone().oneshot(get()).await.unwrap();
+            assert_eq!(body(first).await, "version 1");
+            assert!(guard.shared.l1.before_insert.lock().unwrap().is_none());
+            let second = service.clone().oneshot(get()).await.unwrap();
+            assert_eq!(body(second).await, "version 2", "notice: {notice}");
+            let third = service.clone().oneshot(get()).await.unwrap();
+            assert_eq!(body(third).await, "version 2", "a hit after the race");
+            assert_eq!(calls.load(Ordering::SeqCst), 2);
+        }
+    }
+}

@@ -16,12 +16,12 @@
 //!   [`LeaseClient`](crate::lease::LeaseClient) has no route, and carries `operation`
 //!   alone.
 //!
-//! The rest belong to the whole process, shared by all of its routes, and have no
-//! `route` label: L1's size ([`L1_ENTRIES`], [`L1_BYTES`]), the refresh budget
-//! ([`BUDGET_IN_USE`]), the store's errors and circuit breaker ([`REDIS_ERRORS`],
-//! [`CIRCUIT_OPEN`], [`CIRCUIT_OPENED`]), tag purges ([`PURGES`]) and periodic jobs
-//! ([`LEADER_TICKS`]). Prometheus adds `job` and `instance` to every series when it
-//! scrapes: tell services apart by those.
+//! The rest, listed in [`PER_PROCESS`], belong to the whole process, shared by all of
+//! its routes, and have no `route` label: L1's size ([`L1_ENTRIES`], [`L1_BYTES`]), the
+//! refresh budget ([`BUDGET_IN_USE`]), the store's errors and circuit breaker
+//! ([`REDIS_ERRORS`], [`CIRCUIT_OPEN`], [`CIRCUIT_OPENED`]), tag purges ([`PURGES`]) and
+//! periodic jobs ([`LEADER_TICKS`]). Prometheus adds `job` and `instance` to every series
+//! when it scrapes: tell services and processes apart by those.
 //!
 //! Counter handles are registered when a layer is made: install the recorder before.
 
@@ -151,6 +151,21 @@ names! {
     /// Counter of breaker openings (per process, no `route` label, as [`CIRCUIT_OPEN`]).
     CIRCUIT_OPENED: Counter = "stampede_guard_redis_circuit_opened_total", "Times the Redis circuit breaker opened (per process: no route label).";
 }
+
+/// The metrics of the whole process, shared by all of its routes: they never carry a
+/// `route` label. Every other metric does, but for the lease metrics of leases used on
+/// their own (through a [`LeaseClient`](crate::lease::LeaseClient)), which carry
+/// `operation` alone. For dashboards: filter these by `job` and `instance` only.
+pub const PER_PROCESS: &[&str] = &[
+    L1_ENTRIES,
+    L1_BYTES,
+    BUDGET_IN_USE,
+    REDIS_ERRORS,
+    CIRCUIT_OPEN,
+    CIRCUIT_OPENED,
+    PURGES,
+    LEADER_TICKS,
+];
 
 macro_rules! events {
     ($($variant:ident => ($name:expr $(, $label:literal => $value:literal)?), $doc:literal;)*) => {

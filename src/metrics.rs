@@ -6,6 +6,23 @@
 //! names below, labelled by route (never by key, URI or owner value). With no recorder
 //! installed the facade costs nothing.
 //!
+//! Which metrics carry `route`:
+//!
+//! - every [`Event`]'s metric, [`REFRESH_SECONDS`] and [`COLD_WAIT_SECONDS`];
+//! - the lease metrics ([`LEASE_ACQUISITIONS`], [`LEASE_ACQUIRE_SECONDS`],
+//!   [`LEASE_RENEWALS`], [`LEASE_RELEASES`], [`LEASE_OWNER_MISMATCHES`],
+//!   [`LEASE_HOLD_SECONDS`], [`LEASE_TTL_SECONDS`]) for the guard's cache leases only
+//!   (`operation="fill"`); a lease used on its own through a
+//!   [`LeaseClient`](crate::lease::LeaseClient) has no route, and carries `operation`
+//!   alone.
+//!
+//! The rest, listed in [`PER_PROCESS`], belong to the whole process, shared by all of
+//! its routes, and have no `route` label: L1's size ([`L1_ENTRIES`], [`L1_BYTES`]), the
+//! refresh budget ([`BUDGET_IN_USE`]), the store's errors and circuit breaker
+//! ([`REDIS_ERRORS`], [`CIRCUIT_OPEN`], [`CIRCUIT_OPENED`]), tag purges ([`PURGES`]) and
+//! periodic jobs ([`LEADER_TICKS`]). Prometheus adds `job` and `instance` to every series
+//! when it scrapes: tell services and processes apart by those.
+//!
 //! Counter handles are registered when a layer is made: install the recorder before.
 
 use std::fmt;
@@ -13,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::time::Duration;
 
-use metrics::{Counter, Histogram, SharedString, counter, histogram};
+use metrics::{Counter, Histogram, Label, SharedString, counter, histogram};
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "stampede_guard";
@@ -58,8 +75,8 @@ names! {
     /// Stale responses served because the origin failed.
     STALE_IF_ERROR: Counter = "stampede_guard_stale_if_error_total", "Stale entries served because the origin failed.";
     /// Redis operations that failed, by operation and kind (counted by the store, for all
-    /// routes together).
-    REDIS_ERRORS: Counter = "stampede_guard_redis_errors_total", "Redis operations that failed, by operation and kind.";
+    /// routes together: no `route` label; a route's own are [`REDIS_FALLBACKS`]).
+    REDIS_ERRORS: Counter = "stampede_guard_redis_errors_total", "Redis operations that failed, by operation and kind (per process, for all routes: no route label).";
     /// Requests and refreshes of a route that went on without Redis after a Redis error.
     REDIS_FALLBACKS: Counter = "stampede_guard_redis_fallbacks_total", "Route operations that went on without Redis after an error.";
     /// Fills and refreshes done without Redis (no lease to be had).
@@ -70,19 +87,23 @@ names! {
     UNCERTAIN_ACQUIRES: Counter = "stampede_guard_uncertain_acquires_total", "Acquires whose reply never came.";
     /// Fills that ran past the soft timeout while an expired entry could be served.
     SOFT_TIMEOUTS: Counter = "stampede_guard_soft_timeouts_total", "Fills that ran past the soft timeout.";
-    /// Lease acquisitions by operation and result (acquired, busy, timed_out, unavailable).
-    LEASE_ACQUISITIONS: Counter = "stampede_guard_lease_acquisitions_total", "Lease acquisitions by operation and result.";
-    /// How long acquires take, by operation.
-    LEASE_ACQUIRE_SECONDS: Histogram = "stampede_guard_lease_acquire_seconds", "Lease acquire latency.";
+    /// Lease acquisitions by operation and result (acquired, busy, timed_out, unavailable,
+    /// written) and, for the guard's cache leases, route.
+    LEASE_ACQUISITIONS: Counter = "stampede_guard_lease_acquisitions_total", "Lease acquisitions by operation and result (and route, for the guard's leases).";
+    /// How long acquires take, by operation and, for the guard's cache leases, route.
+    LEASE_ACQUIRE_SECONDS: Histogram = "stampede_guard_lease_acquire_seconds", "Lease acquire latency, by operation (and route, for the guard's leases).";
     /// How long leases are held, from acquire to release, by operation and, for the
     /// guard's cache leases, route.
     LEASE_HOLD_SECONDS: Histogram = "stampede_guard_lease_hold_seconds", "How long leases are held, by operation (and route, for the guard's leases).";
-    /// Lease renewals by operation and result (renewed, not_owner, error).
-    LEASE_RENEWALS: Counter = "stampede_guard_lease_renewals_total", "Lease renewals by result.";
-    /// Lease releases by operation and result (released, not_owner, error).
-    LEASE_RELEASES: Counter = "stampede_guard_lease_releases_total", "Lease releases by result.";
-    /// Renewals and releases that found the lease someone else's, by operation.
-    LEASE_OWNER_MISMATCHES: Counter = "stampede_guard_lease_owner_mismatches_total", "Renewals and releases that found the lease someone else's.";
+    /// Lease renewals by operation and result (renewed, not_owner, error) and, for the
+    /// guard's cache leases, route.
+    LEASE_RENEWALS: Counter = "stampede_guard_lease_renewals_total", "Lease renewals by operation and result (and route, for the guard's leases).";
+    /// Lease releases by operation and result (released, held_off, not_owner, error)
+    /// and, for the guard's cache leases, route.
+    LEASE_RELEASES: Counter = "stampede_guard_lease_releases_total", "Lease releases by operation and result (and route, for the guard's leases).";
+    /// Renewals and releases that found the lease someone else's, by operation and, for
+    /// the guard's cache leases, route.
+    LEASE_OWNER_MISMATCHES: Counter = "stampede_guard_lease_owner_mismatches_total", "Renewals and releases that found the lease someone else's (by route, for the guard's leases).";
     /// How long refreshes take, by route.
     REFRESH_SECONDS: Histogram = "stampede_guard_refresh_seconds", "How long refreshes take.";
     /// How long callers wait for another instance's fill, by route.
@@ -93,21 +114,26 @@ names! {
     /// [`LeaseClient`](crate::lease::LeaseClient) (the TTL of the last successful acquire
     /// or renewal of that operation in this process).
     LEASE_TTL_SECONDS: Gauge = "stampede_guard_lease_ttl_seconds", "The lease TTL, by route and operation: each route's for its fills; for leases used on their own, the last one taken or renewed with.";
-    /// Entries in L1.
-    L1_ENTRIES: Gauge = "stampede_guard_l1_entries", "Entries in L1.";
-    /// Bytes of entries in L1 (weighed).
-    L1_BYTES: Gauge = "stampede_guard_l1_bytes", "Bytes of entries in L1.";
+    /// Entries in L1. One per process, no `route` label: L1 is shared by every route
+    /// of the guard.
+    L1_ENTRIES: Gauge = "stampede_guard_l1_entries", "Entries in L1 (per process, shared by all routes: no route label).";
+    /// Bytes of entries in L1 (weighed). One per process, no `route` label, as
+    /// [`L1_ENTRIES`].
+    L1_BYTES: Gauge = "stampede_guard_l1_bytes", "Bytes of entries in L1 (per process, shared by all routes: no route label).";
     /// Calls the layer made to the origin (fills, refreshes and pass-throughs).
     ORIGIN_CALLS: Counter = "stampede_guard_origin_calls_total", "Calls the layer made to the origin.";
     /// Calls to the origin that failed without an answer, by reason (`timeout`, `error`,
     /// `panic`).
     ORIGIN_FAILURES: Counter = "stampede_guard_origin_failures_total", "Calls to the origin that failed without an answer, by reason: timeout, error, panic.";
-    /// Refreshes and cold fills at work, out of the guard's refresh budget.
-    BUDGET_IN_USE: Gauge = "stampede_guard_refresh_budget_in_use", "Refreshes and cold fills at work, out of the refresh budget.";
+    /// Refreshes and cold fills at work, out of the guard's refresh budget. One per
+    /// process, no `route` label: the budget is shared by every route of the guard (the
+    /// refreshes it skipped are counted by route, as [`REFRESHES`] `result="skipped"`).
+    BUDGET_IN_USE: Gauge = "stampede_guard_refresh_budget_in_use", "Refreshes and cold fills at work, out of the refresh budget (per process, shared by all routes: no route label).";
     /// Header names a route learned from its responses' `Vary`.
     VARY_LEARNED: Counter = "stampede_guard_vary_learned_total", "Header names routes learned from their responses' Vary.";
     /// The gauge of the breakers' state: how many are open in this process (one per store).
-    CIRCUIT_OPEN: Gauge = "stampede_guard_redis_circuit_open", "1 while the Redis circuit breaker is open.";
+    /// No `route` label: a store's breaker serves every route that uses the store.
+    CIRCUIT_OPEN: Gauge = "stampede_guard_redis_circuit_open", "1 while the Redis circuit breaker is open (per process, for all routes: no route label).";
     /// Hits that started the refresh of a fresh entry early (eager refresh, XFetch).
     EARLY_REFRESHES: Counter = "stampede_guard_early_refreshes_total", "Hits that started an early refresh of a fresh entry.";
     /// Tags purged through this process, by how (`hard`, `soft`).
@@ -122,9 +148,24 @@ names! {
     /// Ticks of a periodic job ([`crate::leader`]) by operation and result (led, busy,
     /// stopped, with a `reason`, unavailable).
     LEADER_TICKS: Counter = "stampede_guard_leader_ticks_total", "Ticks of periodic jobs by result.";
-    /// Counter of breaker openings.
-    CIRCUIT_OPENED: Counter = "stampede_guard_redis_circuit_opened_total", "Times the Redis circuit breaker opened.";
+    /// Counter of breaker openings (per process, no `route` label, as [`CIRCUIT_OPEN`]).
+    CIRCUIT_OPENED: Counter = "stampede_guard_redis_circuit_opened_total", "Times the Redis circuit breaker opened (per process: no route label).";
 }
+
+/// The metrics of the whole process, shared by all of its routes: they never carry a
+/// `route` label. Every other metric does, but for the lease metrics of leases used on
+/// their own (through a [`LeaseClient`](crate::lease::LeaseClient)), which carry
+/// `operation` alone. For dashboards: filter these by `job` and `instance` only.
+pub const PER_PROCESS: &[&str] = &[
+    L1_ENTRIES,
+    L1_BYTES,
+    BUDGET_IN_USE,
+    REDIS_ERRORS,
+    CIRCUIT_OPEN,
+    CIRCUIT_OPENED,
+    PURGES,
+    LEADER_TICKS,
+];
 
 macro_rules! events {
     ($($variant:ident => ($name:expr $(, $label:literal => $value:literal)?), $doc:literal;)*) => {
@@ -263,23 +304,54 @@ fn index(event: Event) -> usize {
     event as usize
 }
 
-/// Lease metrics, by operation (the lease client's; the fenced write releases too).
-/// Acquires and renewals carry `operation` only.
-pub(crate) fn lease_acquired(operation: SharedString, result: &'static str, took: Duration) {
-    counter!(LEASE_ACQUISITIONS, "operation" => operation.clone(), "result" => result).increment(1);
-    histogram!(LEASE_ACQUIRE_SECONDS, "operation" => operation).record(took);
-}
-
-pub(crate) fn lease_renewed(operation: SharedString, result: &'static str) {
-    if result == "not_owner" {
-        counter!(LEASE_OWNER_MISMATCHES, "operation" => operation.clone()).increment(1);
+/// The labels of a lease metric: `route` for the guard's cache leases (the route whose
+/// entry the lease fills), none for a lease used on its own through a
+/// [`LeaseClient`](crate::lease::LeaseClient); then `operation`, then `more`.
+fn lease_labels(
+    route: Option<SharedString>,
+    operation: SharedString,
+    more: &[(&'static str, &'static str)],
+) -> Vec<Label> {
+    let mut labels = Vec::with_capacity(2 + more.len());
+    if let Some(route) = route {
+        labels.push(Label::new("route", route));
     }
-    counter!(LEASE_RENEWALS, "operation" => operation, "result" => result).increment(1);
+    labels.push(Label::new("operation", operation));
+    labels.extend(more.iter().map(|&(key, value)| Label::new(key, value)));
+    labels
 }
 
-/// A lease ended (`result`: released, held_off, not_owner, error): the release is
-/// counted by operation, and how long it was held by operation and, for the guard's
-/// leases, route (the labels [`LEASE_TTL_SECONDS`] carries too, so that the two compare).
+/// An acquire ended with `result`, after `took`: counted and timed by operation and, for
+/// the guard's leases, route.
+pub(crate) fn lease_acquired(
+    operation: SharedString,
+    route: Option<SharedString>,
+    result: &'static str,
+    took: Duration,
+) {
+    let labels = lease_labels(route.clone(), operation.clone(), &[("result", result)]);
+    counter!(LEASE_ACQUISITIONS, labels).increment(1);
+    histogram!(LEASE_ACQUIRE_SECONDS, lease_labels(route, operation, &[])).record(took);
+}
+
+/// A renewal ended with `result` (renewed, not_owner, error), by operation and, for the
+/// guard's leases, route.
+pub(crate) fn lease_renewed(
+    operation: SharedString,
+    route: Option<SharedString>,
+    result: &'static str,
+) {
+    if result == "not_owner" {
+        let labels = lease_labels(route.clone(), operation.clone(), &[]);
+        counter!(LEASE_OWNER_MISMATCHES, labels).increment(1);
+    }
+    let labels = lease_labels(route, operation, &[("result", result)]);
+    counter!(LEASE_RENEWALS, labels).increment(1);
+}
+
+/// A lease ended (`result`: released, held_off, not_owner, error): the release and how
+/// long it was held, by operation and, for the guard's leases, route (the labels
+/// [`LEASE_TTL_SECONDS`] carries too, so that the two compare).
 pub(crate) fn lease_released(
     operation: SharedString,
     route: Option<SharedString>,
@@ -287,15 +359,12 @@ pub(crate) fn lease_released(
     result: &'static str,
 ) {
     if result == "not_owner" {
-        counter!(LEASE_OWNER_MISMATCHES, "operation" => operation.clone()).increment(1);
+        let labels = lease_labels(route.clone(), operation.clone(), &[]);
+        counter!(LEASE_OWNER_MISMATCHES, labels).increment(1);
     }
-    counter!(LEASE_RELEASES, "operation" => operation.clone(), "result" => result).increment(1);
-    match route {
-        Some(route) => {
-            histogram!(LEASE_HOLD_SECONDS, "route" => route, "operation" => operation).record(held);
-        }
-        None => histogram!(LEASE_HOLD_SECONDS, "operation" => operation).record(held),
-    }
+    let labels = lease_labels(route.clone(), operation.clone(), &[("result", result)]);
+    counter!(LEASE_RELEASES, labels).increment(1);
+    histogram!(LEASE_HOLD_SECONDS, lease_labels(route, operation, &[])).record(held);
 }
 
 /// The TTL a route takes its cache leases with now (labels `route`, `operation="fill"`).

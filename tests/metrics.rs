@@ -171,23 +171,36 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
         ("stampede_guard_cold_fills_total{route=\"items\"}", 2.0),
         ("stampede_guard_local_only_total{route=\"items\"}", 1.0),
         ("stampede_guard_redis_fallbacks_total{route=\"items\"}", 1.0),
-        // The fill, the refresh, the refused refresh (its write released the lease),
-        // and the other client's lease.
+        // The guard's leases, by route: the fill, the refresh, the refused refresh (its
+        // write released the lease), and the refresh that found the lease busy.
         (
-            "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"acquired\"}",
-            4.0,
+            "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"acquired\",route=\"items\"}",
+            3.0,
         ),
         (
-            "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"busy\"}",
+            "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"busy\",route=\"items\"}",
+            1.0,
+        ),
+        (
+            "stampede_guard_lease_releases_total{operation=\"fill\",result=\"released\",route=\"items\"}",
+            3.0,
+        ),
+        (
+            "stampede_guard_lease_acquire_seconds_count{operation=\"fill\",route=\"items\"}",
+            4.0,
+        ),
+        // The other client's lease on the same name, taken on its own: no route.
+        (
+            "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"acquired\"}",
             1.0,
         ),
         (
             "stampede_guard_lease_releases_total{operation=\"fill\",result=\"released\"}",
-            4.0,
+            1.0,
         ),
         (
             "stampede_guard_lease_acquire_seconds_count{operation=\"fill\"}",
-            5.0,
+            1.0,
         ),
         ("stampede_guard_origin_calls_total{route=\"items\"}", 4.0),
         // Hold times and TTLs, labelled alike: the guard's three holds by route and
@@ -283,6 +296,43 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
             "stampede_guard_lease_hold_seconds_count{operation=\"scheduler\"}",
         ],
     );
+    // Every lease series of the guard's has its route, and only those: the lease client's
+    // own carry `operation` alone.
+    let lease_series: Vec<&str> = got
+        .keys()
+        .filter(|k| {
+            k.starts_with("stampede_guard_lease_acquisitions_total{")
+                || k.starts_with("stampede_guard_lease_releases_total{")
+                || k.starts_with("stampede_guard_lease_renewals_total{")
+        })
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        lease_series,
+        [
+            "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"acquired\",route=\"items\"}",
+            "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"acquired\"}",
+            "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"busy\",route=\"items\"}",
+            "stampede_guard_lease_acquisitions_total{operation=\"scheduler\",result=\"acquired\"}",
+            "stampede_guard_lease_releases_total{operation=\"fill\",result=\"released\",route=\"items\"}",
+            "stampede_guard_lease_releases_total{operation=\"fill\",result=\"released\"}",
+            "stampede_guard_lease_releases_total{operation=\"scheduler\",result=\"released\"}",
+            "stampede_guard_lease_renewals_total{operation=\"scheduler\",result=\"renewed\"}",
+        ],
+    );
+    // What belongs to the whole process has no route.
+    for name in [
+        "stampede_guard_l1_entries",
+        "stampede_guard_l1_bytes",
+        "stampede_guard_refresh_budget_in_use",
+        "stampede_guard_redis_circuit_open",
+    ] {
+        let labelled: Vec<&String> = got
+            .keys()
+            .filter(|k| k.starts_with(&format!("{name}{{")))
+            .collect();
+        assert!(labelled.is_empty(), "{labelled:?}");
+    }
     // The inspection tool reads them back: counts and TTLs, and quantiles within the
     // buckets (each hold took more than nothing and less than its TTL).
     let rows = inspect::lease_holds(&[&rendered]);

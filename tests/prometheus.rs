@@ -2,10 +2,12 @@
 //!
 //! `promtool` checks `dashboards/alerts.yml` and runs its unit tests
 //! (`dashboards/alerts_test.yml`, which must give every alert a case where it fires and
-//! one where it does not). Then a Prometheus of the test's own scrapes the sidecar,
-//! a separate process in front of a real origin and a real `redis-server`, while real
-//! HTTP load runs through it and Redis is paused and resumed, and every query of every
-//! panel of `dashboards/stampede-guard.json` must return data.
+//! one where it does not). Then a Prometheus of the test's own scrapes two sidecars as
+//! two jobs (two services, each a separate process in front of a real origin and a real
+//! `redis-server` of its own), while real HTTP load runs through them and one's Redis is
+//! paused and resumed: every query of every panel of `dashboards/stampede-guard.json`
+//! must return data, and with the dashboard's `job`, `instance` and `route` variables
+//! set to one service, show that service's series only.
 //!
 //! Needs `prometheus` and `promtool` on `PATH` (Debian: `apt-get install prometheus`), or
 //! `PROMETHEUS_BIN` and `PROMTOOL_BIN`. The tests never use a Prometheus that runs
@@ -39,8 +41,10 @@ const ALERTS: &str = "dashboards/alerts.yml";
 const ALERT_TESTS: &str = "dashboards/alerts_test.yml";
 const DASHBOARD: &str = "dashboards/stampede-guard.json";
 
-/// The scrape job, and the sidecar's route (its policy's name).
-const JOB: &str = "stampede-guard";
+/// The scrape jobs of the two services, and the route both sidecars have (their
+/// policy's name): the same route in two services, which the dashboard must not mix.
+const JOB: &str = "catalog";
+const OTHER_JOB: &str = "search";
 const ROUTE: &str = "default";
 
 /// How long a process may take to answer after it starts, and how long Prometheus may
@@ -355,9 +359,15 @@ fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// The sidecar, in front of `origin` with `redis` as its L2, metrics on a port of their
-/// own. Returns it, its address and its metrics' address.
-async fn start_sidecar(origin: SocketAddr, redis: &str) -> (Spawned, SocketAddr, SocketAddr) {
+/// The sidecar, in front of `origin` with `redis` as its L2, entries fresh for `fresh`,
+/// leases taken for `lease`, metrics on a port of their own. Returns it, its address and
+/// its metrics' address.
+async fn start_sidecar(
+    origin: SocketAddr,
+    redis: &str,
+    fresh: &str,
+    lease: &str,
+) -> (Spawned, SocketAddr, SocketAddr) {
     let binary = sidecar_binary();
     let mut last = String::new();
     // A port picked as free can be taken before the sidecar binds it: a few tries.
@@ -374,11 +384,11 @@ async fn start_sidecar(origin: SocketAddr, redis: &str) -> (Spawned, SocketAddr,
             "--follow-origin",
             "false",
             "--fresh",
-            "1s",
+            fresh,
             "--grace",
             "60s",
             "--lease",
-            "2s",
+            lease,
             "--cold-wait",
             "1s",
             "--metrics",
@@ -402,9 +412,15 @@ async fn start_sidecar(origin: SocketAddr, redis: &str) -> (Spawned, SocketAddr,
     panic!("the sidecar did not start in 5 tries; last:\n{last}");
 }
 
-/// A Prometheus of the test's own: scrapes `target` every second, evaluates the shipped
-/// rules every second, stores in a temporary directory.
-async fn start_prometheus(target: SocketAddr) -> (Spawned, SocketAddr) {
+/// A Prometheus of the test's own: scrapes each `(job, target)` every second, evaluates
+/// the shipped rules every second, stores in a temporary directory.
+async fn start_prometheus(targets: &[(&str, SocketAddr)]) -> (Spawned, SocketAddr) {
+    let jobs: String = targets
+        .iter()
+        .map(|(job, target)| {
+            format!("  - job_name: {job}\n    static_configs:\n      - targets: ['{target}']\n")
+        })
+        .collect();
     let binary = tool("prometheus", "PROMETHEUS_BIN");
     let mut last = String::new();
     for _ in 0..5 {
@@ -416,7 +432,7 @@ async fn start_prometheus(target: SocketAddr) -> (Spawned, SocketAddr) {
             format!(
                 "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
                  rule_files:\n  - '{rules}'\n\
-                 scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      - targets: ['{target}']\n",
+                 scrape_configs:\n{jobs}",
                 rules = file(ALERTS).display(),
             ),
         )
@@ -458,7 +474,15 @@ struct Sample {
 
 /// Runs `expr` through `/api/v1/query`, at now; panics unless its status is success.
 async fn query(prometheus: SocketAddr, expr: &str) -> Vec<Sample> {
-    let target = format!("/api/v1/query?query={}", url_encode(expr));
+    query_at(prometheus, expr, None).await
+}
+
+/// Runs `expr` at `at` (Unix seconds), or now; panics unless its status is success.
+async fn query_at(prometheus: SocketAddr, expr: &str, at: Option<f64>) -> Vec<Sample> {
+    let mut target = format!("/api/v1/query?query={}", url_encode(expr));
+    if let Some(at) = at {
+        target.push_str(&format!("&time={at:.3}"));
+    }
     let reply = http_get(prometheus, &target)
         .await
         .unwrap_or_else(|e| panic!("{expr}: {e}"));
@@ -526,8 +550,8 @@ fn holds(ok: bool, saw: impl std::fmt::Debug) -> Result<(), String> {
     if ok { Ok(()) } else { Err(format!("{saw:?}")) }
 }
 
-/// The alerts Prometheus has pending or firing: name → (severity, state).
-async fn alerts(prometheus: SocketAddr) -> BTreeMap<String, (String, String)> {
+/// The alerts Prometheus has pending or firing: (name, job) → (severity, state).
+async fn alerts(prometheus: SocketAddr) -> BTreeMap<(String, String), (String, String)> {
     let body = http_get(prometheus, "/api/v1/alerts").await.unwrap().body;
     let answer: Value = serde_json::from_str(&body).unwrap();
     answer["data"]["alerts"]
@@ -537,15 +561,25 @@ async fn alerts(prometheus: SocketAddr) -> BTreeMap<String, (String, String)> {
         .map(|a| {
             let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
             (
-                text(&a["labels"]["alertname"]),
+                (text(&a["labels"]["alertname"]), text(&a["labels"]["job"])),
                 (text(&a["labels"]["severity"]), text(&a["state"])),
             )
         })
         .collect()
 }
 
-fn is_pending(alerts: &BTreeMap<String, (String, String)>, name: &str, severity: &str) -> bool {
-    alerts.get(name) == Some(&(severity.to_owned(), "pending".to_owned()))
+/// Whether `name` is pending for [`JOB`], with `severity`, and for no other job.
+fn is_pending(
+    alerts: &BTreeMap<(String, String), (String, String)>,
+    name: &str,
+    severity: &str,
+) -> bool {
+    let mine = alerts.get(&(name.to_owned(), JOB.to_owned()));
+    let others = alerts
+        .keys()
+        .filter(|(n, job)| n == name && job != JOB)
+        .count();
+    mine == Some(&(severity.to_owned(), "pending".to_owned())) && others == 0
 }
 
 /// Every panel query of the dashboard: (panel title, expr).
@@ -581,11 +615,31 @@ fn panel_queries() -> Vec<(String, String)> {
     out
 }
 
+/// The dashboard's variables, as a user sets them: each a regular expression (`.*` for
+/// All, as the dashboard's `allValue`).
+#[derive(Debug, Clone, Copy)]
+struct Vars<'a> {
+    job: &'a str,
+    instance: &'a str,
+    route: &'a str,
+}
+
+const ALL_VALUES: &str = ".*";
+
+impl<'a> Vars<'a> {
+    /// One service's process and route.
+    fn of(job: &'a str, instance: &'a str) -> Self {
+        Self {
+            job,
+            instance,
+            route: ROUTE,
+        }
+    }
+}
+
 /// `expr` with Grafana's variables set as a dashboard over this test's run would set
-/// them: rate windows that reach back over the whole run (under a minute), this job, this
-/// sidecar, its route.
-fn substitute(expr: &str, instance: SocketAddr) -> String {
-    let instance = instance.to_string();
+/// them: rate windows that reach back over the whole run (under a minute), and `vars`.
+fn substitute(expr: &str, vars: Vars<'_>) -> String {
     // Longest first: `$__interval` is a prefix of `$__interval_ms`.
     let variables: [(&str, &str); 9] = [
         ("__rate_interval", "1m"),
@@ -593,9 +647,9 @@ fn substitute(expr: &str, instance: SocketAddr) -> String {
         ("__interval", "15s"),
         ("__range_s", "60"),
         ("__range", "1m"),
-        ("instance", &instance),
-        ("route", ROUTE),
-        ("job", JOB),
+        ("instance", vars.instance),
+        ("route", vars.route),
+        ("job", vars.job),
         ("datasource", "prometheus"),
     ];
     let mut out = expr.to_owned();
@@ -617,13 +671,13 @@ fn substitute(expr: &str, instance: SocketAddr) -> String {
 /// answers by (title, expr).
 async fn every_panel_has_data(
     prometheus: SocketAddr,
-    instance: SocketAddr,
+    vars: Vars<'_>,
     phase: &str,
 ) -> Vec<((String, String), Vec<Sample>)> {
     let mut answers = Vec::new();
     let mut empty = Vec::new();
     for (title, expr) in panel_queries() {
-        let samples = query(prometheus, &substitute(&expr, instance)).await;
+        let samples = query(prometheus, &substitute(&expr, vars)).await;
         if samples.is_empty() || samples.iter().any(|s| !s.value.is_finite()) {
             empty.push(format!("{title}: {expr} → {samples:?}"));
         }
@@ -650,6 +704,79 @@ fn panel<'a>(
         .unwrap_or_else(|| panic!("no panel {title:?} with {part:?}"))
 }
 
+/// The query of the panel titled `title` whose expr contains `part`, run with `vars`.
+async fn panel_query(
+    prometheus: SocketAddr,
+    title: &str,
+    part: &str,
+    vars: Vars<'_>,
+) -> Vec<Sample> {
+    panel_query_at(prometheus, title, part, vars, None).await
+}
+
+/// [`panel_query`] at `at` (Unix seconds), or now.
+async fn panel_query_at(
+    prometheus: SocketAddr,
+    title: &str,
+    part: &str,
+    vars: Vars<'_>,
+    at: Option<f64>,
+) -> Vec<Sample> {
+    let (_, expr) = panel_queries()
+        .into_iter()
+        .find(|(t, e)| t == title && e.contains(part))
+        .unwrap_or_else(|| panic!("no panel {title:?} with {part:?}"));
+    query_at(prometheus, &substitute(&expr, vars), at).await
+}
+
+/// The values the dashboard's variable `name` offers with `vars` set (those it depends
+/// on), as Grafana asks Prometheus for them: `label_values(selector, label)` through the
+/// label values API.
+async fn variable_values(prometheus: SocketAddr, name: &str, vars: Vars<'_>) -> Vec<String> {
+    let text = std::fs::read_to_string(file(DASHBOARD)).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    let variable = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no variable {name}"));
+    let definition = variable["query"].as_str().expect("a query");
+    let (selector, label) = definition
+        .strip_prefix("label_values(")
+        .and_then(|d| d.strip_suffix(')'))
+        .and_then(|d| d.rsplit_once(", "))
+        .unwrap_or_else(|| panic!("{name}: {definition} is not label_values(selector, label)"));
+    let target = format!(
+        "/api/v1/label/{label}/values?match[]={}",
+        url_encode(&substitute(selector, vars))
+    );
+    let body = http_get(prometheus, &target).await.unwrap().body;
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["status"], "success", "{target}: {body}");
+    let mut values: Vec<String> = answer["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    values.sort();
+    values
+}
+
+/// A sample's labels as `name=value` pairs, sorted, and its value.
+fn labelled(samples: &[Sample]) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = samples
+        .iter()
+        .map(|s| {
+            let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            (labels.join(","), s.value)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
 /// The origin: answers `GET /items/{id}` with its call number, and counts calls.
 async fn origin(calls: Arc<AtomicU64>) -> SocketAddr {
     let app = Router::new().route(
@@ -662,27 +789,66 @@ async fn origin(calls: Arc<AtomicU64>) -> SocketAddr {
     support::http::serve(app).await
 }
 
-const FAILED_ACQUIRES: &str =
-    "sum(stampede_guard_lease_acquisitions_total{result=~\"timed_out|unavailable\"})";
-const TIMEOUTS: &str = "sum(stampede_guard_redis_errors_total{kind=\"timeout\"})";
-const OPEN: &str = "max(stampede_guard_redis_circuit_open)";
+/// What the fault phase does to [`JOB`]'s Redis, as Prometheus sees it: its failed
+/// acquires, its Redis timeouts, its breaker.
+fn failed_acquires_expr() -> String {
+    format!(
+        "sum(stampede_guard_lease_acquisitions_total{{job=\"{JOB}\", result=~\"timed_out|unavailable\"}})"
+    )
+}
+
+fn timeouts_expr() -> String {
+    format!("sum(stampede_guard_redis_errors_total{{job=\"{JOB}\", kind=\"timeout\"}})")
+}
+
+fn open_expr() -> String {
+    format!("max(stampede_guard_redis_circuit_open{{job=\"{JOB}\"}})")
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_dashboard_panel_has_data_on_a_real_prometheus_scraping_the_sidecar() {
+async fn every_dashboard_panel_has_data_and_shows_one_service_at_a_time_on_a_real_prometheus() {
     let started = Instant::now();
     let redis = RedisServer::start();
     let origin_calls = Arc::new(AtomicU64::new(0));
     let origin = origin(origin_calls.clone()).await;
-    let (mut sidecar, proxy, metrics) = start_sidecar(origin, &redis.url()).await;
-    let (mut prometheus, prom) = start_prometheus(metrics).await;
+    let (mut sidecar, proxy, metrics) = start_sidecar(origin, &redis.url(), "1s", "2s").await;
+    // Another service on the same Prometheus, with the same route name: its own origin
+    // and Redis, entries fresh for a minute (only misses and hits), leases for 3 s.
+    let other_redis = RedisServer::start();
+    let other_calls = Arc::new(AtomicU64::new(0));
+    let other_origin = self::origin(other_calls.clone()).await;
+    let (mut other, other_proxy, other_metrics) =
+        start_sidecar(other_origin, &other_redis.url(), "60s", "3s").await;
+    let (mut prometheus, prom) =
+        start_prometheus(&[(JOB, metrics), (OTHER_JOB, other_metrics)]).await;
     // Scraped once before the load, so that the load's counts rise between scrapes.
-    until_seen("a first scrape of the sidecar", || async {
-        let up = total(prom, &format!("sum(up{{job=\"{JOB}\"}})")).await;
-        let series = total(prom, "count(stampede_guard_requests_total)").await;
-        holds(up == Some(1.0) && series > Some(0.0), (up, series))
+    until_seen("a first scrape of both sidecars", || async {
+        let up = query(prom, "sum by (job) (up) == 1").await;
+        let series = query(prom, "count by (job) (stampede_guard_requests_total)").await;
+        holds(up.len() == 2 && series.len() == 2, (up, series))
     })
     .await;
     eprintln!("processes up and scraped after {:?}", started.elapsed());
+    let (instance, other_instance) = (metrics.to_string(), other_metrics.to_string());
+    let (mine, others) = (
+        Vars::of(JOB, &instance),
+        Vars::of(OTHER_JOB, &other_instance),
+    );
+
+    // The other service's load: three keys, each filled once, then hit four times.
+    let mut other_seen: BTreeMap<String, u64> = BTreeMap::new();
+    for key in 0..3 {
+        for _ in 0..5 {
+            let reply = http_get(other_proxy, &format!("/items/{key}"))
+                .await
+                .unwrap();
+            assert_eq!(reply.status, 200, "{}", reply.body);
+            *other_seen.entry(reply.x_cache).or_default() += 1;
+        }
+    }
+    let other_expected = BTreeMap::from([("hit".to_owned(), 12), ("miss".to_owned(), 3)]);
+    assert_eq!(other_seen, other_expected);
+    assert_eq!(other_calls.load(Ordering::SeqCst), 3);
 
     // Healthy load: six keys, each filled cold, then hit, served stale once its second
     // of freshness is over and refreshed in the background, for five seconds.
@@ -708,17 +874,30 @@ async fn every_dashboard_panel_has_data_on_a_real_prometheus_scraping_the_sideca
 
     // Prometheus has scraped every request, by outcome, and every origin call (refreshes
     // end in the background), with a scrape or two after.
+    // Each service's, under its own job.
     until_seen("every request and origin call", || async {
-        let by_outcome = query(prom, "sum by (outcome) (stampede_guard_requests_total) > 0").await;
-        let counted: BTreeMap<String, u64> = by_outcome
-            .iter()
-            .map(|s| (s.labels["outcome"].clone(), s.value as u64))
-            .collect();
-        let calls = total(prom, "sum(stampede_guard_origin_calls_total)").await;
+        let counted = |job: &'static str| async move {
+            let expr =
+                format!("sum by (outcome) (stampede_guard_requests_total{{job=\"{job}\"}}) > 0");
+            query(prom, &expr)
+                .await
+                .iter()
+                .map(|s| (s.labels["outcome"].clone(), s.value as u64))
+                .collect::<BTreeMap<String, u64>>()
+        };
+        let (counted, other_counted) = (counted(JOB).await, counted(OTHER_JOB).await);
+        let calls = |job: &str| format!("sum(stampede_guard_origin_calls_total{{job=\"{job}\"}})");
+        let (calls, other_calls) = (
+            total(prom, &calls(JOB)).await,
+            total(prom, &calls(OTHER_JOB)).await,
+        );
         let origin = origin_calls.load(Ordering::SeqCst) as f64;
         holds(
-            counted == seen && calls == Some(origin),
-            (counted, calls, origin),
+            counted == seen
+                && calls == Some(origin)
+                && other_counted == other_expected
+                && other_calls == Some(3.0),
+            (counted, calls, origin, other_counted, other_calls),
         )
     })
     .await;
@@ -729,7 +908,7 @@ async fn every_dashboard_panel_has_data_on_a_real_prometheus_scraping_the_sideca
         "{calls} origin calls, {seen:?}"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let healthy = every_panel_has_data(prom, metrics, "healthy load").await;
+    let healthy = every_panel_has_data(prom, mine, "healthy load").await;
     let open = panel(&healthy, "Circuit breaker open", "circuit_open");
     assert_eq!(open.len(), 1, "{open:?}");
     assert_eq!(open[0].value, 0.0, "healthy: the breaker open");
@@ -743,6 +922,116 @@ async fn every_dashboard_panel_has_data_on_a_real_prometheus_scraping_the_sideca
         "healthy: no stale serves in the dashboard"
     );
     eprintln!("healthy panels checked after {:?}", started.elapsed());
+
+    // The variables offer both services, each one's process, and their route.
+    let all = Vars {
+        job: ALL_VALUES,
+        instance: ALL_VALUES,
+        route: ALL_VALUES,
+    };
+    let mut jobs = vec![JOB.to_owned(), OTHER_JOB.to_owned()];
+    jobs.sort();
+    assert_eq!(variable_values(prom, "job", all).await, jobs);
+    let only = |job| Vars { job, ..all };
+    assert_eq!(
+        variable_values(prom, "instance", only(JOB)).await,
+        [instance.as_str()]
+    );
+    assert_eq!(
+        variable_values(prom, "instance", only(OTHER_JOB)).await,
+        [other_instance.as_str()]
+    );
+    assert_eq!(
+        variable_values(prom, "route", only(OTHER_JOB)).await,
+        [ROUTE]
+    );
+
+    // Set to one service, a panel shows that service's series only. The TTL of "Lease
+    // hold duration vs TTL" is a gauge, exact: 2 s for one, 3 s for the other.
+    let ttl = |vars| {
+        panel_query(
+            prom,
+            "Lease hold duration vs TTL",
+            "lease_ttl_seconds",
+            vars,
+        )
+    };
+    let ttl_of = |job: &str, value: f64| (format!("job={job},operation=fill,route={ROUTE}"), value);
+    assert_eq!(labelled(&ttl(mine).await), [ttl_of(JOB, 2.0)]);
+    assert_eq!(labelled(&ttl(others).await), [ttl_of(OTHER_JOB, 3.0)]);
+    assert_eq!(
+        labelled(&ttl(only(OTHER_JOB)).await),
+        [ttl_of(OTHER_JOB, 3.0)]
+    );
+    let by_instance = Vars {
+        instance: &other_instance,
+        ..all
+    };
+    assert_eq!(labelled(&ttl(by_instance).await), [ttl_of(OTHER_JOB, 3.0)]);
+    assert_eq!(
+        labelled(&ttl(all).await),
+        [ttl_of(JOB, 2.0), ttl_of(OTHER_JOB, 3.0)]
+    );
+    assert!(
+        ttl(Vars {
+            route: "none",
+            ..all
+        })
+        .await
+        .is_empty()
+    );
+    // Requests by outcome: the other service served no stale entry; this one did. The
+    // other's hits outnumber its misses four to one, and so do their rates (two counters
+    // scraped together, from zero: the same window and extrapolation). With both
+    // services, the panel adds them (all three queries at one time, as a dashboard's:
+    // two seconds ago, so that no scrape lands between them).
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        - 2.0;
+    let outcomes = |vars| {
+        panel_query_at(
+            prom,
+            "Requests by outcome",
+            "requests_total",
+            vars,
+            Some(at),
+        )
+    };
+    let served = |samples: Vec<Sample>| -> BTreeMap<String, f64> {
+        samples
+            .into_iter()
+            .filter(|s| s.value > 0.0)
+            .map(|s| (s.labels["outcome"].clone(), s.value))
+            .collect()
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
+    let theirs = served(outcomes(others).await);
+    assert_eq!(
+        theirs.keys().collect::<Vec<_>>(),
+        ["hit", "miss"],
+        "{theirs:?}"
+    );
+    assert!(close(theirs["hit"], 4.0 * theirs["miss"]), "{theirs:?}");
+    let ours = served(outcomes(mine).await);
+    assert_eq!(
+        ours.keys().collect::<Vec<_>>(),
+        ["hit", "miss", "stale"],
+        "{ours:?}"
+    );
+    let both = served(outcomes(all).await);
+    assert_eq!(
+        both.keys().collect::<Vec<_>>(),
+        ours.keys().collect::<Vec<_>>()
+    );
+    for (outcome, rate) in &both {
+        let parts = ours[outcome] + theirs.get(outcome).copied().unwrap_or_default();
+        assert!(
+            close(*rate, parts),
+            "{outcome}: {both:?} {ours:?} {theirs:?}"
+        );
+    }
 
     // Faults, under load on new keys (each an L2 read, then a lease for its fill) and on
     // the stale ones (each a refresh). First Redis refuses the lease's SET (an ACL
@@ -775,7 +1064,7 @@ async fn every_dashboard_panel_has_data_on_a_real_prometheus_scraping_the_sideca
     // Never failed before (no baseline): pending within seconds.
     until_seen("refused acquires, their alert pending", || async {
         let alerts = alerts(prom).await;
-        let refused = total(prom, FAILED_ACQUIRES).await;
+        let refused = total(prom, &failed_acquires_expr()).await;
         holds(
             refused > Some(0.0)
                 && is_pending(&alerts, "StampedeGuardLeaseAcquireFailures", "warning"),
@@ -785,25 +1074,25 @@ async fn every_dashboard_panel_has_data_on_a_real_prometheus_scraping_the_sideca
     .await;
     redis.pause();
     until_seen("Redis timeouts and the breaker open", || async {
-        let timeouts = total(prom, TIMEOUTS).await;
-        let open = total(prom, OPEN).await;
+        let timeouts = total(prom, &timeouts_expr()).await;
+        let open = total(prom, &open_expr()).await;
         holds(timeouts > Some(0.0) && open == Some(1.0), (timeouts, open))
     })
     .await;
     redis.resume();
     until_seen("the breaker closed", || async {
-        let open = total(prom, OPEN).await;
+        let open = total(prom, &open_expr()).await;
         holds(open == Some(0.0), open)
     })
     .await;
-    let timeouts_before = total(prom, TIMEOUTS).await.unwrap();
+    let timeouts_before = total(prom, &timeouts_expr()).await.unwrap();
     redis.pause();
     until_seen(
         "more timeouts, the breaker open, its alert pending",
         || async {
             let alerts = alerts(prom).await;
-            let timeouts = total(prom, TIMEOUTS).await;
-            let open = total(prom, OPEN).await;
+            let timeouts = total(prom, &timeouts_expr()).await;
+            let open = total(prom, &open_expr()).await;
             holds(
                 timeouts > Some(timeouts_before)
                     && open == Some(1.0)
@@ -814,7 +1103,16 @@ async fn every_dashboard_panel_has_data_on_a_real_prometheus_scraping_the_sideca
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let faults = every_panel_has_data(prom, metrics, "Redis failing").await;
+    let faults = every_panel_has_data(prom, mine, "Redis failing").await;
+    // The other service's Redis never failed: its breaker, its errors, on its own.
+    let breaker = |vars| panel_query(prom, "Circuit breaker open", "circuit_open", vars);
+    assert_eq!(labelled(&breaker(others).await), [(String::new(), 0.0)]);
+    assert_eq!(labelled(&breaker(mine).await), [(String::new(), 1.0)]);
+    let errors = panel_query(prom, "Redis errors by kind", "redis_errors", others).await;
+    assert!(
+        !errors.is_empty() && errors.iter().all(|s| s.value == 0.0),
+        "{errors:?}"
+    );
     redis.resume();
     stop.store(true, Ordering::SeqCst);
     let statuses = support::joined(load, support::HANG, "the load").await;
@@ -877,6 +1175,11 @@ async fn every_dashboard_panel_has_data_on_a_real_prometheus_scraping_the_sideca
         sidecar.exited().is_none(),
         "the sidecar died:\n{}",
         sidecar.log()
+    );
+    assert!(
+        other.exited().is_none(),
+        "the other sidecar died:\n{}",
+        other.log()
     );
     assert!(
         prometheus.exited().is_none(),

@@ -122,8 +122,9 @@ impl LeaseClient {
     /// [`try_acquire`](Self::try_acquire) for the fill of a cache entry, in the same
     /// script: the lease is not taken when the entry was written since its caller looked
     /// (a token newer than `seen`), and the token is ordered against the invalidations
-    /// of the entry's response (see `acquire.lua`). The lease's hold time is labelled
-    /// with `route` (the name of the route whose entry it fills).
+    /// of the entry's response (see `acquire.lua`). The lease's metrics (acquisition,
+    /// acquire time, renewals, release, hold time) are labelled with `route` (the name of
+    /// the route whose entry it fills).
     pub(crate) async fn try_acquire_fill(
         &self,
         keys: &CacheKeys,
@@ -160,6 +161,7 @@ impl LeaseClient {
                 tracing::debug!(lease = name.key(), "lease not taken: the entry was written");
                 crate::metrics::lease_acquired(
                     name.operation_label(),
+                    route,
                     "written",
                     sent_at.elapsed(),
                 );
@@ -176,7 +178,7 @@ impl LeaseClient {
                     acquired_at: sent_at,
                     ttl,
                     valid_until: sent_at + ttl,
-                    route,
+                    route: route.clone(),
                 })
             }
             Ok(AcquireReply::Busy { pttl, held_off }) => AcquireOutcome::Busy {
@@ -209,6 +211,7 @@ impl LeaseClient {
         if !matches!(outcome, AcquireOutcome::Invalid(_)) {
             crate::metrics::lease_acquired(
                 name.operation_label(),
+                route,
                 outcome.as_str(),
                 sent_at.elapsed(),
             );
@@ -251,7 +254,11 @@ impl LeaseClient {
             "lease renew"
         );
         if !matches!(outcome, RenewOutcome::Invalid(_)) {
-            crate::metrics::lease_renewed(lease.name.operation_label(), outcome.as_str());
+            crate::metrics::lease_renewed(
+                lease.name.operation_label(),
+                lease.route.clone(),
+                outcome.as_str(),
+            );
         }
         outcome
     }

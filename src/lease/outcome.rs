@@ -48,8 +48,8 @@ pub struct Lease {
     pub(crate) acquired_at: Instant,
     pub(crate) ttl: Duration,
     pub(crate) valid_until: Instant,
-    /// The route whose cache entry the lease fills, for the label of its hold time
-    /// (`None` for a lease taken on its own through the client).
+    /// The route whose cache entry the lease fills, for the `route` label of its
+    /// metrics (`None` for a lease taken on its own through the client).
     pub(crate) route: Option<metrics::SharedString>,
 }
 
@@ -102,9 +102,9 @@ impl Lease {
         self.acquired_at.elapsed()
     }
 
-    /// Counts the lease's end (`result`: released, held_off, not_owner, error) by
-    /// operation, and how long it was held by operation and, for the guard's leases,
-    /// route (the labels the TTL gauge carries too, so that the two compare).
+    /// Counts the lease's end (`result`: released, held_off, not_owner, error), and how
+    /// long it was held, by operation and, for the guard's leases, route (the labels the
+    /// TTL gauge carries too, so that the two compare).
     pub(crate) fn record_end(&self, result: &'static str) {
         crate::metrics::lease_released(
             self.name().operation_label(),

@@ -147,7 +147,10 @@ fn a_bad_flag_or_value_exits_2_naming_it() {
 fn a_bad_config_exits_2_naming_the_file_the_route_and_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let route = |body: &str| {
-        format!("fresh = \"1s\"\n\n[[routes]]\nname = \"items\"\nprefix = \"/items/\"\n{body}\n")
+        format!(
+            "follow_origin = false\nfresh = \"1s\"\n\n[[routes]]\nname = \"items\"\n\
+             prefix = \"/items/\"\n{body}\n"
+        )
     };
     for (config, field) in [
         // Refused by the crate's policy check.
@@ -185,6 +188,59 @@ fn a_bad_config_exits_2_naming_the_file_the_route_and_the_field() {
     let missing = run(&["--config", "no-such-file.toml", "--check"]);
     assert_eq!(missing.status.code(), Some(2));
     assert!(text(&missing.stderr).contains("no-such-file.toml"));
+}
+
+/// A flag or field that would do nothing is refused at start, naming it and what would
+/// make it count: `--fresh` while the sidecar follows the origin (the README once showed
+/// `--fresh 1s --grace 10s` alone, which cached nothing of an origin that sends no
+/// Cache-Control), a route's `fresh` where that route follows the origin, and
+/// `min_fresh` where it does not.
+#[test]
+fn a_setting_that_would_do_nothing_is_refused_at_start() {
+    let out = run(&["--listen", "127.0.0.1:0", "--fresh", "1s", "--grace", "10s"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("--fresh"))
+        .unwrap_or_else(|| panic!("no line names --fresh:\n{err}"));
+    assert!(
+        line.starts_with("stampede-sidecar: settings, field `fresh`"),
+        "{line}"
+    );
+    assert!(line.contains("--follow-origin false"), "{line}");
+    let out = run(&[
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "1s",
+        "--grace",
+        "10s",
+        "--check",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    let dir = tempfile::tempdir().unwrap();
+    for (body, field) in [
+        ("fresh = \"5s\"", "`fresh`"),
+        ("follow_origin = false\nmin_fresh = \"5s\"", "`min_fresh`"),
+    ] {
+        let config = write_config(
+            dir.path(),
+            &format!(
+                "default = \"pass\"\n\n[[routes]]\nname = \"items\"\nprefix = \"/items/\"\n{body}\n"
+            ),
+        );
+        let out = run(&["--listen", "127.0.0.1:0", "--config", &config]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{body}: {err}");
+        assert!(
+            err.contains(&format!(
+                "config file {config}, route \"items\" (routes[0]), field {field}: does nothing"
+            )),
+            "{body}: {err}"
+        );
+    }
 }
 
 /// With Redis, keys are hashed with a secret the fleet shares: without one the sidecar

@@ -3,10 +3,9 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,156 +17,11 @@ use axum::routing::get;
 use http::{StatusCode, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::http::{fetch, fetch_method, post_json, serve};
+use support::sidecar::{BIN, SECRET, Sidecar, run, text, wait_output};
 use support::{HANG, Mode, Proxy, RedisServer, eventually, joined, within};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-
-const BIN: &str = env!("CARGO_BIN_EXE_stampede-sidecar");
-const SECRET: &str = "a sidecar test secret of more than sixteen bytes";
-
-/// Runs the binary to its end with `args` (for the ones that exit at once).
-fn run(args: &[&str]) -> Output {
-    let child = Command::new(BIN)
-        .args(args)
-        .env_clear()
-        .env("STAMPEDE_GUARD_SECRET", SECRET)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the sidecar starts");
-    wait_output(child)
-}
-
-fn wait_output(child: Child) -> Output {
-    let (done, out) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(child.wait_with_output());
-    });
-    out.recv_timeout(HANG)
-        .expect("the sidecar exited within HANG")
-        .expect("its output")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// A running sidecar, killed when dropped. What it prints is kept, and shown when a test
-/// fails.
-struct Sidecar {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-    listen: SocketAddr,
-    admin: Option<SocketAddr>,
-}
-
-impl Sidecar {
-    /// Starts the binary on free ports (`127.0.0.1:0`: the addresses it binds are read
-    /// from what it prints once it listens).
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .env_clear()
-            .env("STAMPEDE_GUARD_SECRET", SECRET)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the sidecar starts");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let (seen, listening) = std::sync::mpsc::channel::<String>();
-        for stream in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let (lines, seen) = (lines.clone(), seen.clone());
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let _ = seen.send(line.clone());
-                    lines.lock().unwrap().push(line);
-                }
-            });
-        }
-        let (mut listen, mut admin) = (None, None);
-        let deadline = Instant::now() + HANG;
-        while listen.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(line) = listening.recv_timeout(left) else {
-                panic!(
-                    "the sidecar did not start listening:\n{}",
-                    lines.lock().unwrap().join("\n")
-                );
-            };
-            let addr = |line: &str| -> SocketAddr {
-                let url = line
-                    .split_whitespace()
-                    .find(|w| w.starts_with("http://") || w.starts_with("https://"))
-                    .unwrap();
-                url.parse::<Uri>()
-                    .unwrap()
-                    .authority()
-                    .unwrap()
-                    .as_str()
-                    .parse()
-                    .unwrap()
-            };
-            if line.starts_with("admin on ") {
-                admin = Some(addr(&line));
-            } else if line.starts_with("caching ") {
-                listen = Some(addr(line.split(" on ").nth(1).unwrap()));
-            }
-        }
-        Self {
-            child,
-            lines,
-            listen: listen.unwrap(),
-            admin,
-        }
-    }
-
-    fn pid(&self) -> String {
-        self.child.id().to_string()
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.pid()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{name} failed");
-    }
-
-    fn log(&self) -> String {
-        self.lines.lock().unwrap().join("\n")
-    }
-
-    /// Waits for the process to exit (at most `within`) and returns its exit code.
-    async fn exited(&mut self, within: Duration) -> Option<i32> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the sidecar did not exit within {within:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("--- the sidecar said:\n{}", self.log());
-        }
-    }
-}
 
 /// The origin: counts its calls, answers `<path> call <n>`; calls after `fast` wait for
 /// `gate` to open.
@@ -293,7 +147,10 @@ fn a_bad_flag_or_value_exits_2_naming_it() {
 fn a_bad_config_exits_2_naming_the_file_the_route_and_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let route = |body: &str| {
-        format!("fresh = \"1s\"\n\n[[routes]]\nname = \"items\"\nprefix = \"/items/\"\n{body}\n")
+        format!(
+            "follow_origin = false\nfresh = \"1s\"\n\n[[routes]]\nname = \"items\"\n\
+             prefix = \"/items/\"\n{body}\n"
+        )
     };
     for (config, field) in [
         // Refused by the crate's policy check.
@@ -331,6 +188,59 @@ fn a_bad_config_exits_2_naming_the_file_the_route_and_the_field() {
     let missing = run(&["--config", "no-such-file.toml", "--check"]);
     assert_eq!(missing.status.code(), Some(2));
     assert!(text(&missing.stderr).contains("no-such-file.toml"));
+}
+
+/// A flag or field that would do nothing is refused at start, naming it and what would
+/// make it count: `--fresh` while the sidecar follows the origin (the README once showed
+/// `--fresh 1s --grace 10s` alone, which cached nothing of an origin that sends no
+/// Cache-Control), a route's `fresh` where that route follows the origin, and
+/// `min_fresh` where it does not.
+#[test]
+fn a_setting_that_would_do_nothing_is_refused_at_start() {
+    let out = run(&["--listen", "127.0.0.1:0", "--fresh", "1s", "--grace", "10s"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("--fresh"))
+        .unwrap_or_else(|| panic!("no line names --fresh:\n{err}"));
+    assert!(
+        line.starts_with("stampede-sidecar: settings, field `fresh`"),
+        "{line}"
+    );
+    assert!(line.contains("--follow-origin false"), "{line}");
+    let out = run(&[
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "1s",
+        "--grace",
+        "10s",
+        "--check",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    let dir = tempfile::tempdir().unwrap();
+    for (body, field) in [
+        ("fresh = \"5s\"", "`fresh`"),
+        ("follow_origin = false\nmin_fresh = \"5s\"", "`min_fresh`"),
+    ] {
+        let config = write_config(
+            dir.path(),
+            &format!(
+                "default = \"pass\"\n\n[[routes]]\nname = \"items\"\nprefix = \"/items/\"\n{body}\n"
+            ),
+        );
+        let out = run(&["--listen", "127.0.0.1:0", "--config", &config]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{body}: {err}");
+        assert!(
+            err.contains(&format!(
+                "config file {config}, route \"items\" (routes[0]), field {field}: does nothing"
+            )),
+            "{body}: {err}"
+        );
+    }
 }
 
 /// With Redis, keys are hashed with a secret the fleet shares: without one the sidecar

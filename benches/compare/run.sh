@@ -6,9 +6,9 @@
 # - nginx: proxy_cache_lock on, proxy_cache_use_stale updating, background update,
 #   proxy_cache_valid 200 1s, keep-alive to the origin, one cache per instance, access
 #   log off.
-# - the sidecar: the release binary, --fresh 1s --grace 10s --lease 2s, every instance
-#   on one Redis, with everything a production proxy has on (its timeouts, connection
-#   cap, proxy headers), access log off.
+# - the sidecar: the release binary, --follow-origin false --fresh 1s --grace 10s
+#   --lease 2s, every instance on one Redis, with everything a production proxy has
+#   on (its timeouts, connection cap, proxy headers), access log off.
 # - Each instance gets WORKERS threads (default 1): nginx's worker_processes, the
 #   sidecar's --workers.
 #

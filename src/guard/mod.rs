@@ -14,7 +14,7 @@
 //! let keys = KeySpace::builder()
 //!     .env("prod")
 //!     .service("catalog")
-//!     .secret(std::env::var("CACHE_KEY_SECRET")?)
+//!     .secret(std::env::var("CACHE_KEY_SECRET").map_err(|_| "set CACHE_KEY_SECRET")?)
 //!     .build()?;
 //! let store = RedisStore::builder("redis://127.0.0.1:6379").build()?;
 //! let guard = StampedeGuard::builder(store, keys).build()?;

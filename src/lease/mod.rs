@@ -15,7 +15,7 @@
 //! let keys = KeySpace::builder()
 //!     .env("prod")
 //!     .service("quote-api")
-//!     .secret(std::env::var("LEASE_KEY_SECRET")?)
+//!     .secret(std::env::var("LEASE_KEY_SECRET").map_err(|_| "set LEASE_KEY_SECRET")?)
 //!     .build()?;
 //! let store = RedisStore::builder("redis://127.0.0.1:6379").build()?;
 //! let leases = LeaseClient::builder(store, &keys).instance_id("pod-7f8c").build()?;

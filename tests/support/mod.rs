@@ -11,6 +11,8 @@ pub(crate) mod postgres;
 pub(crate) mod proxy;
 pub(crate) mod sentinel;
 pub(crate) mod server;
+#[cfg(feature = "sidecar")]
+pub(crate) mod sidecar;
 pub(crate) mod tls;
 pub(crate) mod web;
 

@@ -75,14 +75,15 @@ pub(crate) struct Args {
     pub(crate) redis_username: Option<String>,
 
     /// Whether the origin's Cache-Control, Expires and Age set how long entries are
-    /// fresh and may be served stale, for requests matching no route and routes that do
-    /// not set it [default: true: an HTTP cache; false: --fresh and --grace, whatever
-    /// the origin says].
+    /// fresh and may be served stale (an HTTP cache), for requests matching no route and
+    /// routes that do not set it; false: --fresh and --grace, whatever the origin says
+    /// [default: true].
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     pub(crate) follow_origin: Option<bool>,
 
     /// How long an entry is fresh, for requests matching no route and routes that do
-    /// not set it, when the origin is not followed [default: 1s].
+    /// not set it, when the origin is not followed (--follow-origin false; while it is
+    /// followed, --fresh would do nothing and is refused) [default: 1s].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) fresh: Option<Duration>,
 

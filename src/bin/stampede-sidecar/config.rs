@@ -642,6 +642,14 @@ impl Settings {
             Unrouted::Cache => Some(policy(&top, defaults::ROUTE, &base)?),
             Unrouted::Pass => None,
         };
+        // The top level's one-way fields: whether a policy takes each (the default's, a
+        // route's that does not set its own), and whether one that takes it reads it.
+        let mut top_level = [Taken::default(); ONE_WAY.len()];
+        if default.is_some() {
+            for (taken, (_, way)) in top_level.iter_mut().zip(ONE_WAY) {
+                taken.note(follows(&base) == way);
+            }
+        }
         let mut routes: Vec<Route> = Vec::with_capacity(file.routes.len());
         for (i, route) in file.routes.iter().enumerate() {
             let place = Place {
@@ -678,6 +686,7 @@ impl Settings {
                 ));
             }
             let fields = route.policy_fields();
+            let own = ONE_WAY.map(|(field, _)| fields.is_set(field));
             let merged = PolicyFields {
                 fresh: fields.fresh.or_else(|| base.fresh.clone()),
                 grace: fields.grace.or_else(|| base.grace.clone()),
@@ -697,10 +706,36 @@ impl Settings {
                 eager_refresh: fields.eager_refresh.or(base.eager_refresh),
                 xfetch: fields.xfetch.or(base.xfetch),
             };
+            let built = policy(&place, &route.name, &merged)?;
+            for ((taken, (field, way)), own) in top_level.iter_mut().zip(ONE_WAY).zip(own) {
+                match own {
+                    true if follows(&merged) != way => {
+                        return Err(place.error(field, unread(field, way, Said::Route)));
+                    }
+                    true => {}
+                    false => taken.note(follows(&merged) == way),
+                }
+            }
             routes.push(Route {
                 prefix: route.prefix.clone(),
-                policy: policy(&place, &route.name, &merged)?,
+                policy: built,
             });
+        }
+        for (taken, (field, way)) in top_level.iter().zip(ONE_WAY) {
+            if base.is_set(field) && taken.by_some && !taken.read {
+                // `--fresh` is the only one of them that is a flag too.
+                let (place, said) = match (field, args.fresh) {
+                    ("fresh", Some(_)) => (
+                        Place {
+                            file: None,
+                            route: None,
+                        },
+                        Said::Flag,
+                    ),
+                    _ => (top.clone(), Said::TopLevel),
+                };
+                return Err(place.error(field, unread(field, way, said)));
+            }
         }
         // Longest prefix first: the first that matches is the longest.
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
@@ -805,6 +840,89 @@ fn file_field(field: &str) -> &str {
         "lease_ttl" | "refresh_timeout" | "error_backoff" | "watchdog" => "lease",
         "route" => "name",
         other => other,
+    }
+}
+
+/// The policy fields that only one of the two ways of setting an entry's lifetimes reads,
+/// and which one (whether it follows the origin): `fresh` is read by a policy of its own
+/// only, `min_fresh` and `max_fresh` by one that follows the origin only. Set where no
+/// policy reads them they would do nothing, silently, so they are refused.
+const ONE_WAY: [(&str, bool); 3] = [("fresh", false), ("min_fresh", true), ("max_fresh", true)];
+
+impl PolicyFields {
+    /// Whether the one-way `field` is set here.
+    fn is_set(&self, field: &str) -> bool {
+        match field {
+            "fresh" => self.fresh.is_some(),
+            "min_fresh" => self.min_fresh.is_some(),
+            "max_fresh" => self.max_fresh.is_some(),
+            _ => false,
+        }
+    }
+}
+
+/// Whether a policy of these fields follows the origin (the sidecar's default).
+fn follows(fields: &PolicyFields) -> bool {
+    fields.follow_origin.unwrap_or(true)
+}
+
+/// Of a top-level one-way field: whether some policy takes it, and whether one that takes
+/// it reads it. Taken by some and read by none, it does nothing.
+#[derive(Clone, Copy, Default)]
+struct Taken {
+    by_some: bool,
+    read: bool,
+}
+
+impl Taken {
+    fn note(&mut self, read: bool) {
+        self.by_some = true;
+        self.read |= read;
+    }
+}
+
+/// Where a one-way field that does nothing was set.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Said {
+    Flag,
+    TopLevel,
+    Route,
+}
+
+/// Why one-way `field`, read only by a policy that follows the origin or only by one that
+/// does not (`read_when_following`), does nothing where it was set.
+fn unread(field: &str, read_when_following: bool, said: Said) -> String {
+    let route = said == Said::Route;
+    match (read_when_following, said) {
+        (false, Said::Flag) => "--fresh does nothing while the sidecar follows the origin \
+                                (--follow-origin true, the default): the origin's \
+                                Cache-Control, Expires and Age say how long entries are \
+                                fresh. Add --follow-origin false for entries fresh that \
+                                long whatever the origin says, or leave --fresh out"
+            .to_owned(),
+        (false, _) => format!(
+            "does nothing while {} the origin (follow_origin, true by default): the \
+             origin's Cache-Control, Expires and Age say how long entries are fresh. Set \
+             follow_origin = false{} for entries fresh that long whatever the origin \
+             says, or leave it out (min_fresh and max_fresh bound what the origin says)",
+            if route {
+                "the route follows"
+            } else {
+                "every policy that takes it follows"
+            },
+            if route { " on the route" } else { "" },
+        ),
+        (true, _) => format!(
+            "does nothing while {} the origin (follow_origin = false): `{field}` bounds \
+             the lifetimes the origin gives, and `fresh` sets a policy's own. Leave it out, \
+             or set follow_origin = true{}",
+            if route {
+                "the route does not follow"
+            } else {
+                "no policy that takes it follows"
+            },
+            if route { " on the route" } else { "" },
+        ),
     }
 }
 
@@ -950,7 +1068,7 @@ mod tests {
 
     #[test]
     fn flags_override_the_top_level() {
-        let text = "fresh = \"3s\"\nlisten = \"127.0.0.1:1\"\n[[routes]]\nname = \"a\"\nprefix = \"/a\"\n\
+        let text = "follow_origin = false\nfresh = \"3s\"\nlisten = \"127.0.0.1:1\"\n[[routes]]\nname = \"a\"\nprefix = \"/a\"\n\
                     [[routes]]\nname = \"b\"\nprefix = \"/b\"\nfresh = \"7s\"\n";
         let s = load(&["--fresh", "250ms", "--listen", "127.0.0.1:2"], text).unwrap();
         assert_eq!(s.listen, "127.0.0.1:2".parse().unwrap());
@@ -1007,6 +1125,78 @@ mod tests {
             error.contains("`prefix`") && error.contains("\"b\""),
             "{error}"
         );
+    }
+
+    /// `fresh` where the origin is followed, `min_fresh` and `max_fresh` where it is
+    /// not, would do nothing: refused, naming where; read somewhere, accepted.
+    #[test]
+    fn fields_that_would_do_nothing_are_refused() {
+        let refused = |flags: &[&str], text: &str| match load(flags, text) {
+            Ok(_) => panic!("accepted: {flags:?} {text}"),
+            Err(error) => error.to_string(),
+        };
+        let said = refused(&["--fresh", "1s"], "");
+        assert!(said.starts_with("settings, field `fresh`"), "{said}");
+        assert!(
+            said.contains("--fresh") && said.contains("--follow-origin false"),
+            "{said}"
+        );
+        let said = refused(&[], "fresh = \"1s\"\n");
+        assert!(said.contains("sidecar.toml, field `fresh`"), "{said}");
+        assert!(said.contains("follow_origin = false"), "{said}");
+        let route = "[[routes]]\nname = \"items\"\nprefix = \"/items/\"\n";
+        let said = refused(
+            &["--follow-origin", "false"],
+            &format!("default = \"pass\"\n{route}follow_origin = true\nfresh = \"5s\"\n"),
+        );
+        assert!(
+            said.contains("route \"items\" (routes[0]), field `fresh`"),
+            "{said}"
+        );
+        assert!(said.contains("on the route"), "{said}");
+        for field in ["min_fresh", "max_fresh"] {
+            let said = refused(
+                &["--follow-origin", "false"],
+                &format!("{field} = \"1s\"\n"),
+            );
+            assert!(said.contains(&format!("field `{field}`")), "{said}");
+            let said = refused(
+                &[],
+                &format!("{route}follow_origin = false\n{field} = \"1s\"\n"),
+            );
+            assert!(
+                said.contains("\"items\"") && said.contains(&format!("`{field}`")),
+                "{said}"
+            );
+        }
+
+        // Read by some policy: accepted.
+        for (flags, text) in [
+            (
+                &["--follow-origin", "false", "--fresh", "1s"][..],
+                String::new(),
+            ),
+            // The default follows, a route of its own reads the top level's `fresh`.
+            (
+                &["--fresh", "1s"][..],
+                format!("{route}follow_origin = false\n"),
+            ),
+            // No policy takes the top level's `fresh` at all: not this check's business.
+            (
+                &[][..],
+                format!(
+                    "default = \"pass\"\nfresh = \"1s\"\n{route}follow_origin = false\nfresh = \"2s\"\n"
+                ),
+            ),
+            (
+                &[][..],
+                "min_fresh = \"1s\"\nmax_fresh = \"1h\"\n".to_owned(),
+            ),
+        ] {
+            if let Err(error) = load(flags, &text) {
+                panic!("{flags:?} {text}: {error}");
+            }
+        }
     }
 
     #[test]

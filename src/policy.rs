@@ -283,22 +283,42 @@ impl Policy {
     /// Checks what can only be checked against the store: lease TTLs against its command
     /// timeout.
     pub(crate) fn check_against(&self, command_timeout: Duration) -> Result<(), ConfigError> {
+        // The text below says 4.
+        const _: () = assert!(crate::lease::MIN_TTL_PER_COMMAND_TIMEOUT == 4);
         let min = command_timeout * crate::lease::MIN_TTL_PER_COMMAND_TIMEOUT;
         let floor = self.adaptive.map(|a| a.floor);
-        for (field, value) in [
-            ("lease_ttl", Some(self.lease_ttl)),
-            ("error_backoff", Some(self.error_backoff)),
-            ("adaptive_lease_ttl", floor),
+        for (field, value, default) in [
+            ("lease_ttl", Some(self.lease_ttl), Some(defaults::LEASE_TTL)),
+            (
+                "error_backoff",
+                Some(self.error_backoff),
+                Some(defaults::ERROR_BACKOFF),
+            ),
+            ("adaptive_lease_ttl", floor, None),
         ] {
             let Some(value) = value else { continue };
-            if value < min {
-                return Err(ConfigError::TooShort {
-                    field,
-                    value,
-                    min,
-                    why: "it is a lease TTL, and a lease must last 4 times the store's command_timeout",
-                });
+            if value >= min {
+                continue;
             }
+            // At its default, the setting the user set is the store's command timeout.
+            if Some(value) == default {
+                return Err(ConfigError::invalid(
+                    "command_timeout",
+                    format!(
+                        "{command_timeout:?} is too long for route `{}`: its {field} \
+                         ({value:?}, the default) is a lease TTL, and a lease must last 4 \
+                         command timeouts ({min:?}); shorten command_timeout, or set \
+                         {field} to at least {min:?}",
+                        self.route
+                    ),
+                ));
+            }
+            return Err(ConfigError::TooShort {
+                field,
+                value,
+                min,
+                why: "it is a lease TTL, and a lease must last 4 times the store's command_timeout",
+            });
         }
         Ok(())
     }
@@ -1191,6 +1211,13 @@ mod tests {
         let error = p.check_against(Duration::from_millis(100)).unwrap_err();
         assert_eq!(error.field(), "lease_ttl");
         assert!(p.check_against(Duration::from_millis(75)).is_ok());
+        // Settings left at their defaults: the store's command timeout is to blame.
+        let defaults = Policy::builder("items").build().unwrap();
+        let error = defaults
+            .check_against(Duration::from_millis(300))
+            .unwrap_err();
+        assert_eq!(error.field(), "command_timeout", "{error}");
+        assert!(error.to_string().contains("error_backoff"), "{error}");
     }
 
     #[test]

@@ -134,6 +134,9 @@ impl L1 {
     /// came after it finds the entry in moka. Looking before only was not enough: moka's
     /// `invalidate` takes no lock on a key it does not hold, so one that came between the
     /// look and the insert removed nothing, and the old entry stayed until it expired.
+    /// What is left is the moment between moka's insert and the second look: a read in
+    /// it (on another thread, a microsecond at most) may still be answered from the
+    /// entry an invalidation that just returned was meant to remove.
     ///
     /// L1 is moka's synchronous cache: its operations do not wait, so the request path
     /// can answer a hit without an `await` (and without allocating a future).
@@ -159,8 +162,11 @@ impl L1 {
                 _ if refused(tombstones) => Op::Nop,
                 _ => {
                     #[cfg(test)]
-                    if let Some(hook) = self.before_insert.lock().expect("hook lock").take() {
-                        hook();
+                    {
+                        let hook = self.before_insert.lock().expect("hook lock").take();
+                        if let Some(hook) = hook {
+                            hook();
+                        }
                     }
                     Op::Put(stored.clone())
                 }
@@ -173,7 +179,11 @@ impl L1 {
         if !put {
             return false;
         }
-        // The second look (see above): the entry is in moka now.
+        // The second look (see above): the entry is in moka now. The fence pairs with the
+        // one in `invalidate_response`: of the two, this look or that removal, at least
+        // one sees the other's write (the tombstone, the entry), whatever the caches do
+        // inside.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if refused(tombstones) {
             let _ = self
                 .moka
@@ -194,6 +204,8 @@ impl L1 {
     /// through the cache, and the front drops them all, so none is served after this
     /// returns).
     pub(crate) fn invalidate_response(&self, response: u128, variants: bool) {
+        // The tombstone was written before: see `put`'s second look.
+        std::sync::atomic::fence(Ordering::SeqCst);
         self.moka.invalidate(&LocalKey::of_response(response));
         if variants {
             let _ = self
@@ -337,6 +349,26 @@ pub(crate) fn new_tombstones() -> Tombstones {
         .build()
 }
 
+/// Writes the tombstone of an invalidation of `response` with `token`, unless a newer
+/// one is there: a notice of a later invalidation that came first keeps its token.
+/// `replacing`: the token this process wrote a moment ago for the same invalidation
+/// (from its own clock, before Redis gave one), which `token` replaces whatever their
+/// order.
+pub(crate) fn bury(
+    tombstones: &Tombstones,
+    response: u128,
+    token: FencingToken,
+    replacing: Option<FencingToken>,
+) {
+    let _ = tombstones
+        .entry(response)
+        .and_compute_with(|existing| match existing {
+            Some(e) if Some(*e.value()) == replacing => Op::Put(token),
+            Some(e) if *e.value() >= token => Op::Nop,
+            _ => Op::Put(token),
+        });
+}
+
 /// Whether an invalidation of `response` seen here came after `stored` was written.
 pub(crate) fn invalidated(tombstones: &Tombstones, response: u128, stored: &Stored) -> bool {
     tombstones
@@ -347,6 +379,26 @@ pub(crate) fn invalidated(tombstones: &Tombstones, response: u128, stored: &Stor
 #[cfg(test)]
 mod tombstone_tests {
     use super::*;
+
+    /// A tombstone keeps the newest token: an older one does not replace it, except the
+    /// one written a moment ago for the same invalidation.
+    #[test]
+    fn a_tombstone_keeps_the_newest_token() {
+        let tombstones = new_tombstones();
+        let t = FencingToken::new;
+        bury(&tombstones, 1, t(10), None);
+        bury(&tombstones, 1, t(5), None);
+        assert_eq!(tombstones.get(&1), Some(t(10)));
+        bury(&tombstones, 1, t(20), None);
+        assert_eq!(tombstones.get(&1), Some(t(20)));
+        // Redis's token replaces the local one it stands for, even if lower...
+        bury(&tombstones, 1, t(15), Some(t(20)));
+        assert_eq!(tombstones.get(&1), Some(t(15)));
+        // ...but not a newer notice's that came meanwhile.
+        bury(&tombstones, 1, t(30), None);
+        bury(&tombstones, 1, t(16), Some(t(20)));
+        assert_eq!(tombstones.get(&1), Some(t(30)));
+    }
 
     /// Tombstones are weighed in bytes: many invalidations keep at most their budget.
     #[test]

@@ -418,7 +418,7 @@ impl Route {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
         );
-        shared.tombstones.insert(response, local);
+        crate::cache::bury(&shared.tombstones, response, local, None);
         if shared.store.is_local_only() {
             let entries = if count {
                 self.l1()
@@ -443,7 +443,7 @@ impl Route {
         .await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from
         // the same clock (the local one only covered the round trip).
-        shared.tombstones.insert(response, invalidated.token);
+        crate::cache::bury(&shared.tombstones, response, invalidated.token, Some(local));
         self.l1().invalidate_response(response, variants);
         Ok(Reached {
             existed: invalidated.existed,

@@ -103,7 +103,7 @@ impl Hears for Shared {
     fn invalidated(&self, local: Option<LocalKey>, token: FencingToken) {
         match local {
             Some(local) => {
-                self.tombstones.insert(local.response, token);
+                crate::cache::bury(&self.tombstones, local.response, token, None);
                 self.l1
                     .invalidate_response(local.response, self.keeps_variants());
             }

@@ -6,19 +6,15 @@
 //! background task pings Redis every probe interval; the first answer closes the
 //! breaker. The gauge `stampede_guard_redis_circuit_open` exports its state.
 //!
-//! It is also where the log hears of Redis, once per change and never per request:
-//! Redis answering for the first time (`info`), a first failure with its cause (`warn`,
-//! at most once a minute while answers and failures alternate), the breaker opening with
-//! the failure that opened it (`warn`: the guard runs local-only from then on), and
-//! Redis answering again (`info`, with how long it was away).
+//! Each change of state is told to the log ([`Said`](super::said::Said)).
 //!
 //! [`StoreErrorKind::CircuitOpen`]: super::StoreErrorKind::CircuitOpen
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
 
 use super::error::StoreError;
+use super::said::Said;
 use crate::error::ConfigError;
 
 use crate::metrics::{CIRCUIT_OPEN, CIRCUIT_OPENED};
@@ -61,30 +57,8 @@ pub(crate) struct Breaker {
     /// Whether a probe task runs; cleared by the task however it ends, so that a probe
     /// lost with its runtime is started again.
     pub(crate) probing: AtomicBool,
-    /// What the log last said of Redis (one of the `SAID_` values): read on every
-    /// success, so that only a change takes the lock below.
-    said: AtomicU8,
-    /// When a failure was last logged, and when the breaker last opened.
-    times: Mutex<Times>,
-}
-
-/// Nothing said yet: the store has not reached Redis.
-const SAID_NOTHING: u8 = 0;
-/// Redis answers.
-const SAID_UP: u8 = 1;
-/// Redis failed (once at least) and the breaker is closed.
-const SAID_FAILING: u8 = 2;
-/// The breaker is open.
-const SAID_DOWN: u8 = 3;
-
-/// A failure after answers is logged at most this often: a Redis that fails one command
-/// in ten under load would otherwise log as often as it serves.
-const FAILURE_LOGGED_EVERY: Duration = Duration::from_secs(60);
-
-#[derive(Debug, Default)]
-struct Times {
-    failure_logged: Option<Instant>,
-    opened: Option<Instant>,
+    /// What the log is told of Redis.
+    said: Said,
 }
 
 impl Breaker {
@@ -96,8 +70,7 @@ impl Breaker {
             open: AtomicBool::new(false),
             failures: AtomicU32::new(0),
             probing: AtomicBool::new(false),
-            said: AtomicU8::new(SAID_NOTHING),
-            times: Mutex::default(),
+            said: Said::new(),
         }
     }
 
@@ -108,8 +81,7 @@ impl Breaker {
             open: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             probing: AtomicBool::new(false),
-            said: AtomicU8::new(SAID_DOWN),
-            times: Mutex::default(),
+            said: Said::new(),
         }
     }
 
@@ -125,27 +97,7 @@ impl Breaker {
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Relaxed);
         }
-        match self.said.load(Ordering::Relaxed) {
-            SAID_UP | SAID_DOWN => {}
-            SAID_NOTHING => {
-                if self
-                    .said
-                    .compare_exchange(SAID_NOTHING, SAID_UP, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    tracing::info!("Redis answers: the cache is shared with the fleet");
-                }
-            }
-            // A failure went by without opening the breaker: nothing to say.
-            _ => {
-                let _ = self.said.compare_exchange(
-                    SAID_FAILING,
-                    SAID_UP,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                );
-            }
-        }
+        self.said.answered();
     }
 
     /// Counts a failure; returns true when this one opened the breaker (the caller then
@@ -155,64 +107,31 @@ impl Breaker {
         if failures >= self.config.failures && !self.open.swap(true, Ordering::AcqRel) {
             metrics::gauge!(CIRCUIT_OPEN).increment(1.0);
             metrics::counter!(CIRCUIT_OPENED).increment(1);
-            self.said.store(SAID_DOWN, Ordering::Release);
-            self.times.lock().expect("breaker times lock").opened = Some(Instant::now());
-            tracing::warn!(
-                failures,
-                %error,
-                "Redis unavailable: the circuit breaker opened; running local-only \
-                 (L1 and one origin call per key per process) until Redis answers"
-            );
+            self.said.opened(failures, error);
             return true;
         }
-        self.say_failed(error);
+        if !self.is_open() {
+            self.said.failed(error);
+        }
         false
     }
 
     /// An error reply (`NOPERM`, `OOM`, `READONLY`...): not a sign that Redis is away,
     /// so the breaker is left alone, but said as a failure is.
     pub(crate) fn refused(&self, error: &StoreError) {
-        self.say_failed(error);
+        self.said.failed(error);
     }
 
-    /// Logs a failure while Redis was answering (or before it ever did), at most once a
-    /// minute: the first failure of a run is what says why.
-    fn say_failed(&self, error: &StoreError) {
-        let said = self.said.load(Ordering::Relaxed);
-        if said == SAID_NOTHING || said == SAID_UP {
-            let mut times = self.times.lock().expect("breaker times lock");
-            let now = Instant::now();
-            let quiet = times
-                .failure_logged
-                .is_none_or(|at| now.duration_since(at) >= FAILURE_LOGGED_EVERY);
-            if self
-                .said
-                .compare_exchange(said, SAID_FAILING, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-                && quiet
-            {
-                times.failure_logged = Some(now);
-                tracing::warn!(%error, "Redis failed: going on without it for this operation");
-            }
-        }
+    /// A probe of the open breaker failed.
+    pub(crate) fn probe_failed(&self, error: &StoreError) {
+        self.said.probe_failed(error);
     }
 
     pub(crate) fn close(&self) {
         self.failures.store(0, Ordering::Relaxed);
         if self.open.swap(false, Ordering::AcqRel) {
             metrics::gauge!(CIRCUIT_OPEN).decrement(1.0);
-            self.said.store(SAID_UP, Ordering::Release);
-            let away = self
-                .times
-                .lock()
-                .expect("breaker times lock")
-                .opened
-                .take()
-                .map(|at| at.elapsed());
-            tracing::info!(
-                away = ?away.unwrap_or_default(),
-                "Redis answers again: the circuit breaker closed; the cache is shared again"
-            );
+            self.said.closed();
         }
     }
 }

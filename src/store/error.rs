@@ -138,7 +138,9 @@ impl fmt::Display for StoreErrorKind {
 /// ```
 ///
 /// A check-out from the pool that ran out of time carries the error of the pool's last
-/// failed connect, if there was one since the last that succeeded.
+/// failed connect, if there was one since the last that succeeded. (A printer of error
+/// chains, such as anyhow's `{:#}`, shows the cause twice: in the message and as the
+/// source.)
 #[derive(Debug, Clone)]
 pub struct StoreError {
     operation: Operation,
@@ -235,7 +237,13 @@ impl fmt::Display for StoreError {
             return Ok(());
         };
         match (source.code(), source.detail()) {
-            (Some(code), Some(detail)) => write!(f, " ({code}): {detail}"),
+            // Redis echoes the start of a command it does not know, and a command's
+            // arguments may hold a password (`HELLO 3 AUTH user password` to a server
+            // that has no `HELLO`): what it echoes is left out.
+            (Some(code), Some(detail)) => match detail.find("with args beginning with") {
+                Some(echo) => write!(f, " ({code}): {}(arguments left out)", &detail[..echo]),
+                None => write!(f, " ({code}): {detail}"),
+            },
             (Some(code), None) => write!(f, " ({code})"),
             _ if is_tls(source) => write!(f, ": TLS: {source}"),
             _ => write!(f, ": {source}"),
@@ -276,6 +284,29 @@ impl std::error::Error for StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error reply's text is in the message, but not the arguments Redis echoes.
+    #[test]
+    fn an_error_reply_says_why_without_the_arguments_redis_echoes() {
+        // As Redis sends it, and redis-rs reads it.
+        let reply = |text: &str| {
+            let value = redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
+            let error = value.extract_error().unwrap_err();
+            StoreError::from_redis(Operation::Ping, error).to_string()
+        };
+        let noperm = reply("NOPERM this user has no permissions to run the 'ping' command");
+        assert_eq!(
+            noperm,
+            "redis ping: Redis answered with an error (NOPERM): this user has no permissions \
+             to run the 'ping' command"
+        );
+        let unknown = reply(
+            "ERR unknown command 'HELLO', with args beginning with: '3' 'AUTH' 'u' 'secret-pw'",
+        );
+        assert!(!unknown.contains("secret-pw"), "{unknown}");
+        assert!(unknown.contains("unknown command"), "{unknown}");
+        assert!(unknown.ends_with("(arguments left out)"), "{unknown}");
+    }
 
     /// `ALL` lists every variant once, in order. A new variant fails to compile in the
     /// matches below: give it the next number, and put it in `ALL`.

@@ -247,7 +247,15 @@ impl RedisStore {
                 if !error.counts_against_redis() {
                     self.inner.breaker.refused(error);
                 } else if self.inner.breaker.failure(error) {
-                    if let Backend::Single { connecting, .. } = &self.inner.backend {
+                    // Connections made before a Redis that went away are dead; before
+                    // one that was only slow, they are not (and dropping them would
+                    // add reconnects to its load).
+                    if let Backend::Single { connecting, .. } = &self.inner.backend
+                        && matches!(
+                            error.kind(),
+                            StoreErrorKind::NoConnection | StoreErrorKind::ConnectionLost
+                        )
+                    {
                         connecting.outage();
                     }
                     self.start_probe();
@@ -392,9 +400,13 @@ async fn probe(inner: std::sync::Weak<Inner>) {
         let pong: Result<String, StoreError> = inner
             .execute(Operation::Ping, &Request::Command(&ping), Duration::ZERO)
             .await;
-        if pong.is_ok_and(|p| p == "PONG") {
-            inner.breaker.close();
-            return;
+        match pong {
+            Ok(pong) if pong == "PONG" => {
+                inner.breaker.close();
+                return;
+            }
+            Ok(_) => {}
+            Err(error) => inner.breaker.probe_failed(&error),
         }
     }
 }

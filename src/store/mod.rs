@@ -27,6 +27,7 @@ mod cluster;
 mod error;
 mod handle;
 mod manager;
+mod said;
 mod sentinel;
 
 pub use self::breaker::BreakerConfig;

@@ -11,9 +11,11 @@ use redis::{Client, FromRedisValue, ScriptInvocation};
 use tokio::time::{Instant, timeout_at};
 
 use super::breaker::Breaker;
+#[cfg(feature = "cluster")]
 use super::cluster::{self, Cluster};
 use super::error::{Operation, StoreError, StoreErrorKind};
 use super::manager::{Conn, Manager};
+#[cfg(feature = "sentinel")]
 use super::sentinel::Sentinel;
 use crate::metrics::REDIS_ERRORS;
 
@@ -53,8 +55,10 @@ pub(super) enum Backend {
         client: Box<Client>,
     },
     /// A Redis Cluster (boxed: its client is large, and the enum is built once).
+    #[cfg(feature = "cluster")]
     Cluster(Box<Cluster>),
     /// A primary found through Redis Sentinel.
+    #[cfg(feature = "sentinel")]
     Sentinel(Box<Sentinel>),
 }
 
@@ -99,9 +103,13 @@ pub(crate) enum Request<'a> {
 }
 
 impl RedisStore {
-    /// Whether the store speaks to a Redis Cluster.
+    /// Whether the store speaks to a Redis Cluster (never, without the feature
+    /// `cluster`).
     pub fn is_cluster(&self) -> bool {
-        matches!(self.inner.backend, Backend::Cluster(_))
+        #[cfg(feature = "cluster")]
+        return matches!(self.inner.backend, Backend::Cluster(_));
+        #[cfg(not(feature = "cluster"))]
+        false
     }
 
     /// A store with no Redis behind it: a guard built on it runs on L1 and its local
@@ -154,7 +162,9 @@ impl RedisStore {
         let client = match &self.inner.backend {
             _ if self.inner.breaker.is_open() => None,
             Backend::Single { client, .. } => Some(client),
+            #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => return cluster.pubsub(connect_timeout).await,
+            #[cfg(feature = "sentinel")]
             Backend::Sentinel(sentinel) => return sentinel.pubsub(connect_timeout).await,
             Backend::None => None,
         };
@@ -256,6 +266,7 @@ pub(crate) enum Node {
     /// The one server of a single-server store.
     Server,
     /// A primary of a cluster, by address.
+    #[cfg(feature = "cluster")]
     Primary(String, u16),
 }
 
@@ -264,6 +275,7 @@ impl RedisStore {
     /// cluster (as the cluster sees itself now).
     pub(crate) async fn nodes(&self) -> Result<Vec<Node>, StoreError> {
         match &self.inner.backend {
+            #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let deadline = Instant::now() + self.inner.command_timeout;
                 let mut conn = cluster.connection(Operation::Inspect).await?;
@@ -292,6 +304,7 @@ impl RedisStore {
         cmd: &redis::Cmd,
     ) -> Result<T, StoreError> {
         match (node, &self.inner.backend) {
+            #[cfg(feature = "cluster")]
             (Node::Primary(host, port), Backend::Cluster(cluster)) => {
                 let deadline = Instant::now() + self.inner.command_timeout;
                 let mut conn = cluster.connection(operation).await?;
@@ -323,10 +336,12 @@ impl Inner {
         let deadline = Instant::now() + self.command_timeout + slack;
         let pool = match &self.backend {
             Backend::Single { pool, .. } => pool,
+            #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let mut conn = cluster.connection(operation).await?;
                 return execute(&mut conn, request, deadline, operation).await;
             }
+            #[cfg(feature = "sentinel")]
             Backend::Sentinel(sentinel) => {
                 let mut conn = sentinel.connection(operation).await?;
                 let result = execute(&mut conn, request, deadline, operation).await;

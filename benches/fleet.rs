@@ -7,7 +7,7 @@
 //! two calls per window, and no stale answers once filled).
 //!
 //! ```text
-//! cargo bench --bench fleet
+//! cargo bench --bench fleet --features cluster
 //! ```
 
 #[path = "../tests/support/mod.rs"]

@@ -12,7 +12,7 @@
 //! break work in progress: the tool prints who holds it and deletes only with `--yes`.
 //! `--redis URL` (or `REDIS_URL`, default `redis://127.0.0.1:6379`), `--prefix` (`sg`).
 //! For a Redis Cluster, `--cluster URL` once per node to start from (one is enough):
-//! every primary is scanned, each with its own cursor.
+//! every primary is scanned, each with its own cursor (with `--features cluster`).
 //!
 //! `--metrics URL` (repeatable; no Redis needed) reads the `/metrics` of each instance
 //! instead (plain `http://`), and prints lease hold times against the lease TTL per route
@@ -71,7 +71,15 @@ async fn main() -> ExitCode {
     let builder = if cluster.is_empty() {
         RedisStore::builder(redis.as_str())
     } else {
-        RedisStore::cluster(cluster)
+        #[cfg(feature = "cluster")]
+        {
+            RedisStore::cluster(cluster)
+        }
+        #[cfg(not(feature = "cluster"))]
+        {
+            eprintln!("--cluster needs the `cluster` feature: cargo run --features cluster ...");
+            return ExitCode::from(2);
+        }
     };
     let store = match builder.build() {
         Ok(store) => store,

@@ -15,7 +15,9 @@
 //! * `postgres` (feature of the same name): writes to PostgreSQL fenced by the lease's
 //!   tokens;
 //! * [`keys`]: every Redis key, identifiers replaced by a keyed hash;
-//! * [`store`]: the Redis connection, every operation bounded by a deadline;
+//! * [`store`]: the Redis connection, every operation bounded by a deadline; TLS, Redis
+//!   Cluster and Sentinel are the features `tls` (a default one), `cluster` and
+//!   `sentinel`;
 //! * [`metrics`]: what is counted, and the metric names; `prometheus` (feature of the
 //!   same name): the exporter with the crate's buckets.
 

@@ -11,8 +11,10 @@ use std::time::Duration;
 use stampede_guard::RedisStore;
 use stampede_guard::lease::{AcquireOutcome, LeaseClient};
 use stampede_guard::store::{StoreError, StoreErrorKind};
+#[cfg(feature = "tls")]
+use support::TlsServer;
 use support::web::keys;
-use support::{Redis, Store, TlsServer, server::free_port};
+use support::{Redis, Store, server::free_port};
 
 const TIMEOUT: Duration = Duration::from_millis(250);
 
@@ -28,6 +30,7 @@ fn says(error: &StoreError, kind: StoreErrorKind, cause: &str) {
     );
 }
 
+#[cfg(feature = "tls")]
 #[tokio::test]
 async fn a_certificate_from_another_authority_says_tls_and_why() {
     let server = TlsServer::start();

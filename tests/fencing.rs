@@ -69,6 +69,7 @@ async fn a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
     late_refresher_fenced(Redis::single()).await;
 }
 
+#[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_refresher_that_lost_its_lease_cannot_overwrite_the_newer_entry() {
     late_refresher_fenced(Redis::cluster()).await;

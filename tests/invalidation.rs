@@ -32,6 +32,7 @@ async fn invalidation_removes_the_entry_from_every_instance() {
     invalidation_reaches_every_instance(Redis::single()).await;
 }
 
+#[cfg(feature = "cluster")]
 #[tokio::test]
 async fn on_a_cluster_invalidation_removes_the_entry_from_every_instance() {
     invalidation_reaches_every_instance(Redis::cluster()).await;
@@ -225,6 +226,7 @@ async fn an_invalidation_by_path_reaches_every_keyed_value_and_variant_on_every_
     invalidation_by_path_reaches_every_entry_of_the_url(Redis::single()).await;
 }
 
+#[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_an_invalidation_by_path_reaches_every_keyed_value_and_variant() {
     invalidation_by_path_reaches_every_entry_of_the_url(Redis::cluster()).await;

@@ -159,8 +159,16 @@ const NOT_RUN: &[(&str, &str)] = &[
         "a benchmark: its figures are in BENCHMARKS.md",
     ),
     (
-        "cargo bench --bench fleet",
+        "cargo bench --bench fleet --features cluster",
         "a benchmark: its figures are in BENCHMARKS.md",
+    ),
+    (
+        "bash benches/size.sh",
+        "release builds of four binaries, minutes: its figures are in the README",
+    ),
+    (
+        "cargo test --no-default-features --lib --test single_flight --test fencing --test tls_auth",
+        "what .ci/run runs after the suite, in a build of its own",
     ),
     (
         "bash benches/compare/run.sh",

@@ -46,6 +46,7 @@ async fn a_cold_key_is_filled_once_and_other_instances_are_woken_by_the_notice()
     cold_key_filled_once(Redis::single()).await;
 }
 
+#[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_a_cold_key_is_filled_once_and_other_instances_are_woken_by_the_notice() {
     cold_key_filled_once(Redis::cluster()).await;

@@ -35,6 +35,7 @@ async fn a_stale_entry_is_refreshed_once_for_the_fleet_and_nobody_waits() {
     stale_entry_refreshed_once(Redis::single()).await;
 }
 
+#[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_a_stale_entry_is_refreshed_once_for_the_fleet_and_nobody_waits() {
     stale_entry_refreshed_once(Redis::cluster()).await;

@@ -2,7 +2,8 @@
 //! authority trusted when given, client certificates, and an insecure mode only when
 //! asked for by name. Authentication: an ACL user and password from the builder, kept
 //! out of URLs, logs and `Debug`; a wrong password or a revoked command is a Redis
-//! failure the guard falls back from, never a 5xx.
+//! failure the guard falls back from, never a 5xx. The TLS tests need the feature `tls`
+//! (a default one); the authentication tests run in every build.
 
 mod support;
 
@@ -10,8 +11,10 @@ use std::time::Duration;
 
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
+#[cfg(feature = "tls")]
+use support::TlsServer;
 use support::web::{self, Origin, get, keys, send};
-use support::{Redis, Store, TlsServer};
+use support::{Redis, Store};
 
 const TIMEOUT: Duration = Duration::from_millis(250);
 
@@ -23,6 +26,7 @@ fn policy() -> Policy {
 }
 
 /// A store for `server` that trusts its authority and presents the client certificate.
+#[cfg(feature = "tls")]
 fn verified(server: &TlsServer) -> RedisStore {
     RedisStore::builder(server.url())
         .command_timeout(TIMEOUT)
@@ -34,6 +38,7 @@ fn verified(server: &TlsServer) -> RedisStore {
 
 /// The server's certificate checked against the authority given, the client's
 /// presented: the guard fills through Redis and a second instance reads the entry.
+#[cfg(feature = "tls")]
 #[tokio::test]
 async fn a_verified_server_and_a_client_certificate_carry_the_guard() {
     let server = TlsServer::start();
@@ -56,6 +61,7 @@ async fn a_verified_server_and_a_client_certificate_carry_the_guard() {
 /// A certificate that the trusted authority did not sign is refused: by the system's
 /// roots (no authority given) and by another authority. The guard then runs without
 /// Redis, no request failing.
+#[cfg(feature = "tls")]
 #[tokio::test]
 async fn a_certificate_from_another_authority_is_refused() {
     let server = TlsServer::start();
@@ -85,6 +91,7 @@ async fn a_certificate_from_another_authority_is_refused() {
 
 /// With certificate checks turned off by name, the same untrusted server is accepted.
 /// A URL's `#insecure` alone is refused when the store is built, naming the URL.
+#[cfg(feature = "tls")]
 #[tokio::test]
 async fn checks_are_off_only_when_asked_for_by_name() {
     let server = TlsServer::start();
@@ -115,6 +122,7 @@ async fn checks_are_off_only_when_asked_for_by_name() {
 }
 
 /// A server that asks for a client certificate refuses a client without one.
+#[cfg(feature = "tls")]
 #[tokio::test]
 async fn a_client_without_a_certificate_is_refused_where_one_is_required() {
     let server = TlsServer::start();

@@ -6,20 +6,23 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use bb8_redis::bb8;
-use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
+use redis::{ConnectionInfo, IntoConnectionInfo};
 
 use super::breaker::{Breaker, BreakerConfig};
+#[cfg(feature = "cluster")]
 use super::cluster::Cluster;
 use super::handle::{
     Backend, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, Inner, RedisStore,
 };
 use super::manager::{Connecting, Manager};
+#[cfg(feature = "sentinel")]
 use super::sentinel::Sentinel;
+use super::tls::{self, Tls};
 use crate::error::ConfigError;
 
 impl RedisStore {
-    /// Starts a store for a single Redis server, `redis://[user:password@]host:port[/db]`
-    /// or `redis+unix:///path`.
+    /// Starts a store for a single Redis server, `redis://[user:password@]host:port[/db]`,
+    /// `rediss://` for TLS (feature `tls`) or `redis+unix:///path`.
     ///
     /// Building connects nothing: the first operation does, so a service can start while
     /// Redis is down.
@@ -39,10 +42,10 @@ impl RedisStore {
         RedisStoreBuilder::new(Target::Single(url.into()))
     }
 
-    /// Starts a store for a Redis Cluster, given some of its nodes as URLs (any of them;
-    /// the rest of the cluster is learned from them). Every key a script touches shares
-    /// one hash tag per cached key, so no script meets `CROSSSLOT`, and keys spread over
-    /// every primary.
+    /// Starts a store for a Redis Cluster (feature `cluster`), given some of its nodes as
+    /// URLs (any of them; the rest of the cluster is learned from them). Every key a
+    /// script touches shares one hash tag per cached key, so no script meets `CROSSSLOT`,
+    /// and keys spread over every primary.
     ///
     /// [`pool_size`](RedisStoreBuilder::pool_size) does not apply: a cluster connection is
     /// one multiplexed connection per node. Building connects nothing.
@@ -57,6 +60,7 @@ impl RedisStore {
     /// assert!(store.is_cluster());
     /// # Ok::<(), stampede_guard::ConfigError>(())
     /// ```
+    #[cfg(feature = "cluster")]
     pub fn cluster<I, S>(nodes: I) -> RedisStoreBuilder
     where
         I: IntoIterator<Item = S>,
@@ -66,8 +70,8 @@ impl RedisStore {
     }
 
     /// Starts a store for the primary that Redis Sentinel watches under `service`
-    /// (`sentinel monitor <service> ...`), given some of the sentinels as URLs (with
-    /// their own credentials, if they need any). The builder's
+    /// (`sentinel monitor <service> ...`; feature `sentinel`), given some of the sentinels
+    /// as URLs (with their own credentials, if they need any). The builder's
     /// [`username`](RedisStoreBuilder::username) and
     /// [`password`](RedisStoreBuilder::password) are those of the Redis servers; TLS
     /// settings apply to both. After a failover, the first operation that finds the old
@@ -84,6 +88,7 @@ impl RedisStore {
     /// .build()?;
     /// # Ok::<(), stampede_guard::ConfigError>(())
     /// ```
+    #[cfg(feature = "sentinel")]
     pub fn sentinel<I, S>(sentinels: I, service: impl Into<String>) -> RedisStoreBuilder
     where
         I: IntoIterator<Item = S>,
@@ -110,69 +115,13 @@ pub struct RedisStoreBuilder {
     breaker: BreakerConfig,
 }
 
-/// The TLS settings of a builder, for `rediss://` URLs.
-#[derive(Default)]
-struct Tls {
-    /// PEM root certificates to trust instead of the system's.
-    root: Option<Vec<u8>>,
-    /// A PEM client certificate and its key, for servers that ask for one.
-    client: Option<(Vec<u8>, Vec<u8>)>,
-    /// Certificates are not checked at all.
-    insecure: bool,
-}
-
-impl Tls {
-    /// What redis-rs is given besides the URL, if anything.
-    /// Refuses, naming the setting, a certificate or key that is not PEM: met here, not
-    /// at the first connection.
-    fn check(&self) -> Result<(), ConfigError> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let certificates =
-            |field: &'static str, pem: &[u8]| match CertificateDer::pem_slice_iter(pem)
-                .collect::<Result<Vec<_>, _>>()
-            {
-                Ok(found) if !found.is_empty() => Ok(()),
-                Ok(_) => Err(ConfigError::invalid(field, "no PEM certificate in it")),
-                Err(e) => Err(ConfigError::invalid(field, format!("not PEM: {e}"))),
-            };
-        if let Some(root) = &self.root {
-            certificates("tls_root_certificate", root)?;
-        }
-        if let Some((certificate, key)) = &self.client {
-            certificates("tls_client_certificate", certificate)?;
-            PrivateKeyDer::from_pem_slice(key).map_err(|e| {
-                ConfigError::invalid(
-                    "tls_client_certificate",
-                    format!("its key is not a PEM private key: {e}"),
-                )
-            })?;
-        }
-        Ok(())
-    }
-
-    fn certificates(&self) -> Option<TlsCertificates> {
-        if self.root.is_none() && self.client.is_none() {
-            return None;
-        }
-        Some(TlsCertificates {
-            client_tls: self
-                .client
-                .as_ref()
-                .map(|(cert, key)| redis::ClientTlsConfig {
-                    client_cert: cert.clone(),
-                    client_key: key.clone(),
-                }),
-            root_cert: self.root.clone(),
-        })
-    }
-}
-
 /// What a builder builds a store for.
 enum Target {
     Single(String),
+    #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
     /// The sentinels, and the service they watch.
+    #[cfg(feature = "sentinel")]
     Sentinel(Vec<String>, String),
 }
 
@@ -181,7 +130,9 @@ impl fmt::Debug for RedisStoreBuilder {
         // No URL: it may carry a password.
         let target = match &self.target {
             Target::Single(_) => "single",
+            #[cfg(feature = "cluster")]
             Target::Cluster(_) => "cluster",
+            #[cfg(feature = "sentinel")]
             Target::Sentinel(..) => "sentinel",
         };
         f.debug_struct("RedisStoreBuilder")
@@ -251,14 +202,15 @@ impl RedisStoreBuilder {
 
     /// Trusts these root certificates (PEM) for `rediss://` URLs instead of the
     /// system's: for a private certificate authority. Certificates are checked, and so
-    /// are host names.
+    /// are host names. Feature `tls`: without it, `build()` refuses this setting.
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.root = Some(pem.into());
         self
     }
 
     /// Presents this client certificate and key (PEM) on `rediss://` connections, for
-    /// servers that ask for one (`tls-auth-clients yes`).
+    /// servers that ask for one (`tls-auth-clients yes`). Feature `tls`: without it,
+    /// `build()` refuses this setting.
     pub fn tls_client_certificate(
         mut self,
         certificate: impl Into<Vec<u8>>,
@@ -272,7 +224,8 @@ impl RedisStoreBuilder {
     /// whatever host it names: the traffic is encrypted, but anyone between the service
     /// and Redis can read and change it. For tests against a server with a throwaway
     /// certificate, never for production. The only way to turn the checks off (a URL's
-    /// `#insecure` is refused without it); building warns when it is on.
+    /// `#insecure` is refused without it); building warns when it is on. Feature `tls`:
+    /// without it, `build()` refuses this setting.
     pub fn danger_accept_invalid_certificates(mut self) -> Self {
         self.tls.insecure = true;
         self
@@ -323,7 +276,7 @@ impl RedisStoreBuilder {
                     tls_params,
                 })
             }
-            _ if self.tls.root.is_some() || self.tls.client.is_some() || self.tls.insecure => {
+            _ if self.tls.is_set() => {
                 return Err(ConfigError::invalid(
                     field,
                     "TLS settings were given, but the URL is not `rediss://`",
@@ -368,58 +321,32 @@ impl RedisStoreBuilder {
         if self.pool_size > 256 {
             return Err(ConfigError::invalid("pool_size", "at most 256"));
         }
-        // The store around a backend, whichever it is.
-        let breaker = self.breaker;
-        let made = move |backend| RedisStore {
+        let backend = match &self.target {
+            Target::Single(url) => self.single(url, connect_timeout)?,
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel(sentinels, service) => {
+                self.sentinel(sentinels, service, connect_timeout, command_timeout)?
+            }
+            #[cfg(feature = "cluster")]
+            Target::Cluster(nodes) => self.cluster(nodes, connect_timeout, command_timeout)?,
+        };
+        self.warn_if_insecure();
+        Ok(RedisStore {
             inner: Arc::new(Inner {
                 backend,
                 command_timeout,
                 connect_timeout,
-                breaker: Breaker::new(breaker),
+                breaker: Breaker::new(self.breaker),
                 zeroed: Once::new(),
             }),
-        };
-        let url = match &self.target {
-            Target::Single(url) => url,
-            Target::Sentinel(sentinels, service) => {
-                let sentinels = sentinels
-                    .iter()
-                    // The sentinels' own credentials: the builder's are the servers'.
-                    .map(|url| self.parsed(url, "sentinels"))
-                    .collect::<Result<Vec<_>, ConfigError>>()?;
-                let sentinel = Sentinel::new(
-                    &sentinels,
-                    service,
-                    (self.username.as_deref(), self.password.as_deref()),
-                    (self.tls.certificates(), self.tls.insecure),
-                    connect_timeout,
-                    command_timeout,
-                )?;
-                self.warn_if_insecure();
-                return Ok(made(Backend::Sentinel(Box::new(sentinel))));
-            }
-            Target::Cluster(nodes) => {
-                let nodes = nodes
-                    .iter()
-                    .map(|node| self.connection_info(node, "nodes"))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let cluster = Cluster::new(
-                    nodes,
-                    self.tls.certificates(),
-                    connect_timeout,
-                    command_timeout,
-                )?;
-                self.warn_if_insecure();
-                return Ok(made(Backend::Cluster(Box::new(cluster))));
-            }
-        };
+        })
+    }
+
+    /// A single server: a pool of multiplexed connections, and a client for pub/sub.
+    fn single(&self, url: &str, connect_timeout: Duration) -> Result<Backend, ConfigError> {
         let info = self.connection_info(url, "url")?;
-        let client = match self.tls.certificates() {
-            Some(certificates) => Client::build_with_tls(info, certificates),
-            None => Client::open(info),
-        }
-        .map_err(|_| ConfigError::invalid("url", "not usable with these TLS settings"))?;
-        self.warn_if_insecure();
+        let client = tls::client(info, self.tls.certificates())
+            .map_err(|_| ConfigError::invalid("url", "not usable with these TLS settings"))?;
         let connecting = Connecting::default();
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size)
@@ -436,11 +363,57 @@ impl RedisStoreBuilder {
                 connect_timeout,
                 connecting.clone(),
             ));
-        Ok(made(Backend::Single {
+        Ok(Backend::Single {
             pool,
             client: Box::new(client),
             connecting,
-        }))
+        })
+    }
+
+    /// The primary the sentinels watch under `service`.
+    #[cfg(feature = "sentinel")]
+    fn sentinel(
+        &self,
+        sentinels: &[String],
+        service: &str,
+        connect_timeout: Duration,
+        command_timeout: Duration,
+    ) -> Result<Backend, ConfigError> {
+        let sentinels = sentinels
+            .iter()
+            // The sentinels' own credentials: the builder's are the servers'.
+            .map(|url| self.parsed(url, "sentinels"))
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let sentinel = Sentinel::new(
+            &sentinels,
+            service,
+            (self.username.as_deref(), self.password.as_deref()),
+            (self.tls.certificates(), self.tls.insecure),
+            connect_timeout,
+            command_timeout,
+        )?;
+        Ok(Backend::Sentinel(Box::new(sentinel)))
+    }
+
+    /// A cluster, from some of its nodes.
+    #[cfg(feature = "cluster")]
+    fn cluster(
+        &self,
+        nodes: &[String],
+        connect_timeout: Duration,
+        command_timeout: Duration,
+    ) -> Result<Backend, ConfigError> {
+        let nodes = nodes
+            .iter()
+            .map(|node| self.connection_info(node, "nodes"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cluster = Cluster::new(
+            nodes,
+            self.tls.certificates(),
+            connect_timeout,
+            command_timeout,
+        )?;
+        Ok(Backend::Cluster(Box::new(cluster)))
     }
 }
 
@@ -481,6 +454,10 @@ fn url_problem(url: &str) -> String {
     {
         return "not a valid Redis URL: the port must be a number from 0 to 65535".to_owned();
     }
+    // The URL is fine, but redis-rs takes `rediss://` only with TLS built in.
+    if !cfg!(feature = "tls") && (scheme == "rediss" || scheme.eq_ignore_ascii_case("valkeys")) {
+        return format!("a `rediss://` URL {}", tls::NEEDS_FEATURE);
+    }
     "not a valid Redis URL".to_owned()
 }
 
@@ -488,6 +465,7 @@ fn url_problem(url: &str) -> String {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "tls")]
     #[test]
     fn a_certificate_or_key_that_is_not_pem_is_refused_naming_the_setting() {
         let builder = || RedisStore::builder("rediss://127.0.0.1:6380");
@@ -518,6 +496,49 @@ mod tests {
             assert!(error.contains(says), "{url}: {error}");
             assert!(!error.contains("hunter2"), "{error}");
         }
+    }
+
+    /// A build without TLS never connects in clear where TLS was asked for: it refuses
+    /// a `rediss://` URL (for a server, a cluster's nodes, sentinels) and each TLS
+    /// setting, naming it and the feature.
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn without_the_tls_feature_rediss_and_every_tls_setting_are_refused_naming_it() {
+        let says_feature = |error: ConfigError| {
+            let text = error.to_string();
+            assert!(text.contains("the `tls` feature"), "{text}");
+            assert!(!text.contains("hunter2"), "{text}");
+            error.field()
+        };
+        let refused = |b: RedisStoreBuilder| says_feature(b.build().expect_err("refused"));
+        let url = "rediss://user:hunter2@127.0.0.1:6380";
+        assert_eq!(refused(RedisStore::builder(url)), "url");
+        assert_eq!(
+            refused(RedisStore::builder("valkeys://127.0.0.1:6380")),
+            "url"
+        );
+        #[cfg(feature = "cluster")]
+        assert_eq!(refused(RedisStore::cluster([url])), "nodes");
+        #[cfg(feature = "sentinel")]
+        assert_eq!(refused(RedisStore::sentinel([url], "cache")), "sentinels");
+        let plain = || RedisStore::builder("redis://127.0.0.1:6379");
+        assert_eq!(
+            refused(plain().tls_root_certificate(b"pem".to_vec())),
+            "tls_root_certificate"
+        );
+        assert_eq!(
+            refused(plain().tls_client_certificate(b"pem".to_vec(), b"key".to_vec())),
+            "tls_client_certificate"
+        );
+        assert_eq!(
+            refused(plain().danger_accept_invalid_certificates()),
+            "danger_accept_invalid_certificates"
+        );
+        // The same settings on a `rediss://` URL: the setting is named first.
+        assert_eq!(
+            refused(RedisStore::builder(url).tls_root_certificate(b"pem".to_vec())),
+            "tls_root_certificate"
+        );
     }
 
     /// Building connects nothing, so it needs no runtime (a plain `#[test]` has none).

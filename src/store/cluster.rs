@@ -32,10 +32,11 @@ use std::time::Duration;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{ConnectionInfo, FromRedisValue, RedisResult, TlsCertificates};
+use redis::{ConnectionInfo, FromRedisValue, RedisResult};
 use tokio::time::{Instant, timeout_at};
 
 use super::error::{Operation, StoreError, StoreErrorKind};
+use super::tls::TlsCertificates;
 use crate::error::ConfigError;
 
 /// See the cluster client's `response_timeout` in [`Cluster::new`].
@@ -86,6 +87,8 @@ impl Cluster {
         if let Some(password) = settings.password() {
             builder = builder.password(password);
         }
+        // Without the feature `tls`, building refused every `rediss://` URL.
+        #[cfg(feature = "tls")]
         if let redis::ConnectionAddr::TcpTls { insecure, .. } = first.addr() {
             builder = builder.tls(if *insecure {
                 redis::TlsMode::Insecure
@@ -93,6 +96,7 @@ impl Cluster {
                 redis::TlsMode::Secure
             });
         }
+        #[cfg(feature = "tls")]
         if let Some(certificates) = &certificates {
             builder = builder.certs(certificates.clone());
         }
@@ -193,9 +197,12 @@ impl Cluster {
         }
         for node in &candidates {
             let client = match &self.certificates {
+                #[cfg(feature = "tls")]
                 Some(certificates) => {
                     redis::Client::build_with_tls(node.clone(), certificates.clone())
                 }
+                #[cfg(not(feature = "tls"))]
+                Some(none) => match *none {},
                 None => redis::Client::open(node.clone()),
             };
             let Ok(client) = client else {

@@ -253,6 +253,7 @@ impl fmt::Display for StoreError {
 
 /// Whether an error comes from the TLS handshake: rustls' error inside an I/O error,
 /// which redis-rs keeps behind an `Arc`.
+#[cfg(feature = "tls")]
 fn is_tls(error: &redis::RedisError) -> bool {
     type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
     let is_rustls = |error: &(dyn std::error::Error + 'static)| {
@@ -270,6 +271,12 @@ fn is_tls(error: &redis::RedisError) -> bool {
         }
         source = error.source();
     }
+    false
+}
+
+/// Without TLS, nothing comes from a handshake.
+#[cfg(not(feature = "tls"))]
+fn is_tls(_: &redis::RedisError) -> bool {
     false
 }
 

@@ -11,9 +11,11 @@ use redis::{Client, FromRedisValue, ScriptInvocation};
 use tokio::time::{Instant, timeout_at};
 
 use super::breaker::Breaker;
+#[cfg(feature = "cluster")]
 use super::cluster::{self, Cluster};
 use super::error::{Operation, StoreError, StoreErrorKind};
 use super::manager::{Conn, Connecting, Manager};
+#[cfg(feature = "sentinel")]
 use super::sentinel::Sentinel;
 use crate::metrics::REDIS_ERRORS;
 
@@ -56,8 +58,10 @@ pub(super) enum Backend {
         connecting: Connecting,
     },
     /// A Redis Cluster (boxed: its client is large, and the enum is built once).
+    #[cfg(feature = "cluster")]
     Cluster(Box<Cluster>),
     /// A primary found through Redis Sentinel.
+    #[cfg(feature = "sentinel")]
     Sentinel(Box<Sentinel>),
 }
 
@@ -102,9 +106,13 @@ pub(crate) enum Request<'a> {
 }
 
 impl RedisStore {
-    /// Whether the store speaks to a Redis Cluster.
+    /// Whether the store speaks to a Redis Cluster (never, without the feature
+    /// `cluster`).
     pub fn is_cluster(&self) -> bool {
-        matches!(self.inner.backend, Backend::Cluster(_))
+        #[cfg(feature = "cluster")]
+        return matches!(self.inner.backend, Backend::Cluster(_));
+        #[cfg(not(feature = "cluster"))]
+        false
     }
 
     /// A store with no Redis behind it: a guard built on it runs on L1 and its local
@@ -157,7 +165,9 @@ impl RedisStore {
         let client = match &self.inner.backend {
             _ if self.inner.breaker.is_open() => None,
             Backend::Single { client, .. } => Some(client),
+            #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => return cluster.pubsub(connect_timeout).await,
+            #[cfg(feature = "sentinel")]
             Backend::Sentinel(sentinel) => return sentinel.pubsub(connect_timeout).await,
             Backend::None => None,
         };
@@ -272,6 +282,7 @@ pub(crate) enum Node {
     /// The one server of a single-server store.
     Server,
     /// A primary of a cluster, by address.
+    #[cfg(feature = "cluster")]
     Primary(String, u16),
 }
 
@@ -280,6 +291,7 @@ impl RedisStore {
     /// cluster (as the cluster sees itself now).
     pub(crate) async fn nodes(&self) -> Result<Vec<Node>, StoreError> {
         match &self.inner.backend {
+            #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let deadline = Instant::now() + self.inner.command_timeout;
                 let mut conn = cluster.connection(Operation::Inspect).await?;
@@ -308,6 +320,7 @@ impl RedisStore {
         cmd: &redis::Cmd,
     ) -> Result<T, StoreError> {
         match (node, &self.inner.backend) {
+            #[cfg(feature = "cluster")]
             (Node::Primary(host, port), Backend::Cluster(cluster)) => {
                 let deadline = Instant::now() + self.inner.command_timeout;
                 let mut conn = cluster.connection(operation).await?;
@@ -341,10 +354,12 @@ impl Inner {
             Backend::Single {
                 pool, connecting, ..
             } => (pool, connecting),
+            #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let mut conn = cluster.connection(operation).await?;
                 return execute(&mut conn, request, deadline, operation).await;
             }
+            #[cfg(feature = "sentinel")]
             Backend::Sentinel(sentinel) => {
                 let mut conn = sentinel.connection(operation).await?;
                 let result = execute(&mut conn, request, deadline, operation).await;

@@ -7,9 +7,10 @@
 //! Redis is doing.
 //!
 //! What answers is a backend: none at all ([`RedisStore::local_only`]), a single server
-//! ([`RedisStore::builder`]), a Redis Cluster ([`RedisStore::cluster`]) or the primary
-//! that Redis Sentinel names ([`RedisStore::sentinel`]); the rest of the crate sees only
-//! the store.
+//! ([`RedisStore::builder`]), a Redis Cluster (`RedisStore::cluster`, feature `cluster`)
+//! or the primary that Redis Sentinel names (`RedisStore::sentinel`, feature
+//! `sentinel`); the rest of the crate sees only the store. `rediss://` and the TLS
+//! settings need the feature `tls` (a default one).
 //!
 //! # Connections
 //!
@@ -23,12 +24,15 @@
 
 mod breaker;
 mod builder;
+#[cfg(feature = "cluster")]
 mod cluster;
 mod error;
 mod handle;
 mod manager;
 mod said;
+#[cfg(feature = "sentinel")]
 mod sentinel;
+mod tls;
 
 pub use self::breaker::BreakerConfig;
 pub use self::builder::RedisStoreBuilder;

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{AsyncConnectionConfig, Client, ConnectionInfo, TlsCertificates};
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo};
 use tokio::time::{Instant, timeout_at};
 
 use super::error::{Operation, StoreError, StoreErrorKind};
+use super::tls::TlsCertificates;
 use crate::error::ConfigError;
 
 /// A primary found through sentinels, as the store speaks to it.
@@ -80,6 +81,8 @@ impl Sentinel {
         if let Some(password) = password {
             builder = builder.set_client_to_redis_password(password);
         }
+        // Without the feature `tls` there are no certificates (see `tls::TlsCertificates`).
+        #[cfg_attr(not(feature = "tls"), expect(unused_variables))]
         let (certificates, insecure) = tls;
         if let redis::ConnectionAddr::TcpTls { .. } = first.addr() {
             let mode = if insecure {
@@ -90,6 +93,7 @@ impl Sentinel {
             builder = builder
                 .set_client_to_sentinel_tls_mode(mode)
                 .set_client_to_redis_tls_mode(mode);
+            #[cfg(feature = "tls")]
             if let Some(certificates) = certificates {
                 builder = builder
                     .set_client_to_sentinel_certificates(certificates.clone())

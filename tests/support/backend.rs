@@ -1,5 +1,6 @@
 //! One test body, two backends: the tests that must hold on a single server and on a
-//! cluster alike take a [`Redis`] (or anything that makes a [`Store`]).
+//! cluster alike take a [`Redis`] (or anything that makes a [`Store`]). The cluster is
+//! there with the feature `cluster`.
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use super::{RedisCluster, RedisServer};
 /// What a test's store speaks to.
 pub(crate) enum Redis {
     Single(RedisServer),
+    #[cfg(feature = "cluster")]
     Cluster(RedisCluster),
     /// A single server, spoken to as a user with only what
     /// [`KeySpace::acl_rules`](stampede_guard::KeySpace::acl_rules) allows: its URL.
@@ -32,6 +34,7 @@ impl Store for RedisServer {
     }
 }
 
+#[cfg(feature = "cluster")]
 impl Store for RedisCluster {
     fn store(&self, timeout: Duration) -> RedisStore {
         RedisStore::cluster(self.urls())
@@ -45,6 +48,7 @@ impl Store for Redis {
     fn store(&self, timeout: Duration) -> RedisStore {
         match self {
             Redis::Single(server) => server.store(timeout),
+            #[cfg(feature = "cluster")]
             Redis::Cluster(cluster) => cluster.store(timeout),
             Redis::LeastPrivileged(_, url) => RedisStore::builder(url.as_str())
                 .command_timeout(timeout)
@@ -59,6 +63,7 @@ impl Redis {
         Self::Single(RedisServer::start())
     }
 
+    #[cfg(feature = "cluster")]
     pub(crate) fn cluster() -> Self {
         Self::Cluster(RedisCluster::start())
     }
@@ -91,6 +96,7 @@ impl Redis {
             Redis::Single(server) | Redis::LeastPrivileged(server, _) => {
                 cmd.query_async(&mut server.conn().await).await
             }
+            #[cfg(feature = "cluster")]
             Redis::Cluster(cluster) => {
                 let mut conn = redis::cluster::ClusterClient::new(cluster.urls())
                     .unwrap()

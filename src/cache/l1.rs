@@ -222,6 +222,8 @@ impl L1 {
     /// to count them (for an invalidation that asks for the count, without Redis: not on
     /// any request's path).
     pub(crate) fn remove_response(&self, response: u128, now: Instant) -> u64 {
+        // As in `invalidate_response`: see `put`'s second look.
+        std::sync::atomic::fence(Ordering::SeqCst);
         let mut removed = 0;
         for (key, _) in self.moka.iter() {
             if key.response != response {
@@ -329,7 +331,23 @@ pub(crate) fn weigh(stored: &Stored) -> usize {
 /// Tokens of recent invalidations, per response (its [`LocalKey::response`], shared by
 /// its variants): L1 refuses entries older than them (read from L2, or filled, before
 /// the invalidation but put after it).
-pub(crate) type Tombstones = Cache<u128, FencingToken>;
+pub(crate) type Tombstones = Cache<u128, Tomb>;
+
+/// The tombstone of a response: the newest token of its invalidations from Redis (its
+/// own, or those notices brought), and the token this process wrote from its own clock
+/// for an invalidation still on its way to Redis. An entry older than either is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tomb {
+    redis: FencingToken,
+    local: Option<FencingToken>,
+}
+
+impl Tomb {
+    /// The token an entry must be newer than.
+    pub(crate) fn token(&self) -> FencingToken {
+        self.local.map_or(self.redis, |local| local.max(self.redis))
+    }
+}
 
 /// How many bytes the tombstones of one guard may hold (weighed as L1 entries are): at
 /// about 450 bytes each, some 18,000 invalidations within the hour a tombstone lasts;
@@ -340,20 +358,20 @@ pub(crate) const TOMBSTONE_BYTES: u64 = 8 * 1024 * 1024;
 pub(crate) fn new_tombstones() -> Tombstones {
     Cache::builder()
         .max_capacity(TOMBSTONE_BYTES)
-        .weigher(|_: &u128, _: &FencingToken| {
-            // The key in its Arc, the token and moka's bookkeeping.
-            u32::try_from(16 + 16 + 8 + L1_BOOKKEEPING).unwrap_or(u32::MAX)
+        .weigher(|_: &u128, _: &Tomb| {
+            // The key in its Arc, the tokens and moka's bookkeeping.
+            u32::try_from(16 + 16 + size_of::<Tomb>() + L1_BOOKKEEPING).unwrap_or(u32::MAX)
         })
         // Longer than any fill can take (the watchdog's maximum is an hour at most).
         .time_to_live(Duration::from_secs(3600))
         .build()
 }
 
-/// Writes the tombstone of an invalidation of `response` with `token`, unless a newer
-/// one is there: a notice of a later invalidation that came first keeps its token.
-/// `replacing`: the token this process wrote a moment ago for the same invalidation
-/// (from its own clock, before Redis gave one), which `token` replaces whatever their
-/// order.
+/// Writes the tombstone of an invalidation of `response` with `token`, keeping the
+/// newest: a notice of a later invalidation that came first keeps its token.
+/// `replacing`: the token this process wrote a moment ago from its own clock for the same
+/// invalidation ([`bury_local`]), which `token`, Redis's, now stands for whatever their
+/// order (the two clocks differ).
 pub(crate) fn bury(
     tombstones: &Tombstones,
     response: u128,
@@ -363,9 +381,38 @@ pub(crate) fn bury(
     let _ = tombstones
         .entry(response)
         .and_compute_with(|existing| match existing {
-            Some(e) if Some(*e.value()) == replacing => Op::Put(token),
-            Some(e) if *e.value() >= token => Op::Nop,
-            _ => Op::Put(token),
+            None => Op::Put(Tomb {
+                redis: token,
+                local: None,
+            }),
+            Some(e) => {
+                let tomb = *e.value();
+                let local = tomb.local.filter(|local| Some(*local) != replacing);
+                Op::Put(Tomb {
+                    redis: tomb.redis.max(token),
+                    local,
+                })
+            }
+        });
+}
+
+/// Writes the tombstone of an invalidation from this process's clock, before Redis gives
+/// it its token (or without Redis).
+pub(crate) fn bury_local(tombstones: &Tombstones, response: u128, token: FencingToken) {
+    let _ = tombstones
+        .entry(response)
+        .and_compute_with(|existing| match existing {
+            None => Op::Put(Tomb {
+                redis: FencingToken::new(0),
+                local: Some(token),
+            }),
+            Some(e) => {
+                let tomb = *e.value();
+                Op::Put(Tomb {
+                    local: Some(tomb.local.map_or(token, |local| local.max(token))),
+                    ..tomb
+                })
+            }
         });
 }
 
@@ -373,31 +420,42 @@ pub(crate) fn bury(
 pub(crate) fn invalidated(tombstones: &Tombstones, response: u128, stored: &Stored) -> bool {
     tombstones
         .get(&response)
-        .is_some_and(|tomb| stored.response.token < tomb)
+        .is_some_and(|tomb| stored.response.token < tomb.token())
 }
 
 #[cfg(test)]
 mod tombstone_tests {
     use super::*;
 
-    /// A tombstone keeps the newest token: an older one does not replace it, except the
-    /// one written a moment ago for the same invalidation.
+    /// A tombstone keeps the newest token: an older one does not replace it, and the
+    /// local token of an invalidation gives way to Redis's for it, but never hides a
+    /// newer token that came meanwhile, whatever the two clocks say.
     #[test]
     fn a_tombstone_keeps_the_newest_token() {
         let tombstones = new_tombstones();
         let t = FencingToken::new;
+        let token = |r| tombstones.get(&r).map(|tomb: Tomb| tomb.token());
         bury(&tombstones, 1, t(10), None);
         bury(&tombstones, 1, t(5), None);
-        assert_eq!(tombstones.get(&1), Some(t(10)));
+        assert_eq!(token(1), Some(t(10)));
         bury(&tombstones, 1, t(20), None);
-        assert_eq!(tombstones.get(&1), Some(t(20)));
-        // Redis's token replaces the local one it stands for, even if lower...
-        bury(&tombstones, 1, t(15), Some(t(20)));
-        assert_eq!(tombstones.get(&1), Some(t(15)));
-        // ...but not a newer notice's that came meanwhile.
-        bury(&tombstones, 1, t(30), None);
-        bury(&tombstones, 1, t(16), Some(t(20)));
-        assert_eq!(tombstones.get(&1), Some(t(30)));
+        assert_eq!(token(1), Some(t(20)));
+        // This clock behind Redis's: the local token gives way to Redis's, higher.
+        bury_local(&tombstones, 2, t(100));
+        assert_eq!(token(2), Some(t(100)));
+        bury(&tombstones, 2, t(150), Some(t(100)));
+        assert_eq!(token(2), Some(t(150)));
+        // This clock ahead: Redis's token is lower than the local one, and stands.
+        bury_local(&tombstones, 3, t(500));
+        bury(&tombstones, 3, t(200), Some(t(500)));
+        assert_eq!(token(3), Some(t(200)));
+        // Ahead again, and a later invalidation's notice comes during the round trip,
+        // its token between the two: it stays, above Redis's token for the first.
+        bury_local(&tombstones, 4, t(500));
+        bury(&tombstones, 4, t(300), None);
+        assert_eq!(token(4), Some(t(500)));
+        bury(&tombstones, 4, t(200), Some(t(500)));
+        assert_eq!(token(4), Some(t(300)));
     }
 
     /// Tombstones are weighed in bytes: many invalidations keep at most their budget.
@@ -405,7 +463,7 @@ mod tombstone_tests {
     fn tombstones_are_bounded_in_bytes() {
         let tombstones = new_tombstones();
         for n in 0..50_000u64 {
-            tombstones.insert(u128::from(n), FencingToken::new(n + 1));
+            bury(&tombstones, u128::from(n), FencingToken::new(n + 1), None);
         }
         tombstones.run_pending_tasks();
         assert!(tombstones.weighted_size() <= TOMBSTONE_BYTES);
@@ -469,7 +527,7 @@ mod front_tests {
     /// What every invalidation does (the local one, with or without Redis, and a
     /// notice's): the tombstone, then the entries out of L1.
     fn invalidate(l1: &L1, tombstones: &Tombstones, key: LocalKey, token: u64, variants: bool) {
-        tombstones.insert(key.response, FencingToken::new(token));
+        bury(tombstones, key.response, FencingToken::new(token), None);
         l1.invalidate_response(key.response, variants);
     }
 

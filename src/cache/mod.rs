@@ -16,7 +16,7 @@ mod l2;
 mod scripts;
 mod stored;
 
-pub(crate) use self::l1::{L1, Tombstones, bury, invalidated, new_tombstones};
+pub(crate) use self::l1::{L1, Tombstones, bury, bury_local, invalidated, new_tombstones};
 pub(crate) use self::l2::{
     L2Read, l2_invalidate, l2_keep_names, l2_read, l2_read_with_names, l2_revalidate, l2_write,
 };

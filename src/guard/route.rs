@@ -344,7 +344,10 @@ impl Route {
 
     /// The token of the last invalidation of the response seen here, if any.
     pub(crate) fn tombstone(&self, keys: &CacheKeys) -> Option<FencingToken> {
-        self.shared.tombstones.get(&keys.local.response)
+        self.shared
+            .tombstones
+            .get(&keys.local.response)
+            .map(|tomb| tomb.token())
     }
 
     /// How long a fill of this route can take at most: what an invalidation's tombstone
@@ -418,7 +421,7 @@ impl Route {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
         );
-        crate::cache::bury(&shared.tombstones, response, local, None);
+        crate::cache::bury_local(&shared.tombstones, response, local);
         if shared.store.is_local_only() {
             let entries = if count {
                 self.l1()

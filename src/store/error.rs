@@ -163,6 +163,7 @@ impl StoreError {
 
     /// Sorts a redis-rs error into a kind.
     pub(crate) fn from_redis(operation: Operation, error: redis::RedisError) -> Self {
+        let error = without_echo(error);
         let kind = if error.is_connection_refusal() {
             StoreErrorKind::NoConnection
         } else if error.is_timeout() {
@@ -237,17 +238,33 @@ impl fmt::Display for StoreError {
             return Ok(());
         };
         match (source.code(), source.detail()) {
-            // Redis echoes the start of a command it does not know, and a command's
-            // arguments may hold a password (`HELLO 3 AUTH user password` to a server
-            // that has no `HELLO`): what it echoes is left out.
-            (Some(code), Some(detail)) => match detail.find("with args beginning with") {
-                Some(echo) => write!(f, " ({code}): {}(arguments left out)", &detail[..echo]),
-                None => write!(f, " ({code}): {detail}"),
-            },
+            (Some(code), Some(detail)) => write!(f, " ({code}): {detail}"),
             (Some(code), None) => write!(f, " ({code})"),
             _ if is_tls(source) => write!(f, ": TLS: {source}"),
             _ => write!(f, ": {source}"),
         }
+    }
+}
+
+/// Redis echoes the start of a command it does not know, and a command's arguments may
+/// hold a password (`HELLO 3 AUTH user password` to a server that has no `HELLO`): an
+/// error reply that echoes is kept without what it echoes, in the message and in the
+/// source (which anything printing the error's chain, or its `Debug`, shows).
+fn without_echo(error: redis::RedisError) -> redis::RedisError {
+    let (Some(code), Some(detail)) = (error.code(), error.detail()) else {
+        return error;
+    };
+    let Some(echo) = detail.find("with args beginning with") else {
+        return error;
+    };
+    let reply = format!("-{code} {}(arguments left out)\r\n", &detail[..echo]);
+    match redis::parse_redis_value(reply.as_bytes()).map(redis::Value::extract_error) {
+        Ok(Err(redacted)) => redacted,
+        // Cannot be (the reply is an error): nothing rather than the arguments.
+        _ => redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "an error reply",
+        )),
     }
 }
 
@@ -307,12 +324,22 @@ mod tests {
             "redis ping: Redis answered with an error (NOPERM): this user has no permissions \
              to run the 'ping' command"
         );
-        let unknown = reply(
-            "ERR unknown command 'HELLO', with args beginning with: '3' 'AUTH' 'u' 'secret-pw'",
-        );
+        let echoed =
+            "ERR unknown command 'HELLO', with args beginning with: '3' 'AUTH' 'u' 'secret-pw'";
+        let unknown = reply(echoed);
         assert!(!unknown.contains("secret-pw"), "{unknown}");
         assert!(unknown.contains("unknown command"), "{unknown}");
         assert!(unknown.ends_with("(arguments left out)"), "{unknown}");
+        // Nor in its source, nor in its `Debug`.
+        let value = redis::parse_redis_value(format!("-{echoed}\r\n").as_bytes()).unwrap();
+        let error = StoreError::from_redis(Operation::Ping, value.extract_error().unwrap_err());
+        let source = std::error::Error::source(&error).unwrap().to_string();
+        assert!(
+            !source.contains("secret-pw") && source.contains("HELLO"),
+            "{source}"
+        );
+        assert!(!format!("{error:?}").contains("secret-pw"), "{error:?}");
+        assert_eq!(error.server_code(), Some("ERR"));
     }
 
     /// `ALL` lists every variant once, in order. A new variant fails to compile in the

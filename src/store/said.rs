@@ -11,9 +11,11 @@
 //!
 //! A breaker that opens again within a minute of the last opening it said (a Redis slow
 //! enough to time out five commands, fast enough to answer the probe) says nothing of
-//! that opening nor of its closing; the next opening it says counts them.
+//! that opening nor of its closing until the minute is over: then the next opening, or
+//! a probe that fails while it is still open, says it, counting those in between.
 //!
-//! All of it is atomics: an answer costs two relaxed loads while nothing changes.
+//! All of it is atomics: an answer costs two relaxed loads while nothing changes, and a
+//! read of the clock in the minute after a failure.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
@@ -44,6 +46,9 @@ pub(crate) struct Said {
     cause_said: AtomicBool,
     /// Openings not said since the last one that was.
     unsaid_opens: AtomicU32,
+    /// Added to the clock, so that tests need not wait a minute.
+    #[cfg(test)]
+    skew_ms: AtomicU64,
 }
 
 impl Said {
@@ -57,11 +62,16 @@ impl Said {
             open_said: AtomicBool::new(false),
             cause_said: AtomicBool::new(false),
             unsaid_opens: AtomicU32::new(0),
+            #[cfg(test)]
+            skew_ms: AtomicU64::new(0),
         }
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(NONE - 1)
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(NONE - 1);
+        #[cfg(test)]
+        let now = now + self.skew_ms.load(Ordering::Relaxed);
+        now
     }
 
     /// An operation Redis answered: on every one.
@@ -132,12 +142,30 @@ impl Said {
         }
     }
 
-    /// A probe of the open breaker failed: said once, if the opening did not say why.
+    /// A probe of the open breaker failed (every probe interval while it is open): says
+    /// the cause once, if the opening did not; says an opening it did not say, once the
+    /// minute since the last it said is over (an outage that began with flapping).
     pub(crate) fn probe_failed(&self, error: &StoreError) {
-        if self.open_said.load(Ordering::Relaxed)
-            && std::error::Error::source(error).is_some()
-            && !self.cause_said.swap(true, Ordering::AcqRel)
-        {
+        let has_cause = std::error::Error::source(error).is_some();
+        if !self.open_said.load(Ordering::Relaxed) {
+            let now = self.now_ms();
+            let last = self.open_said_at.load(Ordering::Relaxed);
+            if last != NONE && now.saturating_sub(last) < EVERY_MS {
+                return;
+            }
+            self.open_said_at.store(now, Ordering::Relaxed);
+            self.open_said.store(true, Ordering::Relaxed);
+            self.cause_said.store(has_cause, Ordering::Relaxed);
+            let unsaid = self.unsaid_opens.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                %error,
+                reopened = unsaid,
+                "Redis unavailable: the circuit breaker is open (it opened the `reopened` \
+                 times since it last said so); running local-only until Redis answers"
+            );
+            return;
+        }
+        if has_cause && !self.cause_said.swap(true, Ordering::AcqRel) {
             tracing::warn!(%error, "Redis still unavailable");
         }
     }
@@ -231,5 +259,28 @@ mod tests {
             lines[3].starts_with("INFO Redis answers again: the circuit breaker closed"),
             "{logs}"
         );
+
+        // Flapping, then open for good: once the minute is over, the probe says so, with
+        // the openings it did not say; then its closing is said too. Failures, told
+        // nothing of for a minute, are told again once Redis answered past it.
+        captured.0.lock().unwrap().clear();
+        said.opened(5, &timeout);
+        said.probe_failed(&timeout);
+        assert!(captured.0.lock().unwrap().is_empty());
+        said.skew_ms.store(61_000, Ordering::Relaxed);
+        said.probe_failed(&timeout);
+        said.closed();
+        said.answered();
+        said.failed(&timeout);
+        let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = logs.lines().map(str::trim).collect();
+        assert_eq!(lines.len(), 3, "{logs}");
+        assert!(
+            lines[0].starts_with("WARN Redis unavailable: the circuit breaker is open")
+                && lines[0].contains("reopened=11"),
+            "{logs}"
+        );
+        assert!(lines[1].starts_with("INFO Redis answers again"), "{logs}");
+        assert!(lines[2].starts_with("WARN Redis failed"), "{logs}");
     }
 }

@@ -159,6 +159,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "a benchmark: its figures are in BENCHMARKS.md",
     ),
     (
+        "cargo bench --bench variants",
+        "a benchmark: its figures are in BENCHMARKS.md",
+    ),
+    (
         "cargo bench --bench fleet --features cluster",
         "a benchmark: its figures are in BENCHMARKS.md",
     ),

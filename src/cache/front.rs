@@ -50,10 +50,12 @@ pub(super) const SAMPLE: u32 = 16;
 /// entry's weight: a slot of a hash table (a 16-byte key and its variants, 48 bytes,
 /// with a control byte), and a table is at least 7/32 full (it doubles once its free
 /// room is gone, which slots left deleted by removals also use up, and shrinks below a
-/// third of its room), so up to 224 bytes; and a variant's place in its list, 16 bytes,
-/// lists at least a quarter full: up to 64 more (shared with the slot's share when the
-/// response has one entry only). Besides: tables of up to [`SMALL`] slots do not shrink,
-/// at most 64 × 16 × 49 bytes (50 KB) for a whole guard, whatever its capacity.
+/// third of its room), so up to 224 bytes; and for a response with variants, a slot of
+/// its own table of variants (16 bytes and a control byte), tables at least a quarter
+/// full less their spare eighth: up to 78 more, with the response's slot then shared by
+/// two variants at least (112 each, at most). Besides: tables of up to [`SMALL`] slots
+/// do not shrink, at most 64 × 16 × 49 bytes (50 KB) for a whole guard, whatever its
+/// capacity.
 pub(super) const BOOKKEEPING: usize = 256;
 
 /// Tables this small are left as they are (see [`BOOKKEEPING`]).
@@ -73,17 +75,18 @@ struct Shard {
     changes: u64,
 }
 
-/// The entries of one response: its own, or those its `Vary` told apart.
+/// The entries of one response: its own, or those its `Vary` told apart, by variant (a
+/// hash: a lookup costs the same with ten thousand of them as with two).
 enum Variants {
     One(u64, Arc<Stored>),
-    Many(Vec<(u64, Arc<Stored>)>),
+    Many(HashMap<u64, Arc<Stored>, Spread>),
 }
 
 impl Variants {
     fn get(&self, variant: u64) -> Option<&Arc<Stored>> {
         match self {
             Variants::One(v, stored) => (*v == variant).then_some(stored),
-            Variants::Many(all) => all.iter().find(|(v, _)| *v == variant).map(|(_, s)| s),
+            Variants::Many(all) => all.get(&variant),
         }
     }
 
@@ -91,13 +94,14 @@ impl Variants {
         match self {
             Variants::One(v, current) if *v == variant => *current = stored,
             Variants::One(v, current) => {
-                let first = (*v, current.clone());
-                *self = Variants::Many(vec![first, (variant, stored)]);
+                let mut all = HashMap::with_capacity_and_hasher(2, Spread);
+                all.insert(*v, current.clone());
+                all.insert(variant, stored);
+                *self = Variants::Many(all);
             }
-            Variants::Many(all) => match all.iter_mut().find(|(v, _)| *v == variant) {
-                Some((_, current)) => *current = stored,
-                None => all.push((variant, stored)),
-            },
+            Variants::Many(all) => {
+                all.insert(variant, stored);
+            }
         }
     }
 
@@ -109,11 +113,13 @@ impl Variants {
         match self {
             Variants::One(v, stored) => matches(*v, stored),
             Variants::Many(all) => {
-                all.retain(|(v, s)| !matches(*v, s));
+                if all.get(&variant).is_some_and(|s| matches(variant, s)) {
+                    all.remove(&variant);
+                }
                 if all.len() == 1 {
-                    let (v, stored) = all.remove(0);
+                    let (v, stored) = all.drain().next().expect("one variant");
                     *self = Variants::One(v, stored);
-                } else if all.capacity() > 4 && all.len() * 4 < all.capacity() {
+                } else if all.capacity() > 8 && all.len() * 4 < all.capacity() {
                     all.shrink_to(all.len() * 2);
                 }
                 matches!(self, Variants::Many(all) if all.is_empty())
@@ -228,9 +234,9 @@ impl Front {
         for shard in &self.shards {
             let shard = shard.read().unwrap_or_else(PoisonError::into_inner);
             for (response, variants) in &shard.map {
-                let all = match variants {
+                let all: Vec<(u64, Arc<Stored>)> = match variants {
                     Variants::One(v, s) => vec![(*v, s.clone())],
-                    Variants::Many(all) => all.clone(),
+                    Variants::Many(all) => all.iter().map(|(v, s)| (*v, s.clone())).collect(),
                 };
                 entries.extend(all.into_iter().map(|(variant, stored)| {
                     let key = LocalKey {

@@ -14,7 +14,7 @@ use stampede_guard::store::{StoreError, StoreErrorKind};
 #[cfg(feature = "tls")]
 use support::TlsServer;
 use support::web::keys;
-use support::{Redis, Store, server::free_port};
+use support::{Redis, RedisServer, Store, server::free_port};
 
 const TIMEOUT: Duration = Duration::from_millis(250);
 
@@ -30,17 +30,23 @@ fn says(error: &StoreError, kind: StoreErrorKind, cause: &str) {
     );
 }
 
+/// The error of a ping through a store built from `builder`.
+async fn ping_error(builder: stampede_guard::store::RedisStoreBuilder) -> StoreError {
+    let store = builder.build().unwrap();
+    store.ping().await.unwrap_err()
+}
+
 #[cfg(feature = "tls")]
 #[tokio::test]
 async fn a_certificate_from_another_authority_says_tls_and_why() {
     let server = TlsServer::start();
-    let store = RedisStore::builder(server.url())
-        .command_timeout(TIMEOUT)
-        .tls_root_certificate(server.other_ca.clone())
-        .tls_client_certificate(server.client_cert.clone(), server.client_key.clone())
-        .build()
-        .unwrap();
-    let error = store.ping().await.unwrap_err();
+    let error = ping_error(
+        RedisStore::builder(server.url())
+            .command_timeout(TIMEOUT)
+            .tls_root_certificate(server.other_ca.clone())
+            .tls_client_certificate(server.client_cert.clone(), server.client_key.clone()),
+    )
+    .await;
     says(
         &error,
         StoreErrorKind::NoConnection,
@@ -58,38 +64,32 @@ async fn a_certificate_from_another_authority_says_tls_and_why() {
 async fn a_host_that_does_not_resolve_says_so() {
     // `.invalid` never resolves (RFC 6761). A resolver may take its time to say so:
     // room for it (the ping waits the whole deadline, bb8 trying again meanwhile).
-    let store = RedisStore::builder("redis://no-such-host.invalid:6379")
-        .command_timeout(Duration::from_secs(1))
-        .connect_timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let error = store.ping().await.unwrap_err();
+    let error = ping_error(
+        RedisStore::builder("redis://no-such-host.invalid:6379")
+            .command_timeout(Duration::from_secs(1))
+            .connect_timeout(Duration::from_secs(1)),
+    )
+    .await;
     says(&error, StoreErrorKind::NoConnection, "lookup address");
 }
 
 #[tokio::test]
 async fn a_refused_port_says_refused() {
-    let store = RedisStore::builder(format!("redis://127.0.0.1:{}", free_port()))
-        .command_timeout(TIMEOUT)
-        .build()
-        .unwrap();
-    let error = store.ping().await.unwrap_err();
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let error = ping_error(RedisStore::builder(url).command_timeout(TIMEOUT)).await;
     says(&error, StoreErrorKind::NoConnection, "Connection refused");
 }
 
 #[tokio::test]
 async fn a_wrong_password_says_authentication_failed() {
-    let redis = Redis::least_privileged(&keys()).await;
-    let Redis::LeastPrivileged(server, _) = &redis else {
-        unreachable!()
-    };
-    let store = RedisStore::builder(server.url())
-        .command_timeout(TIMEOUT)
-        .username("guard")
-        .password("not-the-password")
-        .build()
-        .unwrap();
-    let error = store.ping().await.unwrap_err();
+    let server = RedisServer::start();
+    server.require_password().await;
+    let error = ping_error(
+        RedisStore::builder(server.url())
+            .command_timeout(TIMEOUT)
+            .password("not-the-password"),
+    )
+    .await;
     says(
         &error,
         StoreErrorKind::NoConnection,

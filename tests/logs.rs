@@ -27,21 +27,40 @@ impl Write for Captured {
     }
 }
 
-#[test]
-fn logs_and_spans_hold_no_owner_value_raw_key_or_body() {
+impl Captured {
+    /// Everything logged so far.
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+/// Captures what is logged at `level` and above on this thread, and a runtime of one
+/// thread, so that every task logs there too: keep the guard while it runs.
+fn capturing(
+    level: tracing::Level,
+) -> (
+    Captured,
+    tracing::subscriber::DefaultGuard,
+    tokio::runtime::Runtime,
+) {
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
+        .with_max_level(level)
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
-    // One thread, so that every task logs to the subscriber set above.
+    let default = tracing::subscriber::set_default(subscriber);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    (captured, default, runtime)
+}
+
+#[test]
+fn logs_and_spans_hold_no_owner_value_raw_key_or_body() {
+    let (captured, _default, runtime) = capturing(tracing::Level::TRACE);
     let server = RedisServer::start();
     let mut owners = Vec::new();
     runtime.block_on(async {
@@ -108,7 +127,7 @@ fn logs_and_spans_hold_no_owner_value_raw_key_or_body() {
         server.resume();
         assert!(matches!(outcome, AcquireOutcome::TimedOut(_)));
     });
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = captured.text();
     assert!(
         logs.contains("lease acquired"),
         "nothing was logged:\n{logs}"
@@ -143,21 +162,9 @@ fn logs_and_spans_hold_no_owner_value_raw_key_or_body() {
 /// requests are served local-only in between.
 #[test]
 fn each_change_of_redis_state_is_logged_once() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
-    // One thread, so that every task logs to the subscriber set above.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (captured, _default, runtime) = capturing(tracing::Level::INFO);
     let mut server = RedisServer::start();
-    let logs = || String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = || captured.text();
     runtime.block_on(async {
         let origin = Origin::new(Duration::ZERO, |_, _| http::Response::new(full("item")));
         let store = RedisStore::builder(server.url())

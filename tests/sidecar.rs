@@ -1711,3 +1711,40 @@ async fn sigterm_lets_a_refresh_finish_and_write() {
         "the origin was not called again"
     );
 }
+
+/// A Redis that refuses connections, seen from outside: every answer is served, from the
+/// origin once per key and then from the local cache, saying `detail=local-only` once the
+/// breaker opened; the sidecar's log says why (the refusal) when it starts, once when
+/// Redis first fails and once when the breaker opens, not once per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_redis_is_said_once_with_its_cause() {
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let refused = format!("redis://127.0.0.1:{}", support::server::free_port());
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--redis",
+        &refused,
+    ]);
+    let mut local_only = 0;
+    for n in 0..300 {
+        let got = fetch(sidecar.listen, &format!("/max-age-60/{}", n % 20), &[]).await;
+        assert_eq!(got.status, StatusCode::OK, "request {n}: {}", got.body);
+        let status = got.headers["cache-status"].to_str().unwrap();
+        local_only += usize::from(status.contains("detail=local-only"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 20, "{}", sidecar.log());
+    assert!(local_only >= 250, "{local_only} of 300 said local-only");
+    let log = sidecar.log();
+    let lines = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    let failed = log
+        .lines()
+        .find(|l| l.contains("Redis failed"))
+        .unwrap_or_default();
+    assert!(failed.contains("Connection refused"), "{log}");
+    assert_eq!(lines("Redis failed"), 1, "{log}");
+    assert_eq!(lines("Redis unavailable"), 1, "{log}");
+    // And the sidecar's own line at start, which says why too.
+    assert_eq!(lines("Redis does not answer"), 1, "{log}");
+    assert_eq!(lines("Connection refused"), 3, "{log}");
+}

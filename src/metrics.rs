@@ -120,6 +120,11 @@ names! {
     /// Bytes of entries in L1 (weighed). One per process, no `route` label, as
     /// [`L1_ENTRIES`].
     L1_BYTES: Gauge = "stampede_guard_l1_bytes", "Bytes of entries in L1 (per process, shared by all routes: no route label).";
+    /// Variants of one URL that L1 dropped past its cap
+    /// ([`GuardBuilder::l1_max_variants`](crate::guard::GuardBuilder::l1_max_variants)):
+    /// the least recently used, to make room for another. One per process, no `route`
+    /// label, as [`L1_ENTRIES`].
+    L1_VARIANTS_DROPPED: Counter = "stampede_guard_l1_variants_dropped_total", "Variants of one URL dropped from L1 past its cap of variants per URL (per process, shared by all routes: no route label).";
     /// Calls the layer made to the origin (fills, refreshes and pass-throughs).
     ORIGIN_CALLS: Counter = "stampede_guard_origin_calls_total", "Calls the layer made to the origin.";
     /// Calls to the origin that failed without an answer, by reason (`timeout`, `error`,
@@ -159,6 +164,7 @@ names! {
 pub const PER_PROCESS: &[&str] = &[
     L1_ENTRIES,
     L1_BYTES,
+    L1_VARIANTS_DROPPED,
     BUDGET_IN_USE,
     REDIS_ERRORS,
     CIRCUIT_OPEN,

@@ -583,3 +583,68 @@ async fn learning_a_vary_header_does_not_move_entries_of_requests_without_it() {
     assert_eq!(fetch(addr, "/varies", &[]).await.x_cache(), "hit");
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
+
+/// A route whose answers vary on a header the client controls: 10,000 clients, each
+/// with a value of its own, over real TCP. L1 holds at most its cap of variants of the
+/// URL (the default, 256), the least recently used dropped and counted; a variant read
+/// all along stays in L1, one dropped comes from Redis again, not from the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variants_of_one_url_are_capped_in_l1_through_axum() {
+    const CLIENTS: u64 = 10_000;
+    const CAP: u64 = stampede_guard::guard::DEFAULT_L1_MAX_VARIANTS as u64;
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let calls = calls.clone();
+        move |headers: HeaderMap| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let v = headers["x-v"].to_str().unwrap().to_owned();
+            async move { ([(header::VARY, "x-v")], format!("variant {v}")) }
+        }
+    };
+    let layer = guard.layer(pages_policy()).unwrap();
+    let addr =
+        serve(Router::new().route("/page", routing::get(handler).layer(layer.clone()))).await;
+    let ask = move |v: u64| async move {
+        let got = fetch(addr, "/page", &[("x-v", &v.to_string())]).await;
+        assert_eq!(got.status, StatusCode::OK);
+        assert_eq!(got.body, format!("variant {v}"));
+        got.headers["x-cache"].to_str().unwrap().to_owned()
+    };
+    assert_eq!(ask(0).await, "miss");
+    // Eight clients at a time, each with values of its own; variant 0 is read between
+    // every two of them, so that it is always among the most recently used.
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            tokio::spawn(async move {
+                for v in (1 + w..CLIENTS).step_by(8) {
+                    assert_eq!(ask(v).await, "miss", "variant {v}");
+                    assert_eq!(ask(0).await, "hit", "variant 0, after {v}");
+                }
+            })
+        })
+        .collect();
+    all_within(workers, Duration::from_secs(240), "10,000 variants").await;
+    assert_eq!(calls.load(Ordering::SeqCst), CLIENTS);
+    let dropped = guard.l1_variants_dropped();
+    assert!(
+        (CLIENTS - CAP..=CLIENTS - CAP + 8).contains(&dropped),
+        "{dropped} variants dropped"
+    );
+    assert!(
+        guard.l1_entries() <= CAP + 8,
+        "{} in L1",
+        guard.l1_entries()
+    );
+    assert_eq!(ask(0).await, "hit");
+    // The first ones asked were dropped from L1, not from Redis.
+    let (l1_hits, l2_hits) = (
+        layer.stats().get(Event::L1Hit),
+        layer.stats().get(Event::L2Hit),
+    );
+    assert_eq!(ask(1).await, "hit");
+    assert_eq!(layer.stats().get(Event::L1Hit), l1_hits);
+    assert_eq!(layer.stats().get(Event::L2Hit), l2_hits + 1);
+    assert_eq!(calls.load(Ordering::SeqCst), CLIENTS, "no origin call");
+}

@@ -35,6 +35,7 @@
 //! moka's lookup adds to a hit.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::stored::Stored;
@@ -61,9 +62,21 @@ pub(super) const BOOKKEEPING: usize = 256;
 /// Tables this small are left as they are (see [`BOOKKEEPING`]).
 const SMALL: usize = 16;
 
+/// What [`Front::put`] did.
+pub(super) enum Put {
+    /// The entry is in; and the variant dropped past the cap, if one was.
+    Inserted(Option<(LocalKey, Arc<Stored>)>),
+    /// The shard changed since the put (or the miss before a promotion) counted: the
+    /// key is left out, for a read to promote.
+    LeftOut,
+}
+
 /// The front of L1 (see the [module docs](self)).
 pub(super) struct Front {
     shards: Box<[RwLock<Shard>]>,
+    /// The most variants of one response it holds: past it, a put drops the variant
+    /// unused longest (and L1 drops it from moka).
+    max_variants: usize,
 }
 
 #[derive(Default)]
@@ -76,31 +89,95 @@ struct Shard {
 }
 
 /// The entries of one response: its own, or those its `Vary` told apart, by variant (a
-/// hash: a lookup costs the same with ten thousand of them as with two).
+/// hash: a lookup costs the same with ten thousand of them as with two), each with when
+/// it was last used, for dropping the least recently used past the cap.
 enum Variants {
     One(u64, Arc<Stored>),
-    Many(HashMap<u64, Arc<Stored>, Spread>),
+    // Boxed: a slot of the response table is then 24 bytes rather than 40, for every
+    // response, most of which have one variant.
+    #[allow(clippy::box_collection)]
+    Many(Box<HashMap<u64, Variant, Spread>>),
+}
+
+/// One variant of a response with others: the entry, and the shard's count of changes
+/// when it was last put or read (a clock that moves with every put: enough to tell
+/// which variant has gone unread longest).
+struct Variant {
+    stored: Arc<Stored>,
+    used: AtomicU64,
+}
+
+impl Variant {
+    fn new(stored: Arc<Stored>, now: u64) -> Self {
+        Self {
+            stored,
+            used: AtomicU64::new(now),
+        }
+    }
 }
 
 impl Variants {
-    fn get(&self, variant: u64) -> Option<&Arc<Stored>> {
+    /// The entry of `variant`; a variant among others is marked used `now`.
+    fn get(&self, variant: u64, now: u64) -> Option<&Arc<Stored>> {
         match self {
             Variants::One(v, stored) => (*v == variant).then_some(stored),
-            Variants::Many(all) => all.get(&variant),
+            Variants::Many(all) => {
+                let found = all.get(&variant)?;
+                // A hit on a variant read since the last change writes nothing: the
+                // cache line stays shared between the threads that read it.
+                if found.used.load(Ordering::Relaxed) != now {
+                    found.used.store(now, Ordering::Relaxed);
+                }
+                Some(&found.stored)
+            }
         }
     }
 
-    fn put(&mut self, variant: u64, stored: Arc<Stored>) {
+    /// Puts `variant`, at `now`; past `max` variants, drops the one unused longest and
+    /// returns it.
+    fn put(
+        &mut self,
+        variant: u64,
+        stored: Arc<Stored>,
+        now: u64,
+        max: usize,
+    ) -> Option<(u64, Arc<Stored>)> {
         match self {
-            Variants::One(v, current) if *v == variant => *current = stored,
+            Variants::One(v, current) if *v == variant => {
+                *current = stored;
+                None
+            }
+            Variants::One(v, current) if max <= 1 => {
+                let dropped = (*v, std::mem::replace(current, stored));
+                *v = variant;
+                Some(dropped)
+            }
             Variants::One(v, current) => {
                 let mut all = HashMap::with_capacity_and_hasher(2, Spread);
-                all.insert(*v, current.clone());
-                all.insert(variant, stored);
-                *self = Variants::Many(all);
+                all.insert(*v, Variant::new(current.clone(), now));
+                all.insert(variant, Variant::new(stored, now));
+                *self = Variants::Many(Box::new(all));
+                None
             }
             Variants::Many(all) => {
-                all.insert(variant, stored);
+                if let Some(current) = all.get_mut(&variant) {
+                    current.stored = stored;
+                    *current.used.get_mut() = now;
+                    return None;
+                }
+                let dropped = if all.len() >= max {
+                    // A scan of at most `max` variants, on a put past the cap only.
+                    let oldest = all
+                        .iter()
+                        .min_by_key(|(_, v)| v.used.load(Ordering::Relaxed))
+                        .map(|(v, _)| *v)
+                        .expect("at least one variant");
+                    all.remove(&oldest).map(|v| (oldest, v.stored))
+                } else {
+                    None
+                };
+                all.insert(variant, Variant::new(stored, now));
+                dropped
             }
         }
     }
@@ -113,12 +190,15 @@ impl Variants {
         match self {
             Variants::One(v, stored) => matches(*v, stored),
             Variants::Many(all) => {
-                if all.get(&variant).is_some_and(|s| matches(variant, s)) {
+                if all
+                    .get(&variant)
+                    .is_some_and(|s| matches(variant, &s.stored))
+                {
                     all.remove(&variant);
                 }
                 if all.len() == 1 {
-                    let (v, stored) = all.drain().next().expect("one variant");
-                    *self = Variants::One(v, stored);
+                    let (v, last) = all.drain().next().expect("one variant");
+                    *self = Variants::One(v, last.stored);
                 } else if all.capacity() > 8 && all.len() * 4 < all.capacity() {
                     all.shrink_to(all.len() * 2);
                 }
@@ -129,9 +209,10 @@ impl Variants {
 }
 
 impl Front {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(max_variants: usize) -> Self {
         Self {
             shards: (0..1 << SHARD_BITS).map(|_| RwLock::default()).collect(),
+            max_variants: max_variants.max(1),
         }
     }
 
@@ -161,7 +242,7 @@ impl Front {
         match shard
             .map
             .get(&key.response)
-            .and_then(|v| v.get(key.variant))
+            .and_then(|v| v.get(key.variant, shard.changes))
         {
             Some(stored) => Ok(stored.clone()),
             None => Err(shard.changes),
@@ -174,25 +255,67 @@ impl Front {
     }
 
     /// Puts what moka held for `key` after a miss here that counted `changes`, unless
-    /// the shard changed since (the change may have been this entry's).
-    pub(super) fn promote(&self, key: LocalKey, stored: Arc<Stored>, changes: u64) {
+    /// the shard changed since (the change may have been this entry's). Past the cap,
+    /// drops a variant as [`Front::put`] does.
+    #[must_use]
+    pub(super) fn promote(&self, key: LocalKey, stored: Arc<Stored>, changes: u64) -> Put {
         let mut shard = self.write(key.response);
-        if shard.changes == changes {
-            insert(&mut shard.map, key, stored);
+        if shard.changes != changes {
+            return Put::LeftOut;
         }
+        let dropped = self.insert(&mut shard, key, stored);
+        if dropped.is_some() {
+            // Its removal from moka is yet to come: a promotion of it meanwhile is
+            // dropped.
+            shard.changes += 1;
+        }
+        Put::Inserted(dropped)
     }
 
     /// Puts what was just put in moka at `key`, if the shard has not changed since it
     /// counted `changes`; else removes the key, for the next read to promote what moka
     /// holds. Either way a change: a promotion of what moka held before is dropped.
-    pub(super) fn put(&self, key: LocalKey, stored: Arc<Stored>, changes: u64) {
+    ///
+    /// A response holds at most `max_variants`: past it, the put drops the variant read
+    /// or put least recently, and returns it, for L1 to drop from moka too (without a
+    /// lock here: see the module docs).
+    #[must_use]
+    pub(super) fn put(&self, key: LocalKey, stored: Arc<Stored>, changes: u64) -> Put {
         let mut shard = self.write(key.response);
-        if shard.changes == changes {
-            insert(&mut shard.map, key, stored);
+        let put = if shard.changes == changes {
+            Put::Inserted(self.insert(&mut shard, key, stored))
         } else {
             remove(&mut shard.map, &key, None);
-        }
+            Put::LeftOut
+        };
         shard.changes += 1;
+        put
+    }
+
+    fn insert(
+        &self,
+        shard: &mut Shard,
+        key: LocalKey,
+        stored: Arc<Stored>,
+    ) -> Option<(LocalKey, Arc<Stored>)> {
+        let now = shard.changes;
+        match shard.map.get_mut(&key.response) {
+            Some(variants) => variants
+                .put(key.variant, stored, now, self.max_variants)
+                .map(|(variant, stored)| {
+                    let key = LocalKey {
+                        response: key.response,
+                        variant,
+                    };
+                    (key, stored)
+                }),
+            None => {
+                shard
+                    .map
+                    .insert(key.response, Variants::One(key.variant, stored));
+                None
+            }
+        }
     }
 
     /// Removes `key`'s entry `old`, which a put replaced in moka, if it is still here.
@@ -236,7 +359,9 @@ impl Front {
             for (response, variants) in &shard.map {
                 let all: Vec<(u64, Arc<Stored>)> = match variants {
                     Variants::One(v, s) => vec![(*v, s.clone())],
-                    Variants::Many(all) => all.iter().map(|(v, s)| (*v, s.clone())).collect(),
+                    Variants::Many(all) => {
+                        all.iter().map(|(v, s)| (*v, s.stored.clone())).collect()
+                    }
                 };
                 entries.extend(all.into_iter().map(|(variant, stored)| {
                     let key = LocalKey {
@@ -248,15 +373,6 @@ impl Front {
             }
         }
         entries
-    }
-}
-
-fn insert(map: &mut HashMap<u128, Variants, Spread>, key: LocalKey, stored: Arc<Stored>) {
-    match map.get_mut(&key.response) {
-        Some(variants) => variants.put(key.variant, stored),
-        None => {
-            map.insert(key.response, Variants::One(key.variant, stored));
-        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! back.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use moka::Expiry;
@@ -29,6 +29,8 @@ pub(crate) struct L1 {
     /// values in tests.
     busy_at: u64,
     sample: u32,
+    /// Variants dropped past the cap of one response's (see [`Front::put`]), so far.
+    variants_dropped: AtomicU64,
     /// Run once by the next put, under the entry's lock, between its last look at the
     /// tombstones and moka's insert: where an invalidation used to be lost.
     #[cfg(test)]
@@ -59,13 +61,14 @@ impl Expiry<LocalKey, Arc<Stored>> for UntilKept {
 }
 
 impl L1 {
-    /// An L1 cache holding at most `capacity` bytes of entries, weighed by [`weigh`].
-    pub(crate) fn new(capacity: u64) -> Self {
-        Self::sampling(capacity, capacity / 4 * 3, front::SAMPLE)
+    /// An L1 cache holding at most `capacity` bytes of entries, weighed by [`weigh`],
+    /// and at most `max_variants` variants of one response.
+    pub(crate) fn new(capacity: u64, max_variants: usize) -> Self {
+        Self::sampling(capacity, capacity / 4 * 3, front::SAMPLE, max_variants)
     }
 
-    fn sampling(capacity: u64, busy_at: u64, sample: u32) -> Self {
-        let front = Arc::new(Front::new());
+    fn sampling(capacity: u64, busy_at: u64, sample: u32, max_variants: usize) -> Self {
+        let front = Arc::new(Front::new(max_variants));
         let listener = front.clone();
         let moka = Cache::builder()
             .max_capacity(capacity)
@@ -90,6 +93,7 @@ impl L1 {
             front,
             busy_at,
             sample,
+            variants_dropped: AtomicU64::new(0),
             #[cfg(test)]
             before_insert: std::sync::Mutex::new(None),
         }
@@ -114,7 +118,11 @@ impl L1 {
                 }
                 Err(changes) => {
                     let stored = self.moka.get(key)?;
-                    self.front.promote(*key, stored.clone(), changes);
+                    if let front::Put::Inserted(dropped) =
+                        self.front.promote(*key, stored.clone(), changes)
+                    {
+                        self.drop_variant(dropped);
+                    }
                     stored
                 }
             }
@@ -195,8 +203,50 @@ impl L1 {
             // The front has not had it: nothing to remove there.
             return false;
         }
-        self.front.put(key, stored, changes);
+        match self.front.put(key, stored.clone(), changes) {
+            front::Put::Inserted(dropped) => self.drop_variant(dropped),
+            // Another change to the shard came between: the front left the key out. A
+            // read would promote the entry; until then the cap of variants does not
+            // count it. So it is promoted now, while moka still holds it (a few tries:
+            // each fails only if the shard changes again meanwhile).
+            front::Put::LeftOut => {
+                for _ in 0..4 {
+                    let changes = self.front.changes(&key);
+                    match self.moka.get(&key) {
+                        Some(held) if Arc::ptr_eq(&held, &stored) => {
+                            if let front::Put::Inserted(dropped) =
+                                self.front.promote(key, held, changes)
+                            {
+                                self.drop_variant(dropped);
+                                break;
+                            }
+                        }
+                        // Replaced or removed since: that change saw to the front.
+                        _ => break,
+                    }
+                }
+            }
+        }
         true
+    }
+
+    /// Drops from moka the variant the front dropped past the cap, if it is still that
+    /// entry (a newer one may have been put since), and counts it.
+    fn drop_variant(&self, dropped: Option<(LocalKey, Arc<Stored>)>) {
+        let Some((key, stored)) = dropped else { return };
+        let _ = self
+            .moka
+            .entry(key)
+            .and_compute_with(|existing| match existing {
+                Some(e) if Arc::ptr_eq(e.value(), &stored) => Op::Remove,
+                _ => Op::Nop,
+            });
+        self.variants_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many variants were dropped past the cap of one response's so far.
+    pub(crate) fn variants_dropped(&self) -> u64 {
+        self.variants_dropped.load(Ordering::Relaxed)
     }
 
     /// Drops `response` from L1, and with `variants` every variant of it (those its
@@ -538,7 +588,7 @@ mod front_tests {
     #[test]
     fn an_invalidation_that_races_a_put_wins_in_every_order() {
         for variants in [false, true] {
-            let l1 = Arc::new(L1::new(1 << 20));
+            let l1 = Arc::new(L1::new(1 << 20, 256));
             let tombstones = Arc::new(new_tombstones());
             let (a, b) = (key(1, 0), key(1, 7));
             let at = if variants { b } else { a };
@@ -583,7 +633,7 @@ mod front_tests {
     /// the key replaces it there at once; an invalidation leaves nothing to read.
     #[test]
     fn the_front_follows_puts_and_invalidations() {
-        let l1 = L1::new(1 << 20);
+        let l1 = L1::new(1 << 20, 256);
         let tombstones = new_tombstones();
         let (a, one, two) = (key(1, 0), entry(1, HOUR), entry(2, HOUR));
         assert!(l1.get(&a, Instant::now()).is_none());
@@ -605,7 +655,7 @@ mod front_tests {
     /// Every variant of a response leaves at once, though moka drops them lazily.
     #[test]
     fn an_invalidation_of_variants_reaches_the_front() {
-        let l1 = L1::new(1 << 20);
+        let l1 = L1::new(1 << 20, 256);
         let tombstones = new_tombstones();
         let variants: Vec<_> = (1..=5).map(|v| (key(7, v), entry(v, HOUR))).collect();
         let other = (key(8, 1), entry(1, HOUR));
@@ -623,11 +673,65 @@ mod front_tests {
         front_agrees(&l1);
     }
 
+    /// One response holds at most its cap of variants, in the front and in moka: past
+    /// it, each put drops the variant read or put least recently, and counts it. Other
+    /// responses keep theirs.
+    #[test]
+    fn variants_past_the_cap_drop_the_least_recently_used() {
+        const CAP: usize = 100;
+        let l1 = L1::new(64 << 20, CAP);
+        let tombstones = new_tombstones();
+        let other = (key(8, 1), entry(1, HOUR));
+        assert!(l1.put(&tombstones, other.0, other.1.clone(), 0));
+        let first = (key(7, 1), entry(1, HOUR));
+        assert!(l1.put(&tombstones, first.0, first.1.clone(), 0));
+        for v in 2..=10_000 {
+            assert!(l1.put(&tombstones, key(7, v), entry(v, HOUR), 0));
+            // The first variant is read after every put: always the most recently
+            // used but one, never dropped.
+            assert!(same(l1.get(&first.0, Instant::now()), &first.1), "{v}");
+        }
+        let held = |response: u128| {
+            l1.moka.run_pending_tasks();
+            l1.moka
+                .iter()
+                .filter(|(k, _)| k.response == response)
+                .count()
+        };
+        assert_eq!(held(key(7, 0).response), CAP);
+        assert_eq!(
+            l1.front
+                .entries()
+                .iter()
+                .filter(|(k, _)| k.response == key(7, 0).response)
+                .count(),
+            CAP
+        );
+        assert_eq!(l1.variants_dropped(), 10_000 - CAP as u64);
+        // What is left: the one read all along, and the newest.
+        assert!(same(l1.get(&first.0, Instant::now()), &first.1));
+        for v in 10_000 - CAP as u64 + 2..=10_000 {
+            assert!(l1.get(&key(7, v), Instant::now()).is_some(), "{v}");
+        }
+        assert!(l1.get(&key(7, 2), Instant::now()).is_none());
+        assert!(same(l1.get(&other.0, Instant::now()), &other.1));
+        front_agrees(&l1);
+
+        // A cap of one: each new variant replaces the last.
+        let l1 = L1::new(1 << 20, 1);
+        assert!(l1.put(&tombstones, key(9, 1), entry(1, HOUR), 0));
+        assert!(l1.put(&tombstones, key(9, 2), entry(2, HOUR), 0));
+        assert!(l1.get(&key(9, 1), Instant::now()).is_none());
+        assert!(l1.get(&key(9, 2), Instant::now()).is_some());
+        assert_eq!(l1.variants_dropped(), 1);
+        front_agrees(&l1);
+    }
+
     /// A removal that counts: the response's own entry and its variants that are not
     /// past their keep time, and nothing of another response.
     #[test]
     fn a_counted_removal_counts_the_live_entries_of_one_response() {
-        let l1 = L1::new(1 << 20);
+        let l1 = L1::new(1 << 20, 256);
         let tombstones = new_tombstones();
         let own = (key(7, 0), entry(1, HOUR));
         let variants: Vec<_> = (1..=3).map(|v| (key(7, v), entry(v, HOUR))).collect();
@@ -649,7 +753,7 @@ mod front_tests {
     /// An entry past its keep time is not given, though the front still holds it.
     #[test]
     fn an_entry_past_its_keep_time_is_not_given() {
-        let l1 = L1::new(1 << 20);
+        let l1 = L1::new(1 << 20, 256);
         let a = key(3, 0);
         let stored = entry(1, Duration::from_secs(60));
         assert!(l1.put(&new_tombstones(), a, stored.clone(), 0));
@@ -661,7 +765,7 @@ mod front_tests {
     /// A promotion that a removal overtook does not put back what was removed.
     #[test]
     fn a_promotion_overtaken_by_a_removal_is_dropped() {
-        let l1 = L1::new(1 << 20);
+        let l1 = L1::new(1 << 20, 256);
         let a = key(4, 0);
         let stored = entry(1, HOUR);
         let Err(changes) = l1.front.get(&a) else {
@@ -669,14 +773,14 @@ mod front_tests {
         };
         // Between the miss and the promotion, the entry is invalidated.
         l1.front.remove_response(a.response);
-        l1.front.promote(a, stored, changes);
+        let _ = l1.front.promote(a, stored, changes);
         assert!(l1.front.get(&a).is_err());
     }
 
     /// A promotion of what moka held before a put is dropped: the put's entry stays.
     #[test]
     fn a_promotion_overtaken_by_a_put_is_dropped() {
-        let l1 = L1::new(1 << 20);
+        let l1 = L1::new(1 << 20, 256);
         let tombstones = new_tombstones();
         let (a, one, two) = (key(5, 0), entry(1, HOUR), entry(2, HOUR));
         assert!(l1.put(&tombstones, a, one, 0));
@@ -688,7 +792,7 @@ mod front_tests {
         let old = l1.moka.get(&a).unwrap();
         // Between the reader's look in moka and its promotion, a newer entry is put.
         assert!(l1.put(&tombstones, a, two.clone(), 0));
-        l1.front.promote(a, old, changes);
+        let _ = l1.front.promote(a, old, changes);
         assert!(same(l1.get(&a, Instant::now()), &two));
         front_agrees(&l1);
     }
@@ -725,10 +829,10 @@ mod front_tests {
             // Room for 5 % of the keys.
             let capacity = 500 * weigh(&entry(1, HOUR)) as u64;
             let l1 = match sample {
-                Sample::AsBuilt => L1::new(capacity),
-                Sample::Every => L1::sampling(capacity, 0, 1),
-                Sample::OneIn16 => L1::sampling(capacity, u64::MAX, front::SAMPLE),
-                Sample::Never => L1::sampling(capacity, u64::MAX, u32::MAX),
+                Sample::AsBuilt => L1::new(capacity, 256),
+                Sample::Every => L1::sampling(capacity, 0, 1, 256),
+                Sample::OneIn16 => L1::sampling(capacity, u64::MAX, front::SAMPLE, 256),
+                Sample::Never => L1::sampling(capacity, u64::MAX, u32::MAX, 256),
             };
             let tombstones = new_tombstones();
             let mut hits = 0;
@@ -773,7 +877,7 @@ mod front_tests {
         // Room for some 200 entries: moka evicts all the time. Reads go through the
         // front even so (as built, a full L1 is read in moka alone).
         let capacity = 200 * weigh(&entry(1, HOUR)) as u64;
-        let l1 = Arc::new(L1::sampling(capacity, u64::MAX, front::SAMPLE));
+        let l1 = Arc::new(L1::sampling(capacity, u64::MAX, front::SAMPLE, 256));
         let tombstones = Arc::new(new_tombstones());
         // Writers put `keys` (and one in 50 invalidates one), while readers read the
         // keys `read` until the writers are done.

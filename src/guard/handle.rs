@@ -26,6 +26,11 @@ use crate::store::{RedisStore, StoreError, StoreErrorKind};
 /// Default L1 capacity, in bytes of entries.
 pub const DEFAULT_L1_CAPACITY: u64 = 64 * 1024 * 1024;
 
+/// The default of [`GuardBuilder::l1_max_variants`]: more than a response that varies
+/// on its encoding and its language has (five encodings of fifty languages are 250),
+/// far fewer than clients can make of a header they control.
+pub const DEFAULT_L1_MAX_VARIANTS: usize = 256;
+
 /// Default refresh budget: refreshes and cold fills of one guard at work at once.
 pub const DEFAULT_REFRESH_BUDGET: usize = 64;
 
@@ -72,6 +77,7 @@ impl StampedeGuard {
             store,
             keys,
             l1_capacity: DEFAULT_L1_CAPACITY,
+            l1_max_variants: DEFAULT_L1_MAX_VARIANTS,
             refresh_budget: DEFAULT_REFRESH_BUDGET,
             instance_id: None,
         }
@@ -173,6 +179,13 @@ impl StampedeGuard {
         self.shared.l1.weighted_size()
     }
 
+    /// How many variants L1 dropped so far past its cap of variants per URL
+    /// ([`GuardBuilder::l1_max_variants`]); also exported as
+    /// [`L1_VARIANTS_DROPPED`](crate::metrics::L1_VARIANTS_DROPPED).
+    pub fn l1_variants_dropped(&self) -> u64 {
+        self.shared.l1.variants_dropped()
+    }
+
     /// Waits at most `within` until no refresh and no cold fill of this guard is at work
     /// (every slot of the refresh budget is back: each refresh or fill that took one has
     /// ended, its entry written to Redis and L1 or given up), and returns whether that
@@ -259,6 +272,7 @@ pub struct GuardBuilder {
     store: RedisStore,
     keys: KeySpace,
     l1_capacity: u64,
+    l1_max_variants: usize,
     refresh_budget: usize,
     instance_id: Option<String>,
 }
@@ -267,6 +281,7 @@ impl fmt::Debug for GuardBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GuardBuilder")
             .field("l1_capacity", &self.l1_capacity)
+            .field("l1_max_variants", &self.l1_max_variants)
             .field("refresh_budget", &self.refresh_budget)
             .field("instance_id", &self.instance_id)
             .finish_non_exhaustive()
@@ -280,6 +295,18 @@ impl GuardBuilder {
     /// go first.
     pub fn l1_capacity(mut self, bytes: u64) -> Self {
         self.l1_capacity = bytes;
+        self
+    }
+
+    /// How many variants of one URL L1 holds at most (default
+    /// [`DEFAULT_L1_MAX_VARIANTS`], 256): the entries its `Vary` or its route's keyed
+    /// headers tell apart. A route that varies on a header clients control
+    /// (`User-Agent`, a free-form `Accept-Language`) could otherwise fill L1 with one
+    /// URL. Past the cap, the variant read or put least recently is dropped (from L1
+    /// only: Redis keeps it), and counted as
+    /// [`L1_VARIANTS_DROPPED`](crate::metrics::L1_VARIANTS_DROPPED).
+    pub fn l1_max_variants(mut self, variants: usize) -> Self {
+        self.l1_max_variants = variants;
         self
     }
 
@@ -305,6 +332,11 @@ impl GuardBuilder {
         if self.l1_capacity == 0 {
             return Err(ConfigError::Zero {
                 field: "l1_capacity",
+            });
+        }
+        if self.l1_max_variants == 0 {
+            return Err(ConfigError::Zero {
+                field: "l1_max_variants",
             });
         }
         if self.refresh_budget == 0 {
@@ -340,7 +372,7 @@ impl GuardBuilder {
                 store: self.store,
                 keys: self.keys,
                 leases,
-                l1: L1::new(self.l1_capacity),
+                l1: L1::new(self.l1_capacity, self.l1_max_variants),
                 tombstones: new_tombstones(),
                 notices: Notices::new(channel, purges_key),
                 purges: Purges::default(),

@@ -335,9 +335,7 @@ impl Route {
         let put = shared.l1.put(&shared.tombstones, keys.local, stored, epoch);
         if self.shared.store.is_local_only() {
             // No notice listener to report L1 once a second: report on each fill.
-            let l1 = &self.shared.l1;
-            metrics::gauge!(crate::metrics::L1_ENTRIES).set(l1.entry_count() as f64);
-            metrics::gauge!(crate::metrics::L1_BYTES).set(l1.weighted_size() as f64);
+            self.shared.report_l1();
         }
         put
     }

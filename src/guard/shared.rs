@@ -82,6 +82,7 @@ impl Shared {
     pub(crate) fn report_l1(&self) {
         metrics::gauge!(crate::metrics::L1_ENTRIES).set(self.l1.entry_count() as f64);
         metrics::gauge!(crate::metrics::L1_BYTES).set(self.l1.weighted_size() as f64);
+        metrics::counter!(crate::metrics::L1_VARIANTS_DROPPED).absolute(self.l1.variants_dropped());
     }
 }
 

@@ -686,6 +686,16 @@ impl KeySpaceBuilder {
     }
 }
 
+/// The 128 bits of a tag id (`tag_` and 32 hex digits, see [`KeySpace::tag_id`]): how
+/// purges keep it. `None` for anything else.
+pub(crate) fn tag_key(id: &str) -> Option<u128> {
+    let hex = id.strip_prefix("tag_")?;
+    if hex.len() != HASH_BYTES * 2 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u128::from_str_radix(hex, 16).ok()
+}
+
 fn push_hex(out: &mut String, bytes: &[u8]) {
     let mut buf = [0u8; HASH_BYTES * 2];
     let hex = &mut buf[..bytes.len() * 2];

@@ -111,9 +111,11 @@ impl StampedeGuard {
     }
 
     /// Opens a Redis connection and the notice subscription, waiting at most the store's
-    /// connect timeout for each. Not needed (the guard connects on first use), but lets a
-    /// service start warm, and lets tests know other instances will hear this one's
-    /// notices.
+    /// connect timeout for each, then waits as long again for the tag purges recorded
+    /// in Redis to be read back (see [`purges_caught_up`](Self::purges_caught_up)). Not
+    /// needed (the guard connects on first use), but lets a service start warm, and
+    /// lets tests know other instances will hear this one's notices. A read-back that
+    /// takes longer goes on in the background: that is not an error.
     pub async fn ready(&self) -> Result<(), StoreError> {
         if self.shared.store.is_local_only() {
             return Ok(());
@@ -127,7 +129,15 @@ impl StampedeGuard {
         )
         .await
         {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => {
+                let mut caught_up = self.shared.purges.caught_up_changes();
+                let _ = tokio::time::timeout(
+                    self.shared.store.connect_timeout() * 2,
+                    caught_up.wait_for(|caught_up| *caught_up),
+                )
+                .await;
+                Ok(())
+            }
             _ => Err(StoreError::new(
                 crate::store::Operation::Subscribe,
                 StoreErrorKind::NoConnection,

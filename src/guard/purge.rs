@@ -62,6 +62,8 @@ pub(crate) struct Purges {
     /// nothing more.
     any: AtomicBool,
     state: RwLock<State>,
+    /// Whether no read-back is owed, to wait on.
+    caught_up: tokio::sync::watch::Sender<bool>,
 }
 
 struct State {
@@ -153,6 +155,7 @@ impl Purges {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             any: AtomicBool::new(false),
+            caught_up: tokio::sync::watch::channel(true).0,
             state: RwLock::new(State {
                 map: HashMap::default(),
                 capacity: capacity.max(8),
@@ -241,6 +244,11 @@ impl Purges {
         self.state.read().expect("purges lock").owed.is_none()
     }
 
+    /// Follows [`is_caught_up`](Self::is_caught_up).
+    pub(crate) fn caught_up_changes(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.caught_up.subscribe()
+    }
+
     /// How many tags' purges are kept, and about how many bytes they take.
     pub(crate) fn size(&self) -> (usize, usize) {
         let state = self.state.read().expect("purges lock");
@@ -266,6 +274,10 @@ impl Purges {
     fn settle(&self, state: &State) {
         let any = !state.map.is_empty() || state.floor != Marks::default() || state.owed.is_some();
         self.any.store(any, Ordering::Release);
+        self.caught_up.send_if_modified(|caught_up| {
+            let now = state.owed.is_none();
+            std::mem::replace(caught_up, now) != now
+        });
     }
 
     /// Whether `stored` was purged: hard if any of its tags was purged hard after its

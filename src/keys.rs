@@ -290,7 +290,8 @@ impl KeySpace {
         format!("{}{{purges}}:tags", self.inner.head)
     }
 
-    /// The purges by time, to prune old ones; in the hash slot of
+    /// The purges by time, to prune old ones and to read back those an instance missed;
+    /// in the hash slot of
     /// [`purges_key`](Self::purges_key).
     pub fn purges_by_time_key(&self) -> String {
         format!("{}{{purges}}:times", self.inner.head)

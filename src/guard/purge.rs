@@ -19,8 +19,10 @@
 //! may live on two nodes, whose clocks differ a little: there, a fill that began up to
 //! [`MARGIN`] after a purge counts as before it (it is filled once more); clocks further
 //! apart than that could let an entry filled just before a purge outlive it. An
-//! instance whose subscription was down reads the purges back from Redis when it comes
-//! up again.
+//! instance whose subscription was down reads back the purges recorded since the last
+//! one it knew of when it comes up again (`cache::ReadBack`, in batches); until it has,
+//! every entry with a tag filled before then counts as purged soft. What a process
+//! keeps is bounded ([`Purges`]).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

@@ -170,7 +170,8 @@ impl KeySpace {
         format!(
             "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
              +script|load +publish +subscribe +get +set +del +hget +hset +hexists +pexpire \
-             +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrem +sadd +smembers \
+             +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrange +zrank +zrem +sadd \
+             +smembers \
              +scard +sismember \
              +cluster|slots +asking +role"
         )

@@ -7,12 +7,16 @@
 //! time: never the whole record, which a fleet that purges per product fills with a
 //! hundred thousand tags in the three days a record matters.
 //!
-//! Batches page by score, from the last score read, inclusive: a run of records with the
-//! same score (every tag of one purge shares its time) may span batches, so the next
-//! batch skips the part of the run already read (`LIMIT` offset) and starts with the
-//! last record read, again. If that record is not where it was (a tag of the run was
-//! purged again meanwhile, and moved to a later score), the run is read again from its
-//! start: no record is skipped, and noting one twice changes nothing.
+//! The first batch asks by score (`ZRANGEBYSCORE ... WITHSCORES LIMIT 0 1000`); each
+//! next one starts at the last record read, found by its rank (`ZRANK`, then `ZRANGE`
+//! by rank): a run of records with one score (every tag of one purge shares its time,
+//! and a purge may name a hundred thousand tags) may span many batches, and a `LIMIT`
+//! offset would walk the part of it already read, so that a batch deep into a long run
+//! would take Redis longer than a command may. The batch must begin with that record,
+//! at its score: if records before it went between the two commands, the batch is
+//! asked again; if it moved (its tag was purged again, at a later time) or went, the
+//! run is read again from its start. No record is skipped, and noting one twice changes
+//! nothing.
 
 use crate::notify::Purge;
 use crate::store::{Operation, RedisStore, Request, StoreError};
@@ -34,11 +38,9 @@ pub(crate) struct Recorded {
 pub(crate) struct ReadBack {
     /// The sorted set of the records.
     key: String,
-    /// The score (µs) the next batch starts at, inclusive.
+    /// The score (µs) the next batch starts at, inclusive: the last record's.
     from: u64,
-    /// How many records with score `from` were read (the run the last batch ended in),
-    /// and the last of them (its member).
-    run: usize,
+    /// The last record read (its member), at score `from`.
     last: Option<String>,
     /// Whether the last batch reached the end.
     done: bool,
@@ -50,15 +52,14 @@ impl ReadBack {
         Self {
             key,
             from: since,
-            run: 0,
             last: None,
             done: false,
         }
     }
 
-    /// Reads the next batch, with one command that does not count against the breaker
-    /// (see [`RedisStore::run_aside`]); `None` once every record was read. A failed
-    /// batch changes nothing: call again to retry it.
+    /// Reads the next batch, with commands that do not count against the breaker (see
+    /// `RedisStore::run_aside`); `None` once every record was read. A failed batch
+    /// changes nothing: call again to retry it. A batch may be empty (see above).
     pub(crate) async fn next(
         &mut self,
         store: &RedisStore,
@@ -66,58 +67,74 @@ impl ReadBack {
         if self.done {
             return Ok(None);
         }
-        // Within a run: the part read less its last record, which comes first again.
-        let (offset, count) = match self.run {
-            0 => (0, BATCH),
-            run => (run - 1, BATCH + 1),
-        };
-        let mut range = redis::cmd("ZRANGEBYSCORE");
-        range
-            .arg(&self.key)
-            .arg(self.from)
-            .arg("+inf")
-            .arg("WITHSCORES")
-            .arg("LIMIT")
-            .arg(offset)
-            .arg(count);
-        let reply: Vec<(String, f64)> = store
-            .run_aside(Operation::Read, Request::Command(&range))
-            .await?;
-        let mut fresh = &reply[..];
-        if self.run > 0 {
-            match reply.first() {
-                Some((member, score))
-                    if Some(member) == self.last.as_ref() && *score as u64 == self.from =>
-                {
-                    fresh = &reply[1..];
-                }
-                // The run changed: read it again from its start.
-                _ => {
-                    self.run = 0;
-                    self.last = None;
+        let reply = match self.last.take() {
+            None => {
+                let mut range = redis::cmd("ZRANGEBYSCORE");
+                range
+                    .arg(&self.key)
+                    .arg(self.from)
+                    .arg("+inf")
+                    .arg("WITHSCORES")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(BATCH);
+                run::<Vec<(String, f64)>>(store, &range).await?
+            }
+            Some(last) => {
+                let mut rank = redis::cmd("ZRANK");
+                rank.arg(&self.key).arg(&last);
+                // Gone (dropped as past its three days): read the run from its start.
+                let Some(rank) = run::<Option<u64>>(store, &rank).await? else {
                     return Ok(Some(Vec::new()));
+                };
+                let mut range = redis::cmd("ZRANGE");
+                range
+                    .arg(&self.key)
+                    .arg(rank)
+                    .arg(rank + BATCH as u64)
+                    .arg("WITHSCORES");
+                let mut reply = run::<Vec<(String, f64)>>(store, &range).await?;
+                match reply.first() {
+                    Some((member, score)) if *member == last => {
+                        // Moved to a later time: read the run from its start.
+                        if *score as u64 != self.from {
+                            return Ok(Some(Vec::new()));
+                        }
+                        reply.remove(0);
+                    }
+                    // Records before it went in between: ask again.
+                    _ => {
+                        self.last = Some(last);
+                        return Ok(Some(Vec::new()));
+                    }
                 }
+                reply
             }
-        }
-        let mut records = Vec::with_capacity(fresh.len());
-        for (member, score) in fresh {
-            let at = *score as u64;
-            if at == self.from {
-                self.run += 1;
-            } else {
-                self.from = at;
-                self.run = 1;
+        };
+        let records = reply
+            .iter()
+            .filter_map(|(member, score)| parse(member, *score as u64))
+            .collect();
+        match reply.last() {
+            Some((member, score)) => {
+                self.from = *score as u64;
+                self.last = Some(member.clone());
             }
-            if let Some(record) = parse(member, at) {
-                records.push(record);
-            }
+            None => self.last = None,
         }
-        if let Some((member, _)) = fresh.last() {
-            self.last = Some(member.clone());
-        }
-        self.done = reply.len() < count;
+        self.done = reply.len() < BATCH;
         Ok(Some(records))
     }
+}
+
+/// Runs one command of a read-back, outside the breaker.
+async fn run<T: redis::FromRedisValue>(
+    store: &RedisStore,
+    cmd: &redis::Cmd,
+) -> Result<T, StoreError> {
+    store
+        .run_aside(Operation::Read, Request::Command(cmd))
+        .await
 }
 
 /// A record from its member (`{tag id}:h` or `{tag id}:s`) and score; `None` for

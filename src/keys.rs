@@ -170,7 +170,8 @@ impl KeySpace {
         format!(
             "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
              +script|load +publish +subscribe +get +set +del +hget +hset +hexists +pexpire \
-             +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrem +sadd +smembers \
+             +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrange +zrank +zrem +sadd \
+             +smembers \
              +scard +sismember \
              +cluster|slots +asking +role"
         )
@@ -290,7 +291,8 @@ impl KeySpace {
         format!("{}{{purges}}:tags", self.inner.head)
     }
 
-    /// The purges by time, to prune old ones; in the hash slot of
+    /// The purges by time, to prune old ones and to read back those an instance missed;
+    /// in the hash slot of
     /// [`purges_key`](Self::purges_key).
     pub fn purges_by_time_key(&self) -> String {
         format!("{}{{purges}}:times", self.inner.head)
@@ -684,6 +686,16 @@ impl KeySpaceBuilder {
             }),
         })
     }
+}
+
+/// The 128 bits of a tag id (`tag_` and 32 hex digits, see [`KeySpace::tag_id`]): how
+/// purges keep it. `None` for anything else.
+pub(crate) fn tag_key(id: &str) -> Option<u128> {
+    let hex = id.strip_prefix("tag_")?;
+    if hex.len() != HASH_BYTES * 2 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u128::from_str_radix(hex, 16).ok()
 }
 
 fn push_hex(out: &mut String, bytes: &[u8]) {

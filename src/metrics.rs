@@ -20,7 +20,8 @@
 //! its routes, and have no `route` label: L1's size ([`L1_ENTRIES`], [`L1_BYTES`]), the
 //! refresh budget ([`BUDGET_IN_USE`]), the store's errors and circuit breaker
 //! ([`REDIS_ERRORS`], [`CIRCUIT_OPEN`], [`CIRCUIT_OPENED`]), tag purges ([`PURGES`]) and
-//! periodic jobs ([`LEADER_TICKS`]). Prometheus adds `job` and `instance` to every series
+//! what the process keeps of them ([`PURGE_TAGS`], [`PURGE_BYTES`]), and periodic jobs
+//! ([`LEADER_TICKS`]). Prometheus adds `job` and `instance` to every series
 //! when it scrapes: tell services and processes apart by those.
 //!
 //! Counter handles are registered when a layer is made: install the recorder before.
@@ -143,6 +144,13 @@ names! {
     EARLY_REFRESHES: Counter = "stampede_guard_early_refreshes_total", "Hits that started an early refresh of a fresh entry.";
     /// Tags purged through this process, by how (`hard`, `soft`).
     PURGES: Counter = "stampede_guard_purged_tags_total", "Tags purged through this process, by how.";
+    /// Tags whose last purges this process keeps, to check entries against (see
+    /// [`GuardBuilder::purge_capacity`](crate::guard::GuardBuilder::purge_capacity)).
+    /// One per process, no `route` label.
+    PURGE_TAGS: Gauge = "stampede_guard_purge_tags", "Tags whose last purges this process keeps (per process, shared by all routes: no route label).";
+    /// Bytes the kept purges take (the table's allocation). One per process, no `route`
+    /// label, as [`PURGE_TAGS`].
+    PURGE_BYTES: Gauge = "stampede_guard_purge_bytes", "Bytes of the tag purges this process keeps (per process, shared by all routes: no route label).";
     /// Entries found purged (a tag purged after their fill began), by how.
     PURGED_READS: Counter = "stampede_guard_purged_entries_total", "Reads that found an entry purged by a tag, by how.";
     /// Conditional requests answered `304 Not Modified` from an entry.
@@ -170,6 +178,8 @@ pub const PER_PROCESS: &[&str] = &[
     CIRCUIT_OPEN,
     CIRCUIT_OPENED,
     PURGES,
+    PURGE_TAGS,
+    PURGE_BYTES,
     LEADER_TICKS,
 ];
 

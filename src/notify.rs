@@ -15,7 +15,11 @@
 //! A lost notice costs time, never correctness: a waiter that is not woken reads Redis
 //! when its cold wait ends. When the subscription is lost and comes back, notices sent
 //! meanwhile are lost with it: the guard is told ([`Hears::subscribed`]) and no longer
-//! serves what it held then as fresh.
+//! serves what it held then as fresh. Purges are recorded in Redis too: those recorded
+//! since the last one the guard knows of are read back, in batches, beside the notices
+//! (see `cache::ReadBack`). The subscription counts as up as soon as it is: a read-back
+//! that fails is retried with backoff, outside the breaker, while the guard treats what
+//! a missed purge could have reached as stale.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +30,7 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::cache::{ReadBack, Recorded};
 use crate::keys::LocalKey;
 use crate::lease::FencingToken;
 use crate::store::{Operation, RedisStore, Request, StoreError};
@@ -37,7 +42,8 @@ use crate::store::{Operation, RedisStore, Request, StoreError};
 /// fencing tokens are issued from), and tells every instance; nothing is deleted and no
 /// key is listed. Every read checks the entry's tags: an entry whose fill began before
 /// a purge of one of them is gone (hard) or stale (soft). An instance whose
-/// subscription was down reads the purges back when it comes up.
+/// subscription was down reads back the purges recorded since the last one it knew of
+/// when it comes up; until it has, entries with tags filled before then are stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Purge {
     /// Gone: not served, refilled by the next caller (once for the fleet).
@@ -72,19 +78,29 @@ pub(crate) trait Hears: Send + Sync + 'static {
     fn learned(&self, route: &str, response: u128, names: &[&str]);
     /// Tags (by id) were purged, at `at` µs of the Redis server's clock.
     fn purged(&self, how: Purge, at: u64, ids: &[&str]);
-    /// The purges recorded in Redis, read back when the subscription came up (`{id}:h`
-    /// or `{id}:s`, and µs).
-    fn purges_recorded(&self, records: &[(String, String)]);
-    /// The subscription came up (again): notices sent before may have been missed.
-    fn subscribed(&self);
+    /// The subscription came up (again): notices sent before may have been missed, and
+    /// the purges recorded meanwhile are owed. Returns what to read back.
+    fn subscribed(&self) -> Owed;
+    /// A batch of the purges recorded in Redis, read back.
+    fn purges_recorded(&self, records: &[Recorded]);
+    /// Every purge recorded was read back, for the read-back `episode` (an older one
+    /// settles nothing).
+    fn purges_caught_up(&self, episode: u64);
     /// Once a second while subscribed (for reporting gauges).
     fn tick(&self);
+}
+
+/// A read-back owed: the records scored from `since` µs on, for `episode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owed {
+    pub(crate) episode: u64,
+    pub(crate) since: u64,
 }
 
 /// One guard's notices: its channel, its subscription and its waiting callers.
 pub(crate) struct Notices {
     channel: String,
-    /// Where purges are recorded, read back when the subscription comes up.
+    /// Where purges are recorded by time, read back when the subscription comes up.
     purges_key: String,
     waiters: Arc<Waiters>,
     /// Shared with the subscription's task, which holds it weakly.
@@ -97,6 +113,8 @@ struct State {
     listening: AtomicBool,
     /// Whether the subscription is up now.
     subscribed: watch::Sender<bool>,
+    /// Whether the last read-back failed, so that the log says it once per episode.
+    read_back_failed: AtomicBool,
 }
 
 impl Drop for Notices {
@@ -116,6 +134,7 @@ impl Notices {
             state: Arc::new(State {
                 listening: AtomicBool::new(false),
                 subscribed: watch::channel(false).0,
+                read_back_failed: AtomicBool::new(false),
             }),
             listener: Mutex::default(),
         }
@@ -283,44 +302,31 @@ async fn listen(
     let timeout = store.connect_timeout();
     // What the log said last, so that a retry every second says nothing new.
     let mut lost = false;
-    let mut read_back_failed = false;
     loop {
         if let Ok(mut pubsub) = store.pubsub(timeout).await
             && let Ok(Ok(())) = tokio::time::timeout(timeout, pubsub.subscribe(&channel)).await
         {
-            // Purges sent while the subscription was down are recorded: read them back
-            // (after subscribing, so that none falls between the two). Until that
-            // read succeeds, the subscription does not count as up: it is tried again.
-            let mut hgetall = redis::cmd("HGETALL");
-            hgetall.arg(&purges_key);
-            let records = match store
-                .run::<Vec<(String, String)>>(Operation::Read, Request::Command(&hgetall))
-                .await
-            {
-                Ok(records) => records,
-                Err(error) => {
-                    if !std::mem::replace(&mut read_back_failed, true) {
-                        tracing::warn!(
-                            %error,
-                            "stampede-guard could not read the purges back; resubscribing"
-                        );
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                    continue;
-                }
-            };
-            read_back_failed = false;
             if std::mem::replace(&mut lost, false) {
                 tracing::info!("stampede-guard's notice subscription is back");
             }
+            // Purges sent while the subscription was down are recorded: read them back
+            // (after subscribing, so that none falls between the two), beside the
+            // notices, for as long as this subscription lasts.
             let Some(guard) = hears.upgrade() else { return };
-            guard.subscribed();
-            guard.purges_recorded(&records);
+            let owed = guard.subscribed();
             drop(guard);
-            let Some(subscribed) = state.upgrade().map(|s| s.subscribed.clone()) else {
+            let Some(shared) = state.upgrade() else {
                 return;
             };
+            let subscribed = shared.subscribed.clone();
+            let read_back = AbortOnDrop(tokio::spawn(read_back(
+                store.clone(),
+                ReadBack::new(purges_key.clone(), owed.since),
+                owed.episode,
+                Arc::downgrade(&shared),
+                hears.clone(),
+            )));
+            drop(shared);
             subscribed.send_replace(true);
             let (mut sink, mut messages) = pubsub.split();
             let mut ping = tokio::time::interval(PING_EVERY);
@@ -346,12 +352,74 @@ async fn listen(
                     }
                 }
             }
+            // What it read stays noted; what it did not is owed again, from the same
+            // place, by the next subscription's.
+            drop(read_back);
             subscribed.send_replace(false);
             lost = true;
             tracing::warn!("stampede-guard lost its notice subscription; reconnecting");
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Aborts a task when dropped: the read-back of a subscription that was lost.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The longest wait between two tries of a failing read-back.
+const READ_BACK_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Reads back the purges owed, a batch at a time, handing each to the guard; a failed
+/// batch is tried again with backoff, for as long as the subscription lasts (its task
+/// is aborted when it is lost). Its failures do not count against the breaker: they
+/// would open it for Redis's every other use, and a read-back that keeps failing must
+/// not stop the notices it runs beside. The log says the first failure of an episode,
+/// and its end.
+async fn read_back(
+    store: RedisStore,
+    mut cursor: ReadBack,
+    episode: u64,
+    state: Weak<State>,
+    hears: Weak<dyn Hears>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match cursor.next(&store).await {
+            Ok(Some(records)) => {
+                let Some(guard) = hears.upgrade() else { return };
+                guard.purges_recorded(&records);
+            }
+            Ok(None) => {
+                let Some(guard) = hears.upgrade() else { return };
+                guard.purges_caught_up(episode);
+                if let Some(state) = state.upgrade()
+                    && state.read_back_failed.swap(false, Ordering::AcqRel)
+                {
+                    tracing::info!("stampede-guard read the purges back");
+                }
+                return;
+            }
+            Err(error) => {
+                if let Some(state) = state.upgrade()
+                    && !state.read_back_failed.swap(true, Ordering::AcqRel)
+                {
+                    tracing::warn!(
+                        %error,
+                        "stampede-guard could not read the purges back; retrying \
+                         (meanwhile, entries with tags filled before are stale)"
+                    );
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(READ_BACK_BACKOFF);
+            }
+        }
     }
 }
 

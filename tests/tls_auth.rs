@@ -179,7 +179,11 @@ async fn a_user_and_password_from_the_builder_authenticate() {
     let c = StampedeGuard::builder(redis.store(TIMEOUT), keys())
         .build()
         .unwrap();
-    c.ready().await.expect("subscribed, the purges read back");
+    c.ready().await.expect("subscribed");
+    assert!(
+        support::eventually(support::HANG, || async { c.purges_caught_up() }).await,
+        "the purges were not read back as the least-privileged user"
+    );
 }
 
 /// A wrong password: every Redis operation fails, is counted, and the guard answers

@@ -34,6 +34,10 @@ pub const DEFAULT_L1_MAX_VARIANTS: usize = 256;
 /// Default refresh budget: refreshes and cold fills of one guard at work at once.
 pub const DEFAULT_REFRESH_BUDGET: usize = 64;
 
+/// Default purge capacity: how many tags' last purges a guard keeps (twice a hundred
+/// thousand tags purged in the three days a purge matters, in about 9 MiB).
+pub const DEFAULT_PURGE_CAPACITY: usize = 200_000;
+
 /// The shared handle: Redis, keys, the L1 cache and the notice subscription. Cheap to
 /// clone; make one per process and a [`GuardLayer`] per route from it.
 ///
@@ -79,6 +83,7 @@ impl StampedeGuard {
             l1_capacity: DEFAULT_L1_CAPACITY,
             l1_max_variants: DEFAULT_L1_MAX_VARIANTS,
             refresh_budget: DEFAULT_REFRESH_BUDGET,
+            purge_capacity: DEFAULT_PURGE_CAPACITY,
             instance_id: None,
         }
     }
@@ -112,9 +117,11 @@ impl StampedeGuard {
     }
 
     /// Opens a Redis connection and the notice subscription, waiting at most the store's
-    /// connect timeout for each. Not needed (the guard connects on first use), but lets a
-    /// service start warm, and lets tests know other instances will hear this one's
-    /// notices.
+    /// connect timeout for each, then waits as long again for the tag purges recorded
+    /// in Redis to be read back (see [`purges_caught_up`](Self::purges_caught_up)). Not
+    /// needed (the guard connects on first use), but lets a service start warm, and
+    /// lets tests know other instances will hear this one's notices. A read-back that
+    /// takes longer goes on in the background: that is not an error.
     pub async fn ready(&self) -> Result<(), StoreError> {
         if self.shared.store.is_local_only() {
             return Ok(());
@@ -128,7 +135,15 @@ impl StampedeGuard {
         )
         .await
         {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => {
+                let mut caught_up = self.shared.purges.caught_up_changes();
+                let _ = tokio::time::timeout(
+                    self.shared.store.connect_timeout() * 2,
+                    caught_up.wait_for(|caught_up| *caught_up),
+                )
+                .await;
+                Ok(())
+            }
             _ => Err(StoreError::new(
                 crate::store::Operation::Subscribe,
                 StoreErrorKind::NoConnection,
@@ -167,6 +182,17 @@ impl StampedeGuard {
     /// does not hear them serves what it holds, but learns of invalidations late.
     pub fn notices_connected(&self) -> bool {
         self.shared.notices.is_subscribed()
+    }
+
+    /// Whether the guard knows every tag purge recorded in Redis: its notice
+    /// subscription is up and the purges recorded while it was down (or, the first
+    /// time, in the last three days) were read back. Until they are, entries with tags
+    /// filled before the subscription came up are served stale (and refreshed once for
+    /// the fleet), never as fresh. Always true for a local-only store. For health pages
+    /// and tests.
+    pub fn purges_caught_up(&self) -> bool {
+        self.shared.store.is_local_only()
+            || (self.shared.notices.is_subscribed() && self.shared.purges.is_caught_up())
     }
 
     /// How many entries L1 holds (approximate: moka counts lazily).
@@ -261,6 +287,7 @@ impl StampedeGuard {
         for id in &ids {
             shared.purges.note(id, how, at);
         }
+        shared.purges.report();
         crate::metrics::purged(how.as_str(), ids.len());
         result.map(|_| ())
     }
@@ -274,6 +301,7 @@ pub struct GuardBuilder {
     l1_capacity: u64,
     l1_max_variants: usize,
     refresh_budget: usize,
+    purge_capacity: usize,
     instance_id: Option<String>,
 }
 
@@ -283,6 +311,7 @@ impl fmt::Debug for GuardBuilder {
             .field("l1_capacity", &self.l1_capacity)
             .field("l1_max_variants", &self.l1_max_variants)
             .field("refresh_budget", &self.refresh_budget)
+            .field("purge_capacity", &self.purge_capacity)
             .field("instance_id", &self.instance_id)
             .finish_non_exhaustive()
     }
@@ -320,6 +349,19 @@ impl GuardBuilder {
         self
     }
 
+    /// How many tags' last purges the guard keeps (default 200,000; at least 8): about
+    /// 45 bytes each, counted by the gauges `stampede_guard_purge_tags` and
+    /// `stampede_guard_purge_bytes`. Past it, the eighth purged longest ago are folded
+    /// into one *floor* for every tag: an entry that has any tag and was filled before
+    /// the newest of those purges counts as purged (hard, if one of them was hard). That
+    /// never serves a purged entry as unpurged; it fills (or refreshes) once more
+    /// entries of other tags as old. Purges older than the longest an entry is kept
+    /// (three days) hide nothing and go first.
+    pub fn purge_capacity(mut self, tags: usize) -> Self {
+        self.purge_capacity = tags;
+        self
+    }
+
     /// The instance part of lease owner values (see
     /// [`LeaseClientBuilder::instance_id`](crate::lease::LeaseClientBuilder::instance_id)).
     pub fn instance_id(mut self, id: impl Into<String>) -> Self {
@@ -344,6 +386,9 @@ impl GuardBuilder {
                 field: "refresh_budget",
             });
         }
+        if self.purge_capacity < 8 {
+            return Err(ConfigError::invalid("purge_capacity", "must be at least 8"));
+        }
         if self.refresh_budget > Semaphore::MAX_PERMITS {
             return Err(ConfigError::invalid("refresh_budget", "too large"));
         }
@@ -361,7 +406,7 @@ impl GuardBuilder {
         // here, rather than on the first request.
         let _ = crate::cache::Instant::now();
         let channel = self.keys.channel();
-        let purges_key = self.keys.purges_key();
+        let purges_key = self.keys.purges_by_time_key();
         if self.store.is_local_only() {
             tracing::info!(
                 "no Redis: running local-only (L1 and one origin call per key per process)"
@@ -375,7 +420,7 @@ impl GuardBuilder {
                 l1: L1::new(self.l1_capacity, self.l1_max_variants),
                 tombstones: new_tombstones(),
                 notices: Notices::new(channel, purges_key),
-                purges: Purges::default(),
+                purges: Purges::new(self.purge_capacity),
                 marks: Marks::default(),
                 budget: Budget::new(self.refresh_budget),
                 routes: Mutex::default(),

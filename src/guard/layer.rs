@@ -39,7 +39,11 @@ impl GuardLayer {
         let label = metrics::SharedString::from(std::sync::Arc::<str>::from(policy.route.as_str()));
         crate::metrics::route_lease_ttl(label.clone(), policy.lease_ttl);
         let hashers = shared.keys.local_hashers(&policy.route);
-        let policy_tags = policy.tags.iter().map(|t| shared.keys.tag_id(t)).collect();
+        let policy_tags = policy
+            .tags
+            .iter()
+            .filter_map(|t| crate::keys::tag_key(&shared.keys.tag_id(t)))
+            .collect();
         let (policy_ttl, policy_adaptive) = (policy.lease_ttl, policy.adaptive);
         Self {
             route: Arc::new(Route {

@@ -202,8 +202,8 @@ mod vary;
 pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::handle::{
-    DEFAULT_L1_CAPACITY, DEFAULT_L1_MAX_VARIANTS, DEFAULT_REFRESH_BUDGET, GuardBuilder, LocalOnly,
-    Mode, StampedeGuard,
+    DEFAULT_L1_CAPACITY, DEFAULT_L1_MAX_VARIANTS, DEFAULT_PURGE_CAPACITY, DEFAULT_REFRESH_BUDGET,
+    GuardBuilder, LocalOnly, Mode, StampedeGuard,
 };
 pub use self::invalidate::InvalidateError;
 pub use self::layer::GuardLayer;

@@ -43,8 +43,8 @@ pub(crate) struct Route {
     pub(crate) hashers: LocalHashers,
     /// How long its origin takes to answer a refresh or a fill (for XFetch).
     pub(crate) recompute: Recompute,
-    /// The ids of the tags its policy gives every entry.
-    pub(crate) tag_ids: Box<[String]>,
+    /// The tags its policy gives every entry (their ids' 128 bits).
+    pub(crate) tag_ids: Box<[u128]>,
     /// The TTL its leases are taken with: the policy's, or from measured hold times.
     pub(crate) lease_ttl: LeaseTtl,
     /// Its name as a metric label, shared (its leases carry it, to label their holds).

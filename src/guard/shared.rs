@@ -12,10 +12,11 @@ use super::inflight::{RefreshMap, filled_elsewhere};
 use super::marks::{Mark, Marks};
 use super::purge::Purges;
 use super::vary::Learned;
+use crate::cache::Recorded;
 use crate::cache::{L1, Tombstones};
 use crate::keys::{KeySpace, LocalKey};
 use crate::lease::{FencingToken, LeaseClient};
-use crate::notify::{Ending, Hears, Notices, Purge};
+use crate::notify::{Ending, Hears, Notices, Owed, Purge};
 use crate::store::RedisStore;
 
 /// What every route of one guard shares.
@@ -121,13 +122,16 @@ impl Hears for Shared {
     }
 
     fn purged(&self, how: Purge, at: u64, ids: &[&str]) {
-        for id in ids {
-            self.purges.note(id, how, at);
-        }
+        self.purges.heard(how, at, ids);
     }
 
-    fn purges_recorded(&self, records: &[(String, String)]) {
-        self.purges.load(records);
+    fn purges_recorded(&self, records: &[Recorded]) {
+        self.purges.recorded(records);
+    }
+
+    fn purges_caught_up(&self, episode: u64) {
+        self.purges.caught_up(episode);
+        self.purges.report();
     }
 
     fn learned(&self, route: &str, response: u128, names: &[&str]) {
@@ -142,13 +146,17 @@ impl Hears for Shared {
 
     /// Invalidations sent while the subscription was down (or before it first was) did
     /// not reach this process: what L1 holds may be invalidated. A new epoch makes those
-    /// entries stale: served while a refresh reads Redis again.
-    fn subscribed(&self) {
+    /// entries stale: served while a refresh reads Redis again. Purges sent meanwhile
+    /// are owed until they are read back: entries with tags filled before now are
+    /// stale until then (see [`Purges::owe`](super::purge::Purges::owe)).
+    fn subscribed(&self) -> Owed {
         self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.purges.owe(super::purge::local_micros())
     }
 
-    /// A second's tick is as good a time as any to report L1.
+    /// A second's tick is as good a time as any to report L1 and the purges kept.
     fn tick(&self) {
         self.report_l1();
+        self.purges.report();
     }
 }

@@ -211,6 +211,39 @@ impl RedisStore {
         self.run_sized(operation, request, 0).await
     }
 
+    /// Runs one request within the deadline, outside the breaker: its failures neither
+    /// count towards opening it nor are told to the log (the caller tells its own, once),
+    /// and its successes do not close it; they are counted in the error metric as any
+    /// other. Refused at once while the breaker is open. For work that retries itself
+    /// and must not make Redis look away for everything else: reading purges back.
+    pub(crate) async fn run_aside<T: FromRedisValue>(
+        &self,
+        operation: Operation,
+        request: Request<'_>,
+    ) -> Result<T, StoreError> {
+        if self.is_local_only() || self.inner.breaker.is_open() {
+            return Err(StoreError::new(
+                operation,
+                StoreErrorKind::CircuitOpen,
+                None,
+            ));
+        }
+        self.inner.zeroed.call_once(zero_error_series);
+        let result = self
+            .inner
+            .execute(operation, &request, Duration::ZERO)
+            .await;
+        if let Err(error) = &result {
+            metrics::counter!(
+                REDIS_ERRORS,
+                "operation" => operation.as_str(),
+                "kind" => error.kind().as_str()
+            )
+            .increment(1);
+        }
+        result
+    }
+
     /// Runs one request that moves up to `payload` bytes: its deadline grows with the
     /// payload (at 32 MiB/s), so that a large entry is not a timeout by nature.
     pub(crate) async fn run_sized<T: FromRedisValue>(

@@ -2,8 +2,8 @@
 --
 -- KEYS[1]  the key space's purge records (a hash: field `{tag id}:h` or `{tag id}:s`,
 --          the server time of the tag's last hard or soft purge, in µs)
--- KEYS[2]  the same fields by time (a sorted set), to prune old ones without a scan
---          (the two keys share a hash tag)
+-- KEYS[2]  the same fields by time (a sorted set), to prune old ones without a scan and
+--          to read back what an instance missed (the two keys share a hash tag)
 -- ARGV[1]  h (hard) or s (soft)    ARGV[2]  the notice channel
 -- ARGV[3]  how long a record matters, µs: the longest an entry may be kept
 -- ARGV[4..] the tags' ids (keyed hashes: no tag is written as given)
@@ -11,7 +11,8 @@
 -- The time is the server's, the clock fencing tokens are issued from (tokens.lua): an
 -- entry whose fill took its lease before the purge has a lower token, one that took it
 -- after has a higher one. Every instance checks its entries' tags against the records
--- it heard (or, after its subscription was down, read back from the hash).
+-- it heard (or, after its subscription was down, read back by time from the sorted set;
+-- the hash is still written for versions that read it whole).
 --
 -- Records older than ARGV[3] hide nothing: each purge drops them, in time order (a
 -- range of the sorted set, never a scan of the hash). Returns the purge's time, µs.

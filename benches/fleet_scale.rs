@@ -25,7 +25,7 @@
 //! cargo bench --bench fleet_scale --features sidecar
 //! ```
 //!
-//! About 3 minutes; needs `redis-server` and `redis-cli` on `PATH`. 32 processes on a
+//! About 2.5 minutes; needs `redis-server` and `redis-cli` on `PATH`. 32 processes on a
 //! small machine are CPU-bound: the offered load is modest (1,000 requests a second in
 //! all, whatever K) so that every K serves all of it; see BENCHMARKS.md.
 
@@ -644,8 +644,10 @@ fn costs(m: &Measured) -> [f64; 7] {
     let evalsha = l.command("evalsha").max(1.0);
     let publishes = l.command("publish");
     // What the load added to the idle fleet, less the notices' share.
-    let out = l.net_out - idle.net_out - m.deliveries * m.frame as f64;
-    let cpu = l.cpu - idle.cpu - publishes * m.probe_cpu;
+    let out = m
+        .deliveries
+        .mul_add(-(m.frame as f64), l.net_out - idle.net_out);
+    let cpu = publishes.mul_add(-m.probe_cpu, l.cpu - idle.cpu);
     [
         m.per_instance[0],
         m.per_instance[1],

@@ -167,6 +167,11 @@ const NOT_RUN: &[(&str, &str)] = &[
         "a benchmark: its figures are in BENCHMARKS.md",
     ),
     (
+        "cargo bench --bench fleet_scale --features sidecar",
+        "a benchmark of minutes, up to 32 sidecar processes: its figures and the model \
+         built on them are in BENCHMARKS.md",
+    ),
+    (
         "bash benches/size.sh",
         "release builds of four binaries, minutes: its figures are in the README",
     ),

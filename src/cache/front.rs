@@ -48,16 +48,31 @@ const SHARD_BITS: u32 = 6;
 pub(super) const SAMPLE: u32 = 16;
 
 /// What the front costs per entry at most, besides the entry itself, counted in each
-/// entry's weight: a slot of a hash table (a 16-byte key and its variants, 48 bytes,
-/// with a control byte), and a table is at least 7/32 full (it doubles once its free
-/// room is gone, which slots left deleted by removals also use up, and shrinks below a
-/// third of its room), so up to 224 bytes; and for a response with variants, a slot of
-/// its own table of variants (16 bytes and a control byte), tables at least a quarter
-/// full less their spare eighth: up to 78 more, with the response's slot then shared by
-/// two variants at least (112 each, at most). Besides: tables of up to [`SMALL`] slots
-/// do not shrink, at most 64 × 16 × 49 bytes (50 KB) for a whole guard, whatever its
+/// entry's weight (see [`bookkeeping`]). A response's slot in its shard's table is 41
+/// bytes (a 16-byte key, its variants in 24, a control byte). A table doubles when
+/// full (7/8 of its slots used), to 7/16, and shrinks below 7/24, back to at least
+/// 7/16 (see [`shrink`]): at least 7/24 full, a slot costs at most 141 bytes. The
+/// variants of a response with several are in a table of their own (boxed, 48 bytes,
+/// shared by at least two): a variant's slot is 25 bytes (an 8-byte key, the entry and
+/// when it was used, a control byte), at most 86 under the same rule, 77 in the small
+/// tables that do not shrink; with its share of the response's slot (71) and of the
+/// box (24), under 192. Besides: response tables of up to [`SMALL`] slots do not
+/// shrink, at most 64 × 16 × 141 bytes (144 KB) for a whole guard, whatever its
 /// capacity.
-pub(super) const BOOKKEEPING: usize = 256;
+pub(super) const BOOKKEEPING: usize = 144;
+
+/// [`BOOKKEEPING`] for an entry that is a variant of its response's (see there).
+pub(super) const VARIANT_BOOKKEEPING: usize = 192;
+
+/// What the front costs at most for the entry at `key`: a variant may be in a table of
+/// variants (see [`BOOKKEEPING`]).
+pub(super) fn bookkeeping(key: &LocalKey) -> usize {
+    if key.variant == 0 {
+        BOOKKEEPING
+    } else {
+        VARIANT_BOOKKEEPING
+    }
+}
 
 /// Tables this small are left as they are (see [`BOOKKEEPING`]).
 const SMALL: usize = 16;
@@ -199,8 +214,9 @@ impl Variants {
                 if all.len() == 1 {
                     let (v, last) = all.drain().next().expect("one variant");
                     *self = Variants::One(v, last.stored);
-                } else if all.capacity() > 8 && all.len() * 4 < all.capacity() {
-                    all.shrink_to(all.len() * 2);
+                } else if all.len() * 3 < all.capacity() {
+                    // As `shrink` does (see `BOOKKEEPING`).
+                    all.shrink_to(all.len());
                 }
                 matches!(self, Variants::Many(all) if all.is_empty())
             }
@@ -386,12 +402,15 @@ fn remove(map: &mut HashMap<u128, Variants, Spread>, key: &LocalKey, only: Optio
 }
 
 /// Gives memory back once a table is mostly empty (hash maps never shrink by
-/// themselves): a burst of entries does not keep its table after moka evicted them.
-/// Below a third of its room, to half again what it holds (at most 2/3 full after, and
-/// not shrunk again until a third of what it holds has gone).
+/// themselves): a burst of entries does not keep its table after moka evicted them,
+/// and a slot costs at most what [`BOOKKEEPING`] counts. Below 7/24 of its slots used
+/// (a third of its room), to the fewest slots that hold what it has (at least 7/16
+/// full after). A table that doubled (to 7/16) loses a third of what it holds before it
+/// shrinks, and one that shrank doubles what it holds before it grows: each rehash of
+/// a table is paid for by a third as many changes at least.
 fn shrink(map: &mut HashMap<u128, Variants, Spread>) {
     if map.capacity() > SMALL && map.len() * 3 < map.capacity() {
-        map.shrink_to(map.len() * 3 / 2);
+        map.shrink_to(map.len());
     }
 }
 

@@ -72,8 +72,8 @@ impl L1 {
         let listener = front.clone();
         let moka = Cache::builder()
             .max_capacity(capacity)
-            .weigher(|_: &LocalKey, value: &Arc<Stored>| {
-                u32::try_from(weigh(value)).unwrap_or(u32::MAX)
+            .weigher(|key: &LocalKey, value: &Arc<Stored>| {
+                u32::try_from(weigh(key, value)).unwrap_or(u32::MAX)
             })
             .expire_after(UntilKept)
             // For dropping every variant of an invalidated response at once.
@@ -337,11 +337,11 @@ const STATIC_NAMES: &[http::HeaderName] = &[
     http::header::X_FRAME_OPTIONS,
 ];
 
-/// What an L1 entry costs in memory, in bytes: every allocation it holds, rounded as
-/// the allocator rounds them, and moka's bookkeeping. The capacity is in these bytes,
-/// so it is what the process really spends on entries (checked against its resident
-/// memory in `tests/memory.rs`).
-pub(crate) fn weigh(stored: &Stored) -> usize {
+/// What an L1 entry at `key` costs in memory, in bytes: every allocation it holds,
+/// rounded as the allocator rounds them, moka's bookkeeping and the front's. The
+/// capacity is in these bytes, so it is what the process really spends on entries
+/// (checked against its resident memory in `tests/memory.rs`).
+pub(crate) fn weigh(key: &LocalKey, stored: &Stored) -> usize {
     // An allocation of `len` bytes: a 16-byte header, rounded up to 16 bytes.
     fn heap(len: usize) -> usize {
         if len == 0 {
@@ -353,18 +353,32 @@ pub(crate) fn weigh(stored: &Stored) -> usize {
     // A `Bytes` that shares its buffer keeps a small shared header besides it.
     const SHARED: usize = 32;
     let headers = &stored.response.headers;
-    // A header map keeps a power-of-two table of 4-byte positions and a vector of
-    // entries; each entry holds a name, a value, a hash and links.
+    // A header map keeps a power-of-two table of 4-byte positions, a vector of entries
+    // (one per name: a name, a value, a hash and links) and one of the further values
+    // of names that have several (a value and links). Entries keep no spare room: see
+    // `Stored::aged`.
     let slots = headers.capacity();
     let table = (slots + slots / 3).max(1).next_power_of_two();
     let entry = size_of::<http::HeaderName>() + size_of::<http::HeaderValue>() + 32;
-    let map = heap(table * 4) + heap(slots * entry);
-    let values: usize = headers.values().map(|v| v.len()).sum();
+    let extra = size_of::<http::HeaderValue>() + 32;
+    let names = headers.keys_len();
+    let map = heap(table * 4) + heap(names * entry) + heap((headers.len() - names) * extra);
+    // The placeholders of the layer's three (see `Stored::aged`) are static.
+    let layers = |name: &http::HeaderName| {
+        *name == http::header::AGE
+            || *name == crate::http::X_CACHE_NAME
+            || *name == crate::http::CACHE_STATUS_NAME
+    };
+    let values: usize = headers
+        .iter()
+        .filter(|(name, _)| !layers(name))
+        .map(|(_, v)| v.len())
+        .sum();
     // Names: standard ones are static, others a copy each (a standard name missing from
     // the list is counted as a copy: over, never under).
     let names: usize = headers
         .keys()
-        .filter(|n| !STATIC_NAMES.contains(n))
+        .filter(|n| !STATIC_NAMES.contains(n) && !layers(n))
         .map(|n| heap(n.as_str().len()) + SHARED)
         .sum();
     heap(size_of::<Stored>() + 16) // the Arc<Stored>
@@ -375,7 +389,7 @@ pub(crate) fn weigh(stored: &Stored) -> usize {
         + names
         + heap(stored.response.body.len()) + SHARED
         + L1_BOOKKEEPING
-        + front::BOOKKEEPING
+        + front::bookkeeping(key)
 }
 
 /// Tokens of recent invalidations, per response (its [`LocalKey::response`], shared by
@@ -827,7 +841,7 @@ mod front_tests {
         }
         let hit_ratio = |sample: Sample| {
             // Room for 5 % of the keys.
-            let capacity = 500 * weigh(&entry(1, HOUR)) as u64;
+            let capacity = 500 * weigh(&key(0, 0), &entry(1, HOUR)) as u64;
             let l1 = match sample {
                 Sample::AsBuilt => L1::new(capacity, 256),
                 Sample::Every => L1::sampling(capacity, 0, 1, 256),
@@ -876,7 +890,7 @@ mod front_tests {
         use std::sync::atomic::AtomicBool;
         // Room for some 200 entries: moka evicts all the time. Reads go through the
         // front even so (as built, a full L1 is read in moka alone).
-        let capacity = 200 * weigh(&entry(1, HOUR)) as u64;
+        let capacity = 200 * weigh(&key(0, 0), &entry(1, HOUR)) as u64;
         let l1 = Arc::new(L1::sampling(capacity, u64::MAX, front::SAMPLE, 256));
         let tombstones = Arc::new(new_tombstones());
         // Writers put `keys` (and one in 50 invalidates one), while readers read the

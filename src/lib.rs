@@ -36,6 +36,7 @@ pub mod policy;
 pub mod postgres;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
+mod purge_records;
 pub mod store;
 
 /// The wire format of cached entries, for the fuzz target and for tests that plant or

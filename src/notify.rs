@@ -17,7 +17,7 @@
 //! meanwhile are lost with it: the guard is told ([`Hears::subscribed`]) and no longer
 //! serves what it held then as fresh. Purges are recorded in Redis too: those recorded
 //! since the last one the guard knows of are read back, in batches, beside the notices
-//! (see `cache::ReadBack`). The subscription counts as up as soon as it is: a read-back
+//! (see `purge_records::ReadBack`). The subscription counts as up as soon as it is: a read-back
 //! that fails is retried with backoff, outside the breaker, while the guard treats what
 //! a missed purge could have reached as stale.
 
@@ -30,37 +30,11 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::cache::{ReadBack, Recorded};
 use crate::keys::LocalKey;
 use crate::lease::FencingToken;
+pub(crate) use crate::purge_records::Purge;
+use crate::purge_records::{ReadBack, Recorded};
 use crate::store::{Operation, RedisStore, Request, StoreError};
-
-/// How a purge ([`StampedeGuard::purge_tags`](crate::StampedeGuard::purge_tags)) treats
-/// the entries it reaches.
-///
-/// A purge records, per tag, when it happened on the Redis server's clock (the clock
-/// fencing tokens are issued from), and tells every instance; nothing is deleted and no
-/// key is listed. Every read checks the entry's tags: an entry whose fill began before
-/// a purge of one of them is gone (hard) or stale (soft). An instance whose
-/// subscription was down reads back the purges recorded since the last one it knew of
-/// when it comes up; until it has, entries with tags filled before then are stale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Purge {
-    /// Gone: not served, refilled by the next caller (once for the fleet).
-    Hard,
-    /// Stale: served while one caller in the fleet refreshes it.
-    Soft,
-}
-
-impl Purge {
-    /// The purge's name, as used in metric labels.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Hard => "hard",
-            Self::Soft => "soft",
-        }
-    }
-}
 
 /// What the guard does with what it hears. Called from the subscription's task.
 pub(crate) trait Hears: Send + Sync + 'static {

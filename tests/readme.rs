@@ -163,6 +163,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "a benchmark: its figures are in BENCHMARKS.md",
     ),
     (
+        "cargo bench --bench moka_entry",
+        "a benchmark (a million entries, four processes): its figures are in BENCHMARKS.md",
+    ),
+    (
         "cargo bench --bench fleet --features cluster",
         "a benchmark: its figures are in BENCHMARKS.md",
     ),

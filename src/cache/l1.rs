@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use http::HeaderMap;
 use moka::Expiry;
 use moka::notification::RemovalCause;
 use moka::ops::compute::{CompResult, Op};
@@ -352,41 +353,40 @@ pub(crate) fn weigh(key: &LocalKey, stored: &Stored) -> usize {
     }
     // A `Bytes` that shares its buffer keeps a small shared header besides it.
     const SHARED: usize = 32;
-    let headers = &stored.response.headers;
-    // A header map keeps a power-of-two table of 4-byte positions, a vector of entries
-    // (one per name: a name, a value, a hash and links) and one of the further values
-    // of names that have several (a value and links). Entries keep no spare room: see
-    // `Stored::aged`.
-    let slots = headers.capacity();
-    let table = (slots + slots / 3).max(1).next_power_of_two();
-    let entry = size_of::<http::HeaderName>() + size_of::<http::HeaderValue>() + 32;
-    let extra = size_of::<http::HeaderValue>() + 32;
-    let names = headers.keys_len();
-    let map = heap(table * 4) + heap(names * entry) + heap((headers.len() - names) * extra);
-    // The placeholders of the layer's three (see `Stored::aged`) are static.
-    let layers = |name: &http::HeaderName| {
-        *name == http::header::AGE
-            || *name == crate::http::X_CACHE_NAME
-            || *name == crate::http::CACHE_STATUS_NAME
+    let kept = stored.kept_headers();
+    let layout = kept.layout();
+    // The entry's values: a vector of them, each a slice of one buffer of their bytes
+    // (see `entry::compact`).
+    let values = heap(size_of_val(kept.values()))
+        + heap(kept.values().iter().map(|v| v.len()).sum())
+        + SHARED;
+    // Its layout (see `layout`), unless shared: a header map keeps a power-of-two
+    // table of 4-byte positions, a vector of entries (one per name: a name, a value, a
+    // hash and links) and one of the further values of names that have several (a value
+    // and links), and a copy of each name that is not static. A layout kept for sharing
+    // is paid once, not by each entry (at most `layout::MAX_LAYOUTS` of them).
+    let layout = if kept.shares_its_layout() {
+        0
+    } else {
+        let slots = layout.capacity();
+        let table = (slots + slots / 3).max(1).next_power_of_two();
+        let entry = size_of::<http::HeaderName>() + size_of::<http::HeaderValue>() + 32;
+        let extra = size_of::<http::HeaderValue>() + 32;
+        let names = layout.keys_len();
+        let map = heap(table * 4) + heap(slots * entry) + heap((layout.len() - names) * extra);
+        // Names: standard ones are static, others a copy each (a standard name missing
+        // from the list is counted as a copy: over, never under).
+        let copies: usize = layout
+            .keys()
+            .filter(|n| !STATIC_NAMES.contains(n))
+            .map(|n| heap(n.as_str().len()) + SHARED)
+            .sum();
+        heap(size_of::<HeaderMap>() + 16) + map + copies
     };
-    let values: usize = headers
-        .iter()
-        .filter(|(name, _)| !layers(name))
-        .map(|(_, v)| v.len())
-        .sum();
-    // Names: standard ones are static, others a copy each (a standard name missing from
-    // the list is counted as a copy: over, never under).
-    let names: usize = headers
-        .keys()
-        .filter(|n| !STATIC_NAMES.contains(n) && !layers(n))
-        .map(|n| heap(n.as_str().len()) + SHARED)
-        .sum();
     heap(size_of::<Stored>() + 16) // the Arc<Stored>
         + heap(size_of::<LocalKey>() + 16) // moka keeps the key in an Arc
-        + map
-        // The values are slices of one buffer (see `entry::compact`).
-        + heap(values) + SHARED
-        + names
+        + values
+        + layout
         + heap(stored.response.body.len()) + SHARED
         + L1_BOOKKEEPING
         + front::bookkeeping(key)

@@ -107,7 +107,7 @@ pub(crate) async fn l2_write(
     stored: &Stored,
     channel: &str,
 ) -> Result<WriteReply, StoreError> {
-    let response = &stored.response;
+    let response = stored.to_response();
     // Kept for what is left of its keep time: an entry that came already aged (`Age`
     // from the origin) is read back as old as it is (its age is its keep time less
     // the key's TTL).

@@ -9,14 +9,19 @@ use std::time::Duration;
 /// every hit reads it once), and the system's monotonic clock where it cannot.
 pub(crate) type Instant = quanta::Instant;
 
+use super::layout::Headers;
 use crate::cache::entry::CachedResponse;
 use crate::http::{CACHE_STATUS_NAME, X_CACHE_NAME, is_set_by_the_layer};
+use crate::lease::FencingToken;
 
 /// A cached response, and its age: how old it was when this process got it, and when
 /// that was on this process's monotonic clock.
 #[derive(Debug)]
 pub(crate) struct Stored {
-    pub(crate) response: CachedResponse,
+    /// The response but for its headers.
+    pub(crate) response: Parts,
+    /// Its headers (see [`Stored::aged`]).
+    headers: Headers,
     got_at: Instant,
     age_when_got: Duration,
     /// The end of its keep time on this process's clock: L1 drops it then.
@@ -39,6 +44,21 @@ pub(crate) struct Stored {
     local: bool,
 }
 
+/// A [`CachedResponse`] but for its headers, which an entry keeps apart.
+#[derive(Debug)]
+pub(crate) struct Parts {
+    pub(crate) status: http::StatusCode,
+    pub(crate) body: bytes::Bytes,
+    pub(crate) fresh_for: Duration,
+    pub(crate) grace: Duration,
+    pub(crate) keep: Duration,
+    pub(crate) token: FencingToken,
+}
+
+/// How many of an entry's headers come first and are set by every answer (see
+/// [`Stored::aged`]).
+const FIXED: usize = 3;
+
 /// Where an entry is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Freshness {
@@ -54,16 +74,23 @@ impl Stored {
     /// An entry that is `age` old now.
     ///
     /// Its headers get the three the layer sets on every answer (`age`, `x-cache` and
-    /// `cache-status`), with placeholder values, as the first three entries of the map:
-    /// an answer clones the headers and overwrites those values in place (see
+    /// `cache-status`), with placeholder values, as the first three of the map: an
+    /// answer clones the map and overwrites those values in place (see
     /// [`Stored::answer_headers`]), instead of growing the map and hashing three names
     /// every time. They are never encoded for L2 (`CachedResponse::encode_for_l2` leaves
-    /// them out).
-    pub(crate) fn aged(mut response: CachedResponse, age: Duration) -> Self {
-        let stored = std::mem::take(&mut response.headers);
-        let headers = &mut response.headers;
-        // At most `entry::MAX_HEADERS` and three: well within what the map holds.
-        headers.reserve(stored.len() + 3);
+    /// them out). The map is kept as its layout, shared with the entries of the same
+    /// names, and the entry's values (see [`Headers`]).
+    pub(crate) fn aged(response: CachedResponse, age: Duration) -> Self {
+        let CachedResponse {
+            status,
+            headers: stored,
+            body,
+            fresh_for,
+            grace,
+            keep,
+            token,
+        } = response;
+        let mut headers = http::HeaderMap::with_capacity(stored.len() + FIXED);
         headers.insert(http::header::AGE, http::HeaderValue::from_static("0"));
         headers.insert(X_CACHE_NAME, http::HeaderValue::from_static("hit"));
         headers.insert(CACHE_STATUS_NAME, http::HeaderValue::from_static("hit"));
@@ -81,23 +108,59 @@ impl Stored {
                 _ => {}
             }
         }
-        // Built by inserting, the map kept room for a third more (104 bytes a slot); a
-        // clone keeps none.
-        response.headers = response.headers.clone();
         let got_at = Instant::now();
-        let expires_at = got_at + response.keep.saturating_sub(age);
-        let created = response.token.get();
+        let expires_at = got_at + keep.saturating_sub(age);
         Self {
-            response,
+            response: Parts {
+                status,
+                body,
+                fresh_for,
+                grace,
+                keep,
+                token,
+            },
+            headers: Headers::new(&headers, FIXED),
             got_at,
             age_when_got: age,
             expires_at,
             epoch: AtomicU64::new(0),
-            created,
+            created: token.get(),
             tag_ids: std::sync::OnceLock::new(),
             vary: std::sync::OnceLock::new(),
             local: false,
         }
+    }
+
+    /// Its headers, with placeholders of the three the layer sets on every answer
+    /// (`age`, `x-cache` and `cache-status`; see [`Stored::aged`]): a map made for the
+    /// asking (a clone of its layout's), for what is not on a hit's path.
+    pub(crate) fn headers(&self) -> http::HeaderMap {
+        self.headers.to_map()
+    }
+
+    /// The entry as a whole response (its headers with the placeholders of the three:
+    /// see [`Stored::headers`]).
+    pub(crate) fn to_response(&self) -> CachedResponse {
+        let r = &self.response;
+        CachedResponse {
+            status: r.status,
+            headers: self.headers(),
+            body: r.body.clone(),
+            fresh_for: r.fresh_for,
+            grace: r.grace,
+            keep: r.keep,
+            token: r.token,
+        }
+    }
+
+    /// Whether it has a header `name`, without making its map.
+    pub(crate) fn has_header(&self, name: &http::HeaderName) -> bool {
+        self.headers.layout().contains_key(name)
+    }
+
+    /// Its headers as kept (see [`Headers`]), for weighing.
+    pub(crate) fn kept_headers(&self) -> &Headers {
+        &self.headers
     }
 
     /// The entry, filled without Redis at `created` (µs of this machine's clock, see
@@ -120,39 +183,16 @@ impl Stored {
         self.created
     }
 
-    /// The headers of an answer from this entry: a clone of the stored ones, with the
-    /// placeholders (the first three entries, see [`Stored::aged`]) set to `age`,
-    /// `x_cache` and `cache_status`.
+    /// The headers of an answer from this entry: its headers (see
+    /// [`Stored::headers`]), with the placeholders set to `age`, `x_cache` and
+    /// `cache_status`.
     pub(crate) fn answer_headers(
         &self,
         age: http::HeaderValue,
         x_cache: http::HeaderValue,
         cache_status: http::HeaderValue,
     ) -> http::HeaderMap {
-        let mut headers = self.response.headers.clone();
-        let mut placeholders = headers.iter_mut();
-        match (
-            placeholders.next(),
-            placeholders.next(),
-            placeholders.next(),
-        ) {
-            (Some((first, age_slot)), Some((second, x_cache_slot)), Some((third, status_slot)))
-                if *first == http::header::AGE
-                    && *second == X_CACHE_NAME
-                    && *third == CACHE_STATUS_NAME =>
-            {
-                *age_slot = age;
-                *x_cache_slot = x_cache;
-                *status_slot = cache_status;
-            }
-            // Not made by `aged` (never the case today): set them the long way.
-            _ => {
-                headers.insert(http::header::AGE, age);
-                headers.insert(X_CACHE_NAME, x_cache);
-                headers.insert(CACHE_STATUS_NAME, cache_status);
-            }
-        }
-        headers
+        self.headers.to_map_with([age, x_cache, cache_status])
     }
 
     /// The subscription epoch it was put in L1 under.

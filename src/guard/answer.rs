@@ -77,11 +77,7 @@ where
         Freshness::Expired => return None,
     };
     if asked.conditional
-        && not_modified(
-            stored.response.status,
-            &stored.response.headers,
-            request.headers(),
-        )
+        && not_modified(stored.response.status, &stored.headers(), request.headers())
     {
         route.stats.record(Event::NotModified);
         return Some(serve_not_modified(stored, age, x_cache, true));
@@ -181,8 +177,7 @@ pub(crate) fn filled_not_modified<B: Body>(
     kept: bool,
     request: &http::HeaderMap,
 ) -> Option<Response<ResponseBody<B>>> {
-    let cached = &stored.response;
-    not_modified(cached.status, &cached.headers, request)
+    not_modified(stored.response.status, &stored.headers(), request)
         .then(|| serve_not_modified(stored, stored.age(), XCache::Miss, kept))
 }
 
@@ -196,9 +191,10 @@ fn serve_not_modified<B: Body>(
 ) -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::empty());
     *response.status_mut() = StatusCode::NOT_MODIFIED;
+    let stored_headers = stored.headers();
     let headers = response.headers_mut();
     for name in NOT_MODIFIED_HEADERS {
-        for value in stored.response.headers.get_all(&name) {
+        for value in stored_headers.get_all(&name) {
             headers.append(name.clone(), value.clone());
         }
     }

@@ -180,12 +180,7 @@ pub(crate) async fn landed<B: OriginBody, E>(
             let serves = match variant_of {
                 // (The leader's request is the one the origin saw.)
                 Some(asked) => {
-                    is_leader
-                        || response::same_variant(
-                            &stored.response.headers,
-                            asked.headers(),
-                            headers,
-                        )
+                    is_leader || response::same_variant(&stored.headers(), asked.headers(), headers)
                 }
                 None => match route.check(stored, keys, headers) {
                     Check::Serves => true,
@@ -367,8 +362,7 @@ where
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
     let revalidate = revalidate.filter(|current| {
-        let current = &current.response;
-        conditional::ask_if_changed(&mut request, current.status, &current.headers)
+        conditional::ask_if_changed(&mut request, current.response.status, &current.headers())
     });
     let (fill, origin) = match fill.call(inner, request).await {
         Answered::Called(fill, origin) => (fill, origin),
@@ -386,10 +380,7 @@ where
         (Called::Read(Read::Whole { head, .. }), Some(current))
             if head.status() == StatusCode::NOT_MODIFIED =>
         {
-            Some(conditional::is_about(
-                &current.response.headers,
-                head.headers(),
-            ))
+            Some(conditional::is_about(&current.headers(), head.headers()))
         }
         _ => None,
     };
@@ -450,7 +441,7 @@ async fn answered<B: OriginBody, E>(
                             // Whenever the answer varies: its waiters may have asked for
                             // another variant (sent a header the URL learned only from
                             // this answer), and are checked against it.
-                            let varies = stored.response.headers.contains_key(http::header::VARY);
+                            let varies = stored.has_header(&http::header::VARY);
                             let variant_of = (rekeyed || varies).then_some(asked);
                             let kept = put.is_kept();
                             (

@@ -350,7 +350,7 @@ impl Fill {
     ) -> Result<Put, (Response<()>, NotStored)> {
         let route = &self.route;
         let cached = &current.response;
-        let mut headers = conditional::renewed_headers(&cached.headers, not_modified.headers());
+        let mut headers = conditional::renewed_headers(&current.headers(), not_modified.headers());
         // What the 304 added is judged as a whole answer's headers are.
         let mut renewed = Response::new(());
         *renewed.status_mut() = cached.status;
@@ -435,14 +435,9 @@ impl Fill {
         let renewed = match write {
             Write::Whole => None,
             Write::Renew(revalidated) => {
-                let renewal = l2_revalidate(
-                    &shared.store,
-                    keys,
-                    &lease,
-                    revalidated,
-                    &stored.response,
-                    channel,
-                );
+                let response = stored.to_response();
+                let renewal =
+                    l2_revalidate(&shared.store, keys, &lease, revalidated, &response, channel);
                 match renewal.await {
                     Ok(Renewal::Renewed { released }) => Some(Ok((true, released))),
                     Ok(Renewal::Refused { released }) => Some(Ok((false, released))),

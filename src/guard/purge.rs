@@ -20,7 +20,7 @@
 //! [`MARGIN`] after a purge counts as before it (it is filled once more); clocks further
 //! apart than that could let an entry filled just before a purge outlive it. An
 //! instance whose subscription was down reads back the purges recorded since the last
-//! one it knew of when it comes up again (`cache::ReadBack`, in batches); until it has,
+//! one it knew of when it comes up again (`purge_records::ReadBack`, in batches); until it has,
 //! every entry with a tag filled before then counts as purged soft. What a process
 //! keeps is bounded ([`Purges`]).
 
@@ -32,10 +32,11 @@ use std::time::Duration;
 
 use http::HeaderMap;
 
-use crate::cache::{Recorded, Stored};
+use crate::cache::Stored;
 use crate::http::directives::MAX_KEEP;
 use crate::keys::{KeySpace, tag_key};
 use crate::notify::{Owed, Purge};
+use crate::purge_records::Recorded;
 
 /// On a Redis Cluster, how long after a purge a fill may have begun and still count as
 /// before it: more than the clocks of its nodes differ (one server, or a Sentinel
@@ -307,11 +308,9 @@ impl Purges {
         stored: &Stored,
         margin: std::time::Duration,
     ) -> Option<Purge> {
-        let own = stored.tag_ids.get_or_init(|| {
-            tags(&stored.response.headers)
-                .map(|t| keys.tag_id(t))
-                .collect()
-        });
+        let own = stored
+            .tag_ids
+            .get_or_init(|| tags(&stored.headers()).map(|t| keys.tag_id(t)).collect());
         if own.is_empty() && route_tags.is_empty() {
             return None;
         }
@@ -464,7 +463,8 @@ mod tests {
             ],
             1,
         );
-        let all: Vec<&str> = tags(&s.response.headers).collect();
+        let headers = s.headers();
+        let all: Vec<&str> = tags(&headers).collect();
         assert_eq!(all, ["a", "b", "c", "d", "e"]);
     }
 

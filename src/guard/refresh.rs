@@ -237,11 +237,8 @@ where
     let failed = Some(policy.error_backoff);
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
-    let conditional = conditional::ask_if_changed(
-        &mut request,
-        current.response.status,
-        &current.response.headers,
-    );
+    let conditional =
+        conditional::ask_if_changed(&mut request, current.response.status, &current.headers());
     let (fill, origin) = match fill.call(inner, request).await {
         Answered::Called(fill, origin) => (fill, origin),
         Answered::Stopped(_) => return failed,
@@ -259,7 +256,7 @@ where
         Called::Read(Read::Whole { head, .. })
             if conditional && head.status() == StatusCode::NOT_MODIFIED =>
         {
-            if conditional::is_about(&current.response.headers, head.headers()) {
+            if conditional::is_about(&current.headers(), head.headers()) {
                 if fill.renew(&current, head, &asked).await.is_err() {
                     // Ended already.
                     route.stats.record(Event::RefreshNotStored);

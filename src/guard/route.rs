@@ -177,9 +177,9 @@ impl Route {
 
     /// The names an entry varies on, that the route does not key on anyway.
     pub(crate) fn vary_of<'s>(&self, stored: &'s Stored) -> &'s [HeaderName] {
-        stored.vary.get_or_init(|| {
-            response::unkeyed_vary(&self.policy, &[], &stored.response.headers).into()
-        })
+        stored
+            .vary
+            .get_or_init(|| response::unkeyed_vary(&self.policy, &[], &stored.headers()).into())
     }
 
     /// Whether `stored`, found at `keys`, may answer a request with `headers` by its own
@@ -313,8 +313,7 @@ impl Route {
     /// Whether `stored` may stand in for a failed origin now: within the route's
     /// stale-if-error window, or on a route that follows the origin, the entry's.
     pub(crate) fn serves_on_error(&self, stored: &Stored) -> bool {
-        let window =
-            crate::http::directives::stale_if_error(&self.policy, &stored.response.headers);
+        let window = crate::http::directives::stale_if_error(&self.policy, &stored.headers());
         stored.serves_on_error(window) && !self.is_gone(stored)
     }
 

@@ -12,11 +12,11 @@ use super::inflight::{RefreshMap, filled_elsewhere};
 use super::marks::{Mark, Marks};
 use super::purge::Purges;
 use super::vary::Learned;
-use crate::cache::Recorded;
 use crate::cache::{L1, Tombstones};
 use crate::keys::{KeySpace, LocalKey};
 use crate::lease::{FencingToken, LeaseClient};
 use crate::notify::{Ending, Hears, Notices, Owed, Purge};
+use crate::purge_records::Recorded;
 use crate::store::RedisStore;
 
 /// What every route of one guard shares.

@@ -18,8 +18,34 @@
 //! run is read again from its start. No record is skipped, and noting one twice changes
 //! nothing.
 
-use crate::notify::Purge;
 use crate::store::{Operation, RedisStore, Request, StoreError};
+
+/// How a purge ([`StampedeGuard::purge_tags`](crate::StampedeGuard::purge_tags)) treats
+/// the entries it reaches.
+///
+/// A purge records, per tag, when it happened on the Redis server's clock (the clock
+/// fencing tokens are issued from), and tells every instance; nothing is deleted and no
+/// key is listed. Every read checks the entry's tags: an entry whose fill began before
+/// a purge of one of them is gone (hard) or stale (soft). An instance whose
+/// subscription was down reads back the purges recorded since the last one it knew of
+/// when it comes up; until it has, entries with tags filled before then are stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Purge {
+    /// Gone: not served, refilled by the next caller (once for the fleet).
+    Hard,
+    /// Stale: served while one caller in the fleet refreshes it.
+    Soft,
+}
+
+impl Purge {
+    /// The purge's name, as used in metric labels.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Hard => "hard",
+            Self::Soft => "soft",
+        }
+    }
+}
 
 /// How many records one batch asks for. About 70 bytes each on the wire: a batch is
 /// 70 KB, and a fraction of a millisecond of Redis's time, far inside any command

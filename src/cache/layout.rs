@@ -1,0 +1,152 @@
+//! The headers of an entry as L1 keeps them: its values, and its layout (the names, in
+//! order), shared by every entry with the same names.
+//!
+//! Why: a header map costs 104 bytes a name besides its values (a slot holds the name,
+//! the value, a hash and links), and 4 more for its index. An entry of six headers
+//! spent a kilobyte on that, more than on anything else, and entries of one route nearly
+//! always carry the same names. Kept apart, the names and the map's slots are paid once
+//! per layout; an entry keeps its values (40 bytes each, slices of one buffer) and a
+//! pointer to its layout.
+//!
+//! An answer is still a clone of a map, the cheapest way `http` has to make one (no name
+//! is hashed again): the layout's, with each value written in its place.
+//!
+//! Layouts are kept for the life of the process, at most [`MAX_LAYOUTS`] of them (an
+//! entry with names past those keeps a layout of its own, weighed in full).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// The most layouts kept for sharing: far more than a service's routes have (each
+/// distinct list of response header names is one), and at most a few megabytes.
+pub(crate) const MAX_LAYOUTS: usize = 4096;
+
+/// An entry's headers: its layout and its values, in the layout's order.
+#[derive(Debug)]
+pub(crate) struct Headers {
+    /// Every name of the entry, in order, with placeholder values.
+    layout: Arc<HeaderMap>,
+    /// The entry's values, in the layout's order, but for the first `fixed`.
+    values: Box<[HeaderValue]>,
+}
+
+/// The layouts kept for sharing, by their names in order.
+fn layouts() -> &'static Mutex<HashMap<Box<[HeaderName]>, Arc<HeaderMap>>> {
+    static LAYOUTS: OnceLock<Mutex<HashMap<Box<[HeaderName]>, Arc<HeaderMap>>>> = OnceLock::new();
+    LAYOUTS.get_or_init(Mutex::default)
+}
+
+impl Headers {
+    /// Keeps `map`, whose first `fixed` values are the same for every entry (the
+    /// placeholders of the headers an answer sets itself): they stay in the layout.
+    pub(crate) fn new(map: &HeaderMap, fixed: usize) -> Self {
+        let names: Box<[HeaderName]> = map.iter().map(|(name, _)| name.clone()).collect();
+        let values = map.iter().skip(fixed).map(|(_, v)| v.clone()).collect();
+        let shared = {
+            let layouts = layouts().lock().unwrap_or_else(PoisonError::into_inner);
+            layouts.get(&names).cloned()
+        };
+        let layout = shared.unwrap_or_else(|| {
+            let mut layout = map.clone();
+            for (_, value) in layout.iter_mut().skip(fixed) {
+                *value = HeaderValue::from_static("");
+            }
+            let layout = Arc::new(layout);
+            let mut layouts = layouts().lock().unwrap_or_else(PoisonError::into_inner);
+            if layouts.len() < MAX_LAYOUTS {
+                layouts.entry(names).or_insert(layout).clone()
+            } else {
+                layout
+            }
+        });
+        Self { layout, values }
+    }
+
+    /// The headers as a map: the layout's, with the entry's values.
+    pub(crate) fn to_map(&self) -> HeaderMap {
+        let mut map = HeaderMap::clone(&self.layout);
+        let fixed = map.len() - self.values.len();
+        for ((_, slot), value) in map.iter_mut().skip(fixed).zip(self.values.iter()) {
+            *slot = value.clone();
+        }
+        map
+    }
+
+    /// [`Headers::to_map`], with `first` in place of the layout's first values (in one
+    /// pass: this is a hit's answer).
+    pub(crate) fn to_map_with<const N: usize>(&self, first: [HeaderValue; N]) -> HeaderMap {
+        let mut map = HeaderMap::clone(&self.layout);
+        let mut slots = map.iter_mut();
+        for value in first {
+            if let Some((_, slot)) = slots.next() {
+                *slot = value;
+            }
+        }
+        for ((_, slot), value) in slots.zip(self.values.iter()) {
+            *slot = value.clone();
+        }
+        map
+    }
+
+    /// The layout: every name, in order (the values are placeholders).
+    pub(crate) fn layout(&self) -> &HeaderMap {
+        &self.layout
+    }
+
+    /// The entry's values, after the layout's fixed ones, in order.
+    pub(crate) fn values(&self) -> &[HeaderValue] {
+        &self.values
+    }
+
+    /// Whether the layout is shared with other entries (kept for sharing): then an entry
+    /// does not pay for it.
+    pub(crate) fn shares_its_layout(&self) -> bool {
+        Arc::strong_count(&self.layout) > 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::{AGE, CONTENT_TYPE, LINK};
+
+    fn map(values: [&'static str; 4]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        map.insert(AGE, HeaderValue::from_static("0"));
+        map.insert(CONTENT_TYPE, HeaderValue::from_static(values[0]));
+        map.append(LINK, HeaderValue::from_static(values[1]));
+        map.append(LINK, HeaderValue::from_static(values[2]));
+        map.insert("x-served-by", HeaderValue::from_static(values[3]));
+        map
+    }
+
+    /// Every value comes back in its place, a name's several values in their order; two
+    /// entries with the same names share one layout, and keep their own values.
+    #[test]
+    fn entries_with_the_same_names_share_a_layout_and_keep_their_values() {
+        let a = map(["text/plain", "</a>", "</b>", "one"]);
+        let b = map(["text/html", "</c>", "</d>", "two"]);
+        let (ha, hb) = (Headers::new(&a, 1), Headers::new(&b, 1));
+        assert_eq!(ha.to_map(), a);
+        assert_eq!(hb.to_map(), b);
+        assert!(Arc::ptr_eq(&ha.layout, &hb.layout));
+        assert!(ha.shares_its_layout());
+        assert_eq!(ha.values().len(), 4);
+
+        let answer = hb.to_map_with([HeaderValue::from_static("42")]);
+        assert_eq!(answer[AGE], "42");
+        let links: Vec<_> = answer.get_all(LINK).iter().collect();
+        assert_eq!(links, ["</c>", "</d>"]);
+        assert_eq!(answer["x-served-by"], "two");
+        assert_eq!(answer.len(), 5);
+
+        // Other names, another layout.
+        let mut c = map(["text/plain", "</a>", "</b>", "one"]);
+        c.insert("x-other", HeaderValue::from_static("x"));
+        let hc = Headers::new(&c, 1);
+        assert!(!Arc::ptr_eq(&ha.layout, &hc.layout));
+        assert_eq!(hc.to_map(), c);
+    }
+}

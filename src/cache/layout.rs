@@ -23,12 +23,16 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 /// distinct list of response header names is one), and at most a few megabytes.
 pub(crate) const MAX_LAYOUTS: usize = 4096;
 
+/// How many values come first and are the same in every entry (the placeholders of the
+/// three headers an answer sets itself: see `Stored::aged`): they stay in the layout.
+pub(crate) const FIXED: usize = 3;
+
 /// An entry's headers: its layout and its values, in the layout's order.
 #[derive(Debug)]
 pub(crate) struct Headers {
     /// Every name of the entry, in order, with placeholder values.
     layout: Arc<HeaderMap>,
-    /// The entry's values, in the layout's order, but for the first `fixed`.
+    /// The entry's values, in the layout's order, but for the first [`FIXED`].
     values: Box<[HeaderValue]>,
 }
 
@@ -39,9 +43,10 @@ fn layouts() -> &'static Mutex<HashMap<Box<[HeaderName]>, Arc<HeaderMap>>> {
 }
 
 impl Headers {
-    /// Keeps `map`, whose first `fixed` values are the same for every entry (the
-    /// placeholders of the headers an answer sets itself): they stay in the layout.
-    pub(crate) fn new(map: &HeaderMap, fixed: usize) -> Self {
+    /// Keeps `map`, whose first [`FIXED`] values are the same for every entry: they
+    /// stay in the layout.
+    pub(crate) fn new(map: &HeaderMap) -> Self {
+        let fixed = FIXED;
         let names: Box<[HeaderName]> = map.iter().map(|(name, _)| name.clone()).collect();
         let values = map.iter().skip(fixed).map(|(_, v)| v.clone()).collect();
         let shared = {
@@ -67,25 +72,34 @@ impl Headers {
     /// The headers as a map: the layout's, with the entry's values.
     pub(crate) fn to_map(&self) -> HeaderMap {
         let mut map = HeaderMap::clone(&self.layout);
-        let fixed = map.len() - self.values.len();
-        for ((_, slot), value) in map.iter_mut().skip(fixed).zip(self.values.iter()) {
+        for ((_, slot), value) in map.iter_mut().skip(FIXED).zip(self.values.iter()) {
             *slot = value.clone();
         }
         map
     }
 
-    /// [`Headers::to_map`], with `first` in place of the layout's first values (in one
-    /// pass: this is a hit's answer).
-    pub(crate) fn to_map_with<const N: usize>(&self, first: [HeaderValue; N]) -> HeaderMap {
+    /// [`Headers::to_map`], with `first`, `second` and `third` in place of the
+    /// layout's first three values (a hit's answer: one pass, and none over the values
+    /// when the entry has none of its own).
+    pub(crate) fn to_map_with(
+        &self,
+        first: HeaderValue,
+        second: HeaderValue,
+        third: HeaderValue,
+    ) -> HeaderMap {
         let mut map = HeaderMap::clone(&self.layout);
         let mut slots = map.iter_mut();
-        for value in first {
-            if let Some((_, slot)) = slots.next() {
-                *slot = value;
-            }
+        if let (Some((_, a)), Some((_, b)), Some((_, c))) =
+            (slots.next(), slots.next(), slots.next())
+        {
+            *a = first;
+            *b = second;
+            *c = third;
         }
-        for ((_, slot), value) in slots.zip(self.values.iter()) {
-            *slot = value.clone();
+        if !self.values.is_empty() {
+            for ((_, slot), value) in slots.zip(self.values.iter()) {
+                *slot = value.clone();
+            }
         }
         map
     }
@@ -115,6 +129,8 @@ mod tests {
     fn map(values: [&'static str; 4]) -> HeaderMap {
         let mut map = HeaderMap::new();
         map.insert(AGE, HeaderValue::from_static("0"));
+        map.insert("x-one", HeaderValue::from_static("1"));
+        map.insert("x-two", HeaderValue::from_static("2"));
         map.insert(CONTENT_TYPE, HeaderValue::from_static(values[0]));
         map.append(LINK, HeaderValue::from_static(values[1]));
         map.append(LINK, HeaderValue::from_static(values[2]));
@@ -128,24 +144,31 @@ mod tests {
     fn entries_with_the_same_names_share_a_layout_and_keep_their_values() {
         let a = map(["text/plain", "</a>", "</b>", "one"]);
         let b = map(["text/html", "</c>", "</d>", "two"]);
-        let (ha, hb) = (Headers::new(&a, 1), Headers::new(&b, 1));
+        let (ha, hb) = (Headers::new(&a), Headers::new(&b));
         assert_eq!(ha.to_map(), a);
         assert_eq!(hb.to_map(), b);
         assert!(Arc::ptr_eq(&ha.layout, &hb.layout));
         assert!(ha.shares_its_layout());
         assert_eq!(ha.values().len(), 4);
 
-        let answer = hb.to_map_with([HeaderValue::from_static("42")]);
+        let answer = hb.to_map_with(
+            HeaderValue::from_static("42"),
+            HeaderValue::from_static("one"),
+            HeaderValue::from_static("two"),
+        );
         assert_eq!(answer[AGE], "42");
+        assert_eq!(answer["x-one"], "one");
+        assert_eq!(answer["x-two"], "two");
+        assert_eq!(answer[CONTENT_TYPE], "text/html");
         let links: Vec<_> = answer.get_all(LINK).iter().collect();
         assert_eq!(links, ["</c>", "</d>"]);
         assert_eq!(answer["x-served-by"], "two");
-        assert_eq!(answer.len(), 5);
+        assert_eq!(answer.len(), 7);
 
         // Other names, another layout.
         let mut c = map(["text/plain", "</a>", "</b>", "one"]);
         c.insert("x-other", HeaderValue::from_static("x"));
-        let hc = Headers::new(&c, 1);
+        let hc = Headers::new(&c);
         assert!(!Arc::ptr_eq(&ha.layout, &hc.layout));
         assert_eq!(hc.to_map(), c);
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 /// every hit reads it once), and the system's monotonic clock where it cannot.
 pub(crate) type Instant = quanta::Instant;
 
-use super::layout::Headers;
+use super::layout::{FIXED, Headers};
 use crate::cache::entry::CachedResponse;
 use crate::http::{CACHE_STATUS_NAME, X_CACHE_NAME, is_set_by_the_layer};
 use crate::lease::FencingToken;
@@ -54,10 +54,6 @@ pub(crate) struct Parts {
     pub(crate) keep: Duration,
     pub(crate) token: FencingToken,
 }
-
-/// How many of an entry's headers come first and are set by every answer (see
-/// [`Stored::aged`]).
-const FIXED: usize = 3;
 
 /// Where an entry is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +115,7 @@ impl Stored {
                 keep,
                 token,
             },
-            headers: Headers::new(&headers, FIXED),
+            headers: Headers::new(&headers),
             got_at,
             age_when_got: age,
             expires_at,
@@ -192,7 +188,7 @@ impl Stored {
         x_cache: http::HeaderValue,
         cache_status: http::HeaderValue,
     ) -> http::HeaderMap {
-        self.headers.to_map_with([age, x_cache, cache_status])
+        self.headers.to_map_with(age, x_cache, cache_status)
     }
 
     /// The subscription epoch it was put in L1 under.

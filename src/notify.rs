@@ -364,11 +364,25 @@ async fn read_back(
     hears: Weak<dyn Hears>,
 ) {
     let mut backoff = Duration::from_millis(50);
+    // Batches in a row that read nothing (asked again: the records moved under the
+    // cursor). A record set that keeps moving (pruned, purged again) is not chased in
+    // a tight loop: past a few, the read-back waits as after a failure.
+    let mut empty = 0;
     loop {
         match cursor.next(&store).await {
             Ok(Some(records)) => {
                 let Some(guard) = hears.upgrade() else { return };
                 guard.purges_recorded(&records);
+                drop(guard);
+                if records.is_empty() {
+                    empty += 1;
+                    if empty >= 3 {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(READ_BACK_BACKOFF);
+                    }
+                } else {
+                    empty = 0;
+                }
             }
             Ok(None) => {
                 let Some(guard) = hears.upgrade() else { return };

@@ -165,8 +165,8 @@ async fn holds_what_it_weighs(capacity: u64, keys: u64) {
         "L1 weighs more than its capacity"
     );
     assert!(
-        entries < keys * 3 / 4,
-        "L1 did not have to evict: the test proves nothing"
+        entries < keys && guard.l1_bytes() >= capacity / 100 * 95,
+        "L1 is not full, or did not have to evict: the test proves nothing"
     );
     let hits = layer.stats().get(Event::Hit);
     assert!(

@@ -295,7 +295,7 @@ async fn a_fresh_guard_reads_every_record_in_batches() {
     purge_many(&purger(&server)).await;
 
     let _: () = server
-        .cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "25000"])
+        .cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "100000"])
         .await;
     let _: () = server.cmd(&["SLOWLOG", "RESET"]).await;
     let before = look(&server).await;
@@ -333,8 +333,10 @@ async fn a_fresh_guard_reads_every_record_in_batches() {
         sent >= expected && sent <= expected + 4096,
         "{sent} bytes sent, {expected} expected"
     );
-    // No command took Redis 25 ms (a quarter of the default command timeout; about 1 ms
-    // each on an idle machine), deep into a run of 10,000 records of one purge too.
+    // No command took Redis as long as the default command timeout (100 ms; about 1 ms
+    // each on an idle machine), deep into a run of 10,000 records of one purge too:
+    // bounded by what matters, not closer, since a busy machine takes the CPU from
+    // redis-server now and then.
     let slow: Vec<redis::Value> = server.cmd(&["SLOWLOG", "GET", "1000"]).await;
     let slow: Vec<String> = slow
         .iter()

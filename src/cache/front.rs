@@ -48,18 +48,22 @@ const SHARD_BITS: u32 = 6;
 pub(super) const SAMPLE: u32 = 16;
 
 /// What the front costs per entry at most, besides the entry itself, counted in each
-/// entry's weight (see [`bookkeeping`]). A response's slot in its shard's table is 41
-/// bytes (a 16-byte key, its variants in 24, a control byte). A table doubles when
+/// entry's weight (see [`bookkeeping`]). A response's slot in its shard's table is 33
+/// bytes (a 16-byte key, its variants in 16, a control byte). A table doubles when
 /// full (7/8 of its slots used), to 7/16, and shrinks below 7/24, back to at least
-/// 7/16 (see [`shrink`]): at least 7/24 full, a slot costs at most 141 bytes. The
+/// 7/16 (see [`shrink`]): at least 7/24 full, a slot costs at most 114 bytes. The
 /// variants of a response with several are in a table of their own (boxed, 48 bytes,
 /// shared by at least two): a variant's slot is 25 bytes (an 8-byte key, the entry and
 /// when it was used, a control byte), at most 86 under the same rule, 77 in the small
-/// tables that do not shrink; with its share of the response's slot (71) and of the
-/// box (24), under 192. Besides: response tables of up to [`SMALL`] slots do not
-/// shrink, at most 64 × 16 × 141 bytes (144 KB) for a whole guard, whatever its
-/// capacity.
-pub(super) const BOOKKEEPING: usize = 144;
+/// tables that do not shrink (up to 88 with their trailing control bytes); with its
+/// share of the response's slot (57) and of the box (24), under 192. Besides:
+/// response tables of up to [`SMALL`] slots do not shrink, at most 64 × 16 × 114
+/// bytes (117 KB) for a whole guard, whatever its capacity.
+pub(super) const BOOKKEEPING: usize = 120;
+
+// The slot sizes the figures above rest on.
+const _: () = assert!(size_of::<(u128, Variants)>() == 32);
+const _: () = assert!(size_of::<(u64, Variant)>() == 24);
 
 /// [`BOOKKEEPING`] for an entry that is a variant of its response's (see there).
 pub(super) const VARIANT_BOOKKEEPING: usize = 192;
@@ -108,8 +112,8 @@ struct Shard {
 /// it was last used, for dropping the least recently used past the cap.
 enum Variants {
     One(u64, Arc<Stored>),
-    // Boxed: a slot of the response table is then 24 bytes rather than 40, for every
-    // response, most of which have one variant.
+    // Boxed: the variants of a response take 16 bytes of its slot rather than 40, for
+    // every response, most of which have one variant.
     #[allow(clippy::box_collection)]
     Many(Box<HashMap<u64, Variant, Spread>>),
 }
@@ -262,6 +266,16 @@ impl Front {
         {
             Some(stored) => Ok(stored.clone()),
             None => Err(shard.changes),
+        }
+    }
+
+    /// Marks the variant at `key` used, if the front holds it: for a hit that moka
+    /// answered (L1 three quarters full), so that the cap of variants still drops the
+    /// least recently used.
+    pub(super) fn touch(&self, key: &LocalKey) {
+        let shard = self.read(key.response);
+        if let Some(variants) = shard.map.get(&key.response) {
+            let _ = variants.get(key.variant, shard.changes);
         }
     }
 

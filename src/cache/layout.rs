@@ -11,8 +11,12 @@
 //! An answer is still a clone of a map, the cheapest way `http` has to make one (no name
 //! is hashed again): the layout's, with each value written in its place.
 //!
-//! Layouts are kept for the life of the process, at most [`MAX_LAYOUTS`] of them (an
-//! entry with names past those keeps a layout of its own, weighed in full).
+//! At most [`MAX_LAYOUTS`] layouts are kept for sharing, each of at most
+//! [`MAX_SHARED_NAMES`] values: at most about 11 KB each, 11 MB for the process in the
+//! worst case, a few kilobytes for a service whose routes answer with a few lists of
+//! names. When the table is full, the layouts no entry holds any more are let go; an
+//! entry whose layout cannot be kept for sharing (too long, or the table full of layouts
+//! in use) keeps one of its own, weighed in full.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -20,8 +24,12 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The most layouts kept for sharing: far more than a service's routes have (each
-/// distinct list of response header names is one), and at most a few megabytes.
-pub(crate) const MAX_LAYOUTS: usize = 4096;
+/// distinct list of response header names is one).
+pub(crate) const MAX_LAYOUTS: usize = 1024;
+
+/// The most values a layout kept for sharing has: more than answers carry, fewer than
+/// a per-page list of `Link` values makes.
+pub(crate) const MAX_SHARED_NAMES: usize = 64;
 
 /// How many values come first and are the same in every entry (the placeholders of the
 /// three headers an answer sets itself: see `Stored::aged`): they stay in the layout.
@@ -34,6 +42,8 @@ pub(crate) struct Headers {
     layout: Arc<HeaderMap>,
     /// The entry's values, in the layout's order, but for the first [`FIXED`].
     values: Box<[HeaderValue]>,
+    /// Whether the layout is kept for sharing (then no entry pays for it).
+    interned: bool,
 }
 
 /// The layouts kept for sharing, by their names in order.
@@ -47,26 +57,44 @@ impl Headers {
     /// stay in the layout.
     pub(crate) fn new(map: &HeaderMap) -> Self {
         let fixed = FIXED;
-        let names: Box<[HeaderName]> = map.iter().map(|(name, _)| name.clone()).collect();
         let values = map.iter().skip(fixed).map(|(_, v)| v.clone()).collect();
-        let shared = {
-            let layouts = layouts().lock().unwrap_or_else(PoisonError::into_inner);
-            layouts.get(&names).cloned()
-        };
-        let layout = shared.unwrap_or_else(|| {
+        let own = || {
             let mut layout = map.clone();
             for (_, value) in layout.iter_mut().skip(fixed) {
                 *value = HeaderValue::from_static("");
             }
-            let layout = Arc::new(layout);
-            let mut layouts = layouts().lock().unwrap_or_else(PoisonError::into_inner);
-            if layouts.len() < MAX_LAYOUTS {
-                layouts.entry(names).or_insert(layout).clone()
-            } else {
-                layout
-            }
-        });
-        Self { layout, values }
+            Arc::new(layout)
+        };
+        if map.len() > MAX_SHARED_NAMES {
+            return Self {
+                layout: own(),
+                values,
+                interned: false,
+            };
+        }
+        let names: Box<[HeaderName]> = map.iter().map(|(name, _)| name.clone()).collect();
+        let mut layouts = layouts().lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(layout) = layouts.get(&names) {
+            return Self {
+                layout: layout.clone(),
+                values,
+                interned: true,
+            };
+        }
+        if layouts.len() >= MAX_LAYOUTS {
+            // Those no entry holds any more (only the table does).
+            layouts.retain(|_, layout| Arc::strong_count(layout) > 1);
+        }
+        let layout = own();
+        let interned = layouts.len() < MAX_LAYOUTS;
+        if interned {
+            layouts.insert(names, layout.clone());
+        }
+        Self {
+            layout,
+            values,
+            interned,
+        }
     }
 
     /// The headers as a map: the layout's, with the entry's values.
@@ -89,9 +117,15 @@ impl Headers {
     ) -> HeaderMap {
         let mut map = HeaderMap::clone(&self.layout);
         let mut slots = map.iter_mut();
-        if let (Some((_, a)), Some((_, b)), Some((_, c))) =
+        if let (Some((first_name, a)), Some((second_name, b)), Some((third_name, c))) =
             (slots.next(), slots.next(), slots.next())
         {
+            debug_assert!(
+                *first_name == http::header::AGE
+                    && *second_name == crate::http::X_CACHE_NAME
+                    && *third_name == crate::http::CACHE_STATUS_NAME,
+                "a layout begins with the three headers an answer sets"
+            );
             *a = first;
             *b = second;
             *c = third;
@@ -114,10 +148,10 @@ impl Headers {
         &self.values
     }
 
-    /// Whether the layout is shared with other entries (kept for sharing): then an entry
-    /// does not pay for it.
+    /// Whether the layout is kept for sharing: then an entry does not pay for it (the
+    /// table's bound does: see the module docs).
     pub(crate) fn shares_its_layout(&self) -> bool {
-        Arc::strong_count(&self.layout) > 1
+        self.interned
     }
 }
 
@@ -129,8 +163,11 @@ mod tests {
     fn map(values: [&'static str; 4]) -> HeaderMap {
         let mut map = HeaderMap::new();
         map.insert(AGE, HeaderValue::from_static("0"));
-        map.insert("x-one", HeaderValue::from_static("1"));
-        map.insert("x-two", HeaderValue::from_static("2"));
+        map.insert(crate::http::X_CACHE_NAME, HeaderValue::from_static("hit"));
+        map.insert(
+            crate::http::CACHE_STATUS_NAME,
+            HeaderValue::from_static("hit"),
+        );
         map.insert(CONTENT_TYPE, HeaderValue::from_static(values[0]));
         map.append(LINK, HeaderValue::from_static(values[1]));
         map.append(LINK, HeaderValue::from_static(values[2]));
@@ -157,8 +194,8 @@ mod tests {
             HeaderValue::from_static("two"),
         );
         assert_eq!(answer[AGE], "42");
-        assert_eq!(answer["x-one"], "one");
-        assert_eq!(answer["x-two"], "two");
+        assert_eq!(answer["x-cache"], "one");
+        assert_eq!(answer["cache-status"], "two");
         assert_eq!(answer[CONTENT_TYPE], "text/html");
         let links: Vec<_> = answer.get_all(LINK).iter().collect();
         assert_eq!(links, ["</c>", "</d>"]);
@@ -171,5 +208,15 @@ mod tests {
         let hc = Headers::new(&c);
         assert!(!Arc::ptr_eq(&ha.layout, &hc.layout));
         assert_eq!(hc.to_map(), c);
+
+        // Too many values to keep for sharing: a layout of its own, weighed in full.
+        let mut long = map(["text/plain", "</a>", "</b>", "one"]);
+        for n in 0..MAX_SHARED_NAMES {
+            long.append(LINK, HeaderValue::from_str(&format!("</{n}>")).unwrap());
+        }
+        let (h1, h2) = (Headers::new(&long), Headers::new(&long));
+        assert!(!h1.shares_its_layout());
+        assert!(!Arc::ptr_eq(&h1.layout, &h2.layout));
+        assert_eq!(h2.to_map(), long);
     }
 }

@@ -195,7 +195,12 @@ where
         Ok(_) => true,
         Err(()) => false,
     };
-    let lease = if redis_up {
+    // Whether this refresh listens for the holder's fill notice (see below).
+    let mut listening = false;
+    let lease = loop {
+        if !redis_up {
+            break None;
+        }
         let acquired = route
             .shared
             .leases
@@ -215,20 +220,32 @@ where
             }
         };
         match outcome {
-            AcquireOutcome::Acquired(lease) => Some(lease),
+            AcquireOutcome::Acquired(lease) => break Some(lease),
             AcquireOutcome::Busy { retry_after, .. } => {
-                route.stats.record(Event::RefreshBusy);
                 let ttl = route.lease_ttl();
-                return Some(retry_after.map_or(ttl, |left| left.min(ttl)));
+                let hold_off = retry_after.map_or(ttl, |left| left.min(ttl));
+                // The key is left alone until the holder's fill notice comes, which
+                // reaches this process only while it listens to the key's bucket: listen
+                // for the hold-off, then look at the lease once more, so that a fill that
+                // landed between the two is found (`Written`) rather than missed.
+                if !listening {
+                    listening = true;
+                    let shared = &route.shared;
+                    let until = Instant::now() + hold_off;
+                    let within = shared.store.command_timeout();
+                    if shared.notices.hold(keys.entry(), until, within).await {
+                        continue;
+                    }
+                }
+                route.stats.record(Event::RefreshBusy);
+                return Some(hold_off);
             }
             other => {
                 route.stats.record(Event::RefreshRedisError);
                 lease_unavailable(&route, other);
-                None
+                break None;
             }
         }
-    } else {
-        None
     };
     let fill = match lease {
         Some(lease) => Fill::leased(&route, keys, lease, None),

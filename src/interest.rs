@@ -168,7 +168,7 @@ impl Buckets {
     }
 
     /// The buckets to subscribe now; they count as asked for.
-    pub(crate) fn to_subscribe(&mut self) -> Vec<u32> {
+    pub(crate) fn take_wanted(&mut self) -> Vec<u32> {
         let mut asked = Vec::new();
         for (bucket, entry) in &mut self.map {
             if entry.stand == Stand::Wanted {
@@ -193,7 +193,7 @@ impl Buckets {
 
     /// The buckets to unsubscribe now: those nobody has wanted for [`LINGER`], and those
     /// let go to make room. They leave the table.
-    pub(crate) fn to_unsubscribe(&mut self, now: Instant) -> Vec<u32> {
+    pub(crate) fn take_idle(&mut self, now: Instant) -> Vec<u32> {
         let mut gone = std::mem::take(&mut self.dropped);
         self.map.retain(|bucket, entry| {
             let keep = entry.waits > 0 || now < entry.last + LINGER;
@@ -308,9 +308,9 @@ impl Interests {
         self.wanted.notified().await;
     }
 
-    /// The buckets to subscribe now (see [`Buckets::to_subscribe`]).
-    pub(crate) fn to_subscribe(&self) -> Vec<u32> {
-        self.table().to_subscribe()
+    /// The buckets to subscribe now (see [`Buckets::take_wanted`]).
+    pub(crate) fn take_wanted(&self) -> Vec<u32> {
+        self.table().take_wanted()
     }
 
     /// Redis confirmed `buckets`: the waits that want them hear their notices now.
@@ -325,9 +325,9 @@ impl Interests {
         self.confirmed.send_modify(|n| *n += 1);
     }
 
-    /// The buckets to unsubscribe now (see [`Buckets::to_unsubscribe`]).
-    pub(crate) fn to_unsubscribe(&self) -> Vec<u32> {
-        self.table().to_unsubscribe(Instant::now())
+    /// The buckets to unsubscribe now (see [`Buckets::take_idle`]).
+    pub(crate) fn take_idle(&self) -> Vec<u32> {
+        self.table().take_idle(Instant::now())
     }
 
     /// The connection was lost (see [`Buckets::lost`]); the buckets still wanted are
@@ -373,8 +373,8 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(table.take(1, t0), Some(true));
         assert_eq!(table.take(1, t0), Some(true), "not asked for yet");
-        assert_eq!(table.to_subscribe(), vec![1]);
-        assert!(table.to_subscribe().is_empty(), "asked once");
+        assert_eq!(table.take_wanted(), vec![1]);
+        assert!(table.take_wanted().is_empty(), "asked once");
         assert_eq!(table.take(1, t0), Some(false), "asked: nothing more to do");
         assert!(!table.is_subscribed(1));
         table.subscribed(&[1]);
@@ -382,19 +382,19 @@ mod tests {
         // Three waits; two end: still wanted.
         table.release(1, t0);
         table.release(1, t0);
-        assert!(table.to_unsubscribe(t0 + LINGER * 2).is_empty());
+        assert!(table.take_idle(t0 + LINGER * 2).is_empty());
         // The last ends: kept for LINGER, then let go once.
         let t1 = t0 + Duration::from_millis(10);
         table.release(1, t1);
-        assert!(table.to_unsubscribe(t1).is_empty());
-        assert!(table.to_unsubscribe(t1 + LINGER / 2).is_empty());
+        assert!(table.take_idle(t1).is_empty());
+        assert!(table.take_idle(t1 + LINGER / 2).is_empty());
         assert!(table.is_subscribed(1), "lingering");
         // Wanted again within LINGER: no SUBSCRIBE.
         assert_eq!(table.take(1, t1 + LINGER / 2), Some(false));
         table.release(1, t1 + LINGER / 2);
-        assert!(table.to_unsubscribe(t1 + LINGER).is_empty());
-        assert_eq!(table.to_unsubscribe(t1 + LINGER * 2), vec![1]);
-        assert!(table.to_unsubscribe(t1 + LINGER * 3).is_empty());
+        assert!(table.take_idle(t1 + LINGER).is_empty());
+        assert_eq!(table.take_idle(t1 + LINGER * 2), vec![1]);
+        assert!(table.take_idle(t1 + LINGER * 3).is_empty());
         assert_eq!(table.len(), 0);
         assert!(!table.is_subscribed(1));
         // A release of a bucket the table no longer holds changes nothing.
@@ -408,11 +408,11 @@ mod tests {
         let t0 = Instant::now();
         let until = t0 + Duration::from_secs(5);
         assert_eq!(table.hold(2, until, t0), Some(true));
-        assert_eq!(table.to_subscribe(), vec![2]);
+        assert_eq!(table.take_wanted(), vec![2]);
         table.subscribed(&[2]);
-        assert!(table.to_unsubscribe(until).is_empty());
-        assert!(table.to_unsubscribe(until + LINGER / 2).is_empty());
-        assert_eq!(table.to_unsubscribe(until + LINGER), vec![2]);
+        assert!(table.take_idle(until).is_empty());
+        assert!(table.take_idle(until + LINGER / 2).is_empty());
+        assert_eq!(table.take_idle(until + LINGER), vec![2]);
     }
 
     /// A lost connection forgets what nobody wants and asks again for the rest.
@@ -423,12 +423,12 @@ mod tests {
         table.take(1, t0);
         table.take(2, t0);
         table.hold(3, t0 + Duration::from_secs(5), t0);
-        table.to_subscribe();
+        table.take_wanted();
         table.subscribed(&[1, 2, 3]);
         table.release(2, t0);
         table.lost(t0 + Duration::from_millis(1));
         assert!(!table.is_subscribed(1));
-        let mut again = table.to_subscribe();
+        let mut again = table.take_wanted();
         again.sort_unstable();
         assert_eq!(again, vec![1, 3], "2 was wanted by nobody");
         // A confirmation of buckets asked on the lost connection is no confirmation.
@@ -445,15 +445,15 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(table.take(1, t0), Some(true));
         assert_eq!(table.take(2, t0), Some(true));
-        table.to_subscribe();
+        table.take_wanted();
         table.subscribed(&[1, 2]);
         assert_eq!(table.take(3, t0), None, "full of wanted buckets");
         table.release(1, t0);
         assert_eq!(table.take(3, t0), Some(true), "1 gave its place up");
         assert_eq!(table.len(), 2);
         assert!(!table.is_subscribed(1));
-        assert_eq!(table.to_unsubscribe(t0), vec![1], "unsubscribed at once");
-        assert_eq!(table.to_subscribe(), vec![3]);
+        assert_eq!(table.take_idle(t0), vec![1], "unsubscribed at once");
+        assert_eq!(table.take_wanted(), vec![3]);
     }
 
     #[tokio::test]
@@ -468,7 +468,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), interests.wanted())
             .await
             .expect("the task was told");
-        assert_eq!(interests.to_subscribe(), vec![7]);
+        assert_eq!(interests.take_wanted(), vec![7]);
         interests.subscribed(&[7]);
         assert!(waiting.await.unwrap());
         drop(interest);

@@ -397,31 +397,8 @@ async fn listen(
                         deliver(&*guard, &waiters, message.get_payload_bytes());
                     }
                     () = interests.wanted() => {
-                        // Every bucket wanted since the last batch, in one command.
-                        let buckets = interests.to_subscribe();
-                        if buckets.is_empty() {
-                            continue;
-                        }
-                        let names: Vec<String> =
-                            buckets.iter().map(|b| channel_of(&channel, *b)).collect();
-                        match tokio::time::timeout(timeout, sink.subscribe(&names)).await {
-                            Ok(Ok(())) => interests.subscribed(&buckets),
-                            // Refused by the server (an ACL that allows the broadcast
-                            // channel only): the connection is fine, the waits go unheard.
-                            Ok(Err(error))
-                                if matches!(error.kind(), redis::ErrorKind::Server(_)) =>
-                            {
-                                interests.refused(&buckets);
-                                if !std::mem::replace(&mut refused, true) {
-                                    tracing::warn!(
-                                        %error,
-                                        "stampede-guard could not subscribe to its interest \
-                                         channels: waits for other instances' fills look \
-                                         for them every 100 ms instead"
-                                    );
-                                }
-                            }
-                            _ => break,
+                        if !subscribe_wanted(&mut sink, &interests, &channel, timeout, &mut refused).await {
+                            break;
                         }
                     }
                     _ = ping.tick() => {
@@ -435,8 +412,12 @@ async fn listen(
                         // Healthy for a ping: only now is a reconnect quick again (a
                         // server that takes SUBSCRIBE and drops us is not retried at 20/s).
                         backoff = Duration::from_millis(50);
+                        // A wake-up lost in a race costs a second at most.
+                        if !subscribe_wanted(&mut sink, &interests, &channel, timeout, &mut refused).await {
+                            break;
+                        }
                         // The buckets nobody has wanted for a while, in one command.
-                        let idle = interests.to_unsubscribe();
+                        let idle = interests.take_idle();
                         if !idle.is_empty() {
                             let names: Vec<String> =
                                 idle.iter().map(|b| channel_of(&channel, *b)).collect();
@@ -459,6 +440,39 @@ async fn listen(
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }
+}
+
+/// Subscribes every bucket wanted since the last batch, in one command, and confirms
+/// them. Returns `false` when the connection is to be given up (no reply in time, or
+/// it failed); a refusal by the server (an ACL that allows the broadcast channel only)
+/// keeps it: the waits of those buckets go unheard, and the log says so once.
+async fn subscribe_wanted(
+    sink: &mut redis::aio::PubSubSink,
+    interests: &Interests,
+    channel: &str,
+    timeout: Duration,
+    refused: &mut bool,
+) -> bool {
+    let buckets = interests.take_wanted();
+    if buckets.is_empty() {
+        return true;
+    }
+    let names: Vec<String> = buckets.iter().map(|b| channel_of(channel, *b)).collect();
+    match tokio::time::timeout(timeout, sink.subscribe(&names)).await {
+        Ok(Ok(())) => interests.subscribed(&buckets),
+        Ok(Err(error)) if matches!(error.kind(), redis::ErrorKind::Server(_)) => {
+            interests.refused(&buckets);
+            if !std::mem::replace(refused, true) {
+                tracing::warn!(
+                    %error,
+                    "stampede-guard could not subscribe to its interest channels: waits \
+                     for other instances' fills look for them every 100 ms instead"
+                );
+            }
+        }
+        _ => return false,
+    }
+    true
 }
 
 /// Aborts a task when dropped: the read-back of a subscription that was lost.

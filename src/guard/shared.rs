@@ -91,6 +91,14 @@ impl Shared {
 impl Hears for Shared {
     /// Without a local key (from a version that sent none), a refresh held off for the
     /// entry waits out its hold-off instead of going ahead at once.
+    ///
+    /// Heard only while this process listens to the key's bucket: while it waits for
+    /// the key (a cold wait, a refresh held off), and for a second after. A mark of a
+    /// key it does not wait for is not cleared: it runs out by itself. Marks are set
+    /// fleet-wide by one notice with one duration and end together, so a fill elsewhere
+    /// comes from an instance whose mark ended about when this one's does; listening
+    /// for every marked key instead would have every instance subscribe on every pass
+    /// or error notice, the fan-out the interest channels avoid.
     fn filled(&self, key: &str, local: Option<LocalKey>) {
         self.marks.clear(key);
         if let Some(local) = local {

@@ -9,8 +9,7 @@
 //! instance listens to a bucket only while it waits for a key in it.
 //!
 //! [`Interests`] counts, per bucket, the waits that want it ([`Interest`], one per
-//! wait, given back when dropped) and how long a held-off refresh wants it
-//! ([`Interests::hold`]). The subscription's task (see `notify`) subscribes the buckets
+//! wait or held-off refresh, given back when dropped). The subscription's task (see `notify`) subscribes the buckets
 //! wanted, in batches, and confirms them here; it lets a bucket go only when nobody has
 //! wanted it for [`LINGER`], so that a hot bucket is not subscribed and unsubscribed on
 //! every wait; and it subscribes again, after a lost connection, the buckets still
@@ -68,8 +67,8 @@ enum Stand {
 struct Bucket {
     /// Waits that want it now.
     waits: usize,
-    /// Until when it is wanted without a wait (a held-off refresh), or since when nobody
-    /// has wanted it: it may go once this is [`LINGER`] past and `waits` is zero.
+    /// Since when nobody has wanted it: it may go once this is [`LINGER`] past and
+    /// `waits` is zero.
     last: Instant,
     stand: Stand,
 }
@@ -140,13 +139,6 @@ impl Buckets {
         }
     }
 
-    /// `bucket` is wanted until `until`, without a wait. Same reply as [`take`](Self::take).
-    pub(crate) fn hold(&mut self, bucket: u32, until: Instant, now: Instant) -> Option<bool> {
-        let entry = self.entry(bucket, now)?;
-        entry.last = entry.last.max(until);
-        Some(entry.stand == Stand::Wanted)
-    }
-
     /// Whether the notices of `bucket` reach this process now.
     #[cfg(test)]
     pub(crate) fn is_subscribed(&self, bucket: u32) -> bool {
@@ -207,11 +199,11 @@ impl Buckets {
 
     /// The connection was lost, and every subscription with it: the buckets still
     /// wanted are to be subscribed again, the others are forgotten.
-    pub(crate) fn lost(&mut self, now: Instant) {
+    pub(crate) fn lost(&mut self) {
         self.dropped.clear();
         self.map.retain(|_, entry| {
             entry.stand = Stand::Wanted;
-            entry.waits > 0 || now < entry.last
+            entry.waits > 0
         });
     }
 
@@ -273,17 +265,6 @@ impl Interests {
         })
     }
 
-    /// Wants `bucket` until `until`; `false` when no more buckets may be subscribed.
-    pub(crate) fn hold(&self, bucket: u32, until: Instant) -> bool {
-        let Some(asked) = self.table().hold(bucket, until, Instant::now()) else {
-            return false;
-        };
-        if asked {
-            self.wanted.notify_one();
-        }
-        true
-    }
-
     /// Whether the notices of `bucket` reach this process, waiting at most `within` for
     /// its subscription to be confirmed.
     pub(crate) async fn confirmed(&self, bucket: u32, within: Duration) -> bool {
@@ -333,7 +314,7 @@ impl Interests {
     /// The connection was lost (see [`Buckets::lost`]); the buckets still wanted are
     /// subscribed again as soon as it is back.
     pub(crate) fn lost(&self) {
-        self.table().lost(Instant::now());
+        self.table().lost();
         self.confirmed.send_modify(|n| *n += 1);
         self.wanted.notify_one();
     }
@@ -402,19 +383,6 @@ mod tests {
         assert_eq!(table.len(), 0);
     }
 
-    #[test]
-    fn a_hold_keeps_a_bucket_until_it_ends_and_lingers() {
-        let mut table = Buckets::new(8);
-        let t0 = Instant::now();
-        let until = t0 + Duration::from_secs(5);
-        assert_eq!(table.hold(2, until, t0), Some(true));
-        assert_eq!(table.take_wanted(), vec![2]);
-        table.subscribed(&[2]);
-        assert!(table.take_idle(until).is_empty());
-        assert!(table.take_idle(until + LINGER / 2).is_empty());
-        assert_eq!(table.take_idle(until + LINGER), vec![2]);
-    }
-
     /// A lost connection forgets what nobody wants and asks again for the rest.
     #[test]
     fn a_lost_connection_resubscribes_what_is_wanted() {
@@ -422,17 +390,17 @@ mod tests {
         let t0 = Instant::now();
         table.take(1, t0);
         table.take(2, t0);
-        table.hold(3, t0 + Duration::from_secs(5), t0);
+        table.take(3, t0);
         table.take_wanted();
         table.subscribed(&[1, 2, 3]);
         table.release(2, t0);
-        table.lost(t0 + Duration::from_millis(1));
+        table.lost();
         assert!(!table.is_subscribed(1));
         let mut again = table.take_wanted();
         again.sort_unstable();
         assert_eq!(again, vec![1, 3], "2 was wanted by nobody");
         // A confirmation of buckets asked on the lost connection is no confirmation.
-        table.lost(t0 + Duration::from_millis(2));
+        table.lost();
         table.subscribed(&[1, 3]);
         assert!(!table.is_subscribed(1));
     }

@@ -34,7 +34,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::watch;
@@ -189,14 +189,21 @@ impl Notices {
         self.is_subscribed() && self.interests.confirmed(bucket, within).await
     }
 
-    /// Makes the fill notices of `entry_key` reach this process until `until`, without a
-    /// wait (a refresh held off while another instance holds the lease). Returns what
-    /// [`listen`](Self::listen) does.
-    pub(crate) async fn hold(&self, entry_key: &str, until: Instant, within: Duration) -> bool {
+    /// Makes the fill notices of `entry_key` reach this process for as long as the
+    /// returned interest lives (`None`: the bucket could not be had), without a wait (a
+    /// refresh held off while another instance holds the lease). And whether they do
+    /// now, as [`listen`](Self::listen) says.
+    pub(crate) async fn interest(
+        &self,
+        entry_key: &str,
+        within: Duration,
+    ) -> (Option<Interest>, bool) {
         let bucket = bucket_of(entry_key);
-        self.interests.hold(bucket, until)
-            && self.is_subscribed()
-            && self.interests.confirmed(bucket, within).await
+        let Some(interest) = self.interests.take(bucket) else {
+            return (None, false);
+        };
+        let heard = self.is_subscribed() && self.interests.confirmed(bucket, within).await;
+        (Some(interest), heard)
     }
 
     /// Whether the subscription is up now.

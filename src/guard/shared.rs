@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::budget::Budget;
-use super::inflight::{RefreshMap, filled_elsewhere};
+use super::inflight::{RefreshMap, filled_elsewhere, sweep_held_off};
 use super::marks::{Mark, Marks};
 use super::purge::Purges;
 use super::vary::Learned;
@@ -162,9 +162,11 @@ impl Hears for Shared {
         self.purges.owe(super::purge::local_micros())
     }
 
-    /// A second's tick is as good a time as any to report L1 and the purges kept.
+    /// A second's tick is as good a time as any to report L1 and the purges kept, and
+    /// to forget the hold-offs that ended: each listens to its key's bucket until then.
     fn tick(&self) {
         self.report_l1();
         self.purges.report();
+        sweep_held_off(&self.refreshing);
     }
 }

@@ -7,9 +7,10 @@
 //! - commands, by command (`INFO commandstats`: the commands a script runs are counted
 //!   under their own names too);
 //! - bytes in and out (`INFO stats`, `total_net_input_bytes` / `total_net_output_bytes`);
-//! - pub/sub deliveries: `PUBLISH` calls times the notice channel's subscribers
-//!   (`PUBSUB NUMSUB`); on a Cluster, the publish messages on the cluster bus
-//!   (`CLUSTER INFO`, `cluster_stats_messages_publish_sent`);
+//! - pub/sub deliveries: the notices the fleet heard (`notices_heard_total`, summed over
+//!   instances; with a version that does not count them, `PUBLISH` calls times the
+//!   broadcast channel's subscribers, `PUBSUB NUMSUB`); on a Cluster, the publish
+//!   messages on the cluster bus (`CLUSTER INFO`, `cluster_stats_messages_publish_sent`);
 //! - Redis CPU (`INFO cpu`, `used_cpu_sys` + `used_cpu_user`), summed over nodes, and the
 //!   busiest node's;
 //! - origin calls per key per freshness window (the goal: 1.0 or less at every K).
@@ -220,7 +221,8 @@ impl Nodes {
         s
     }
 
-    /// The notice channel and its subscribers, summed over nodes (each counts its own).
+    /// The broadcast channel (the shortest: the interest channels are named after it)
+    /// and the subscribers of every channel, summed over nodes (each counts its own).
     async fn subscribers(&self) -> (Option<String>, u64) {
         let (mut channel, mut total) = (None, 0);
         for conn in &self.conns {
@@ -238,7 +240,12 @@ impl Nodes {
                     .await
                     .unwrap();
                 total += counts.iter().map(|(_, n)| n).sum::<u64>();
-                channel = Some(name);
+                if channel
+                    .as_ref()
+                    .is_none_or(|c: &String| name.len() < c.len())
+                {
+                    channel = Some(name);
+                }
             }
         }
         (channel, total)
@@ -382,6 +389,7 @@ async fn scrape(client: &HttpClient, metrics: &[SocketAddr]) -> BTreeMap<String,
                 .find_map(|l| {
                     l.strip_prefix("result=\"")
                         .or_else(|| l.strip_prefix("outcome=\""))
+                        .or_else(|| l.strip_prefix("notice=\""))
                 })
                 .map(|v| v.trim_end_matches(['"', '}']));
             let key = match kind {
@@ -485,12 +493,14 @@ async fn measure(
             }
         }
     });
-    // A notice of this fleet's, for the probe.
+    // A notice of this fleet's, for the probe (on any of its channels: fill notices go
+    // on interest channels); the probe sends it on the broadcast channel, to every
+    // instance.
     let channel = nodes.subscribers().await.0.expect("the notice channel");
     let notice = {
         let client = redis::Client::open(nodes.urls[0].as_str()).unwrap();
         let mut pubsub = client.get_async_pubsub().await.unwrap();
-        pubsub.subscribe(&channel).await.unwrap();
+        pubsub.psubscribe(format!("{channel}*")).await.unwrap();
         let message = tokio::time::timeout(WARM * 2, pubsub.on_message().next())
             .await
             .expect("a notice during the warm-up")
@@ -528,6 +538,17 @@ async fn measure(
         .map(|key| (key.clone(), delta(&fleet_a, &fleet_b, key) / secs))
         .filter(|(_, n)| *n > 0.0)
         .collect();
+    // Deliveries as the fleet counted them, if it does.
+    let heard = fleet_b
+        .keys()
+        .any(|key| key.starts_with("stampede_guard_notices_heard_total"))
+        .then(|| {
+            counters
+                .iter()
+                .filter(|(key, _)| key.starts_with("stampede_guard_notices_heard_total"))
+                .map(|(_, n)| n)
+                .sum::<f64>()
+        });
 
     // The probe: the notice again, once a millisecond, with the fleet idle.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -558,7 +579,10 @@ async fn measure(
         errors,
         per_key_window: per_key.iter().sum::<f64>() / KEYS as f64,
         per_key_window_max: per_key.iter().copied().fold(0.0, f64::max),
-        deliveries: load.command("publish") * subscribers as f64,
+        deliveries: match heard {
+            Some(heard) => heard,
+            None => load.command("publish") * subscribers as f64,
+        },
         load,
         idle,
         subscribers,

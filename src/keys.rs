@@ -140,7 +140,9 @@ impl KeySpace {
     ///
     /// - keys `~{prefix}:{env}:{service}:*` and channels `&{prefix}:{env}:{service}:*`;
     /// - `PING`; `EVALSHA` and `SCRIPT LOAD` (the scripts, loaded again when a server
-    ///   answers `NOSCRIPT`); `PUBLISH` and `SUBSCRIBE` (notices);
+    ///   answers `NOSCRIPT`); `PUBLISH`, `SUBSCRIBE` and `UNSUBSCRIBE` (notices: the
+    ///   key space's channel, and the interest channels named after it, subscribed
+    ///   while the instance waits for a key);
     /// - what the scripts call, which Redis checks against the user too: `GET`, `SET`,
     ///   `DEL`, `HGET`, `HSET`, `HEXISTS`, `PEXPIRE`, `PTTL`, `TYPE`, `TIME`, and
     ///   `SADD` and `SMEMBERS` (the list of a response's variants);
@@ -169,7 +171,7 @@ impl KeySpace {
         let head = &self.inner.head;
         format!(
             "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
-             +script|load +publish +subscribe +get +set +del +hget +hset +hexists +pexpire \
+             +script|load +publish +subscribe +unsubscribe +get +set +del +hget +hset +hexists +pexpire \
              +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrange +zrank +zrem +sadd \
              +smembers \
              +scard +sismember \

@@ -26,6 +26,7 @@ pub mod error;
 pub mod guard;
 mod http;
 pub mod inspect;
+mod interest;
 pub mod keys;
 pub mod leader;
 pub mod lease;

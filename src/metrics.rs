@@ -161,6 +161,11 @@ names! {
     /// Ticks of a periodic job ([`crate::leader`]) by operation and result (led, busy,
     /// stopped, with a `reason`, unavailable).
     LEADER_TICKS: Counter = "stampede_guard_leader_ticks_total", "Ticks of periodic jobs by result.";
+    /// Notices this process heard from the fleet (its own included), by kind (`notice`:
+    /// filled, invalidated, ended, learned, purged, unknown). Fill notices are heard only
+    /// while the process waits for a key in their bucket. One per process, no `route`
+    /// label.
+    NOTICES_HEARD: Counter = "stampede_guard_notices_heard_total", "Notices heard from the fleet, by kind (per process, shared by all routes: no route label).";
     /// Counter of breaker openings (per process, no `route` label, as [`CIRCUIT_OPEN`]).
     CIRCUIT_OPENED: Counter = "stampede_guard_redis_circuit_opened_total", "Times the Redis circuit breaker opened (per process: no route label).";
 }
@@ -181,6 +186,7 @@ pub const PER_PROCESS: &[&str] = &[
     PURGE_TAGS,
     PURGE_BYTES,
     LEADER_TICKS,
+    NOTICES_HEARD,
 ];
 
 macro_rules! events {

@@ -1,19 +1,29 @@
 //! Instances telling each other what happened to entries, over Redis pub/sub.
 //!
 //! Every fenced write publishes a fill notice and every invalidation an invalidation
-//! notice on the key space's channel (inside the same Lua script, so a notice is sent
-//! exactly when the write happened); a fill whose lease ends without a write says so,
-//! and so does a route that learned a `Vary` header. The wire format is [`Notice`]'s.
+//! notice (inside the same Lua script, so a notice is sent exactly when the write
+//! happened); a fill whose lease ends without a write says so, and so does a route that
+//! learned a `Vary` header. The wire format is [`Notice`]'s.
+//!
+//! What every instance needs goes on the key space's broadcast channel: invalidations,
+//! purges, learned `Vary` headers, and leases that ended without a write (they set the
+//! marks every instance keeps). Fill notices matter only to an instance that waits for
+//! the key: they go on the key's interest channel, one of a fixed number of buckets of
+//! keys, which an instance listens to only while it waits for a key in it (see
+//! `interest`). A waiter subscribes its bucket before it looks at the lease or the entry
+//! again, so that no fill falls between the two.
 //!
 //! [`Notices`] is one guard's side of it: the subscription (one connection, pinged every
-//! second, reconnected with backoff), the callers waiting for an entry to be filled
-//! elsewhere ([`Wait`]), and the channel. It knows nothing of the guard's state: what a
-//! notice means for L1, tombstones, marks and routes, the guard says through [`Hears`].
-//! Callers waiting for a key are woken after the guard has heard the notice, so that
-//! they find its effects.
+//! second, reconnected with backoff; the buckets are subscribed and let go on it), the
+//! callers waiting for an entry to be filled elsewhere ([`Wait`]), and the channels. It
+//! knows nothing of the guard's state: what a notice means for L1, tombstones, marks and
+//! routes, the guard says through [`Hears`]. Callers waiting for a key are woken after
+//! the guard has heard the notice, so that they find its effects.
 //!
 //! A lost notice costs time, never correctness: a waiter that is not woken reads Redis
-//! when its cold wait ends. When the subscription is lost and comes back, notices sent
+//! when its cold wait ends, and a waiter whose bucket could not be subscribed in time
+//! (the subscription is down, the bucket not confirmed, too many buckets) reads Redis
+//! every 100 ms instead of waiting to be woken. When the subscription is lost and comes back, notices sent
 //! meanwhile are lost with it: the guard is told ([`Hears::subscribed`]) and no longer
 //! serves what it held then as fresh. Purges are recorded in Redis too: those recorded
 //! since the last one the guard knows of are read back, in batches, beside the notices
@@ -30,6 +40,7 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::interest::{Interest, Interests, bucket_of, channel_of};
 use crate::keys::LocalKey;
 use crate::lease::FencingToken;
 pub(crate) use crate::purge_records::Purge;
@@ -71,12 +82,16 @@ pub(crate) struct Owed {
     pub(crate) since: u64,
 }
 
-/// One guard's notices: its channel, its subscription and its waiting callers.
+/// One guard's notices: its channels, its subscription and its waiting callers.
 pub(crate) struct Notices {
+    /// The broadcast channel; the interest channels are named after it.
     channel: String,
     /// Where purges are recorded by time, read back when the subscription comes up.
     purges_key: String,
     waiters: Arc<Waiters>,
+    /// The buckets of keys whose fill notices this process wants, shared with the
+    /// subscription's task, which subscribes them.
+    interests: Arc<Interests>,
     /// Shared with the subscription's task, which holds it weakly.
     state: Arc<State>,
     listener: Mutex<Option<JoinHandle<()>>>,
@@ -105,6 +120,7 @@ impl Notices {
             channel,
             purges_key,
             waiters: Arc::default(),
+            interests: Arc::default(),
             state: Arc::new(State {
                 listening: AtomicBool::new(false),
                 subscribed: watch::channel(false).0,
@@ -114,14 +130,54 @@ impl Notices {
         }
     }
 
-    /// The channel notices go on.
+    /// The broadcast channel: the notices every instance hears.
     pub(crate) fn channel(&self) -> &str {
         &self.channel
     }
 
-    /// Registers a wait for `key` (see [`Waiters::register`]).
+    /// The interest channel the fill notices of `entry_key` go on.
+    pub(crate) fn fill_channel(&self, entry_key: &str) -> String {
+        channel_of(&self.channel, bucket_of(entry_key))
+    }
+
+    /// Registers a wait for `key` (see [`Waiters::register`]). It hears the notices of
+    /// the broadcast channel; for fill notices too, [`listen`](Self::listen).
     pub(crate) fn wait_for(&self, key: Arc<str>) -> Wait {
         self.waiters.register(key)
+    }
+
+    /// Makes the fill notices of `wait`'s key reach this process for as long as the wait
+    /// lives: subscribes the key's bucket, unless it is already. Call it before looking
+    /// at the lease or the entry again, so that a fill between the look and the wait is
+    /// heard. Returns whether the notices reach this process now: not while the
+    /// subscription is down, nor when the bucket could not be had or was not confirmed
+    /// within `within`; the caller then looks for itself.
+    pub(crate) async fn listen(&self, wait: &mut Wait, within: Duration) -> bool {
+        let bucket = bucket_of(&wait.key);
+        if wait.interest.is_none() {
+            wait.interest = self.interests.take(bucket);
+            if wait.interest.is_none() {
+                return false;
+            }
+        }
+        self.is_subscribed() && self.interests.confirmed(bucket, within).await
+    }
+
+    /// Makes the fill notices of `entry_key` reach this process for as long as the
+    /// returned interest lives (`None`: the bucket could not be had), without a wait (a
+    /// refresh held off while another instance holds the lease). And whether they do
+    /// now, as [`listen`](Self::listen) says.
+    pub(crate) async fn interest(
+        &self,
+        entry_key: &str,
+        within: Duration,
+    ) -> (Option<Interest>, bool) {
+        let bucket = bucket_of(entry_key);
+        let Some(interest) = self.interests.take(bucket) else {
+            return (None, false);
+        };
+        let heard = self.is_subscribed() && self.interests.confirmed(bucket, within).await;
+        (Some(interest), heard)
     }
 
     /// Whether the subscription is up now.
@@ -155,6 +211,7 @@ impl Notices {
             self.purges_key.clone(),
             Arc::downgrade(&self.state),
             self.waiters.clone(),
+            self.interests.clone(),
             hears(),
         );
         *listener = Some(tokio::spawn(async move {
@@ -200,11 +257,13 @@ pub(crate) struct Waiters {
     map: Mutex<HashMap<Arc<str>, (watch::Sender<()>, usize)>>,
 }
 
-/// One caller's wait; dropping it unregisters.
+/// One caller's wait; dropping it unregisters (and gives its bucket back).
 pub(crate) struct Wait {
     rx: watch::Receiver<()>,
     key: Arc<str>,
     waiters: Arc<Waiters>,
+    /// Its key's bucket, once the wait listens for fill notices ([`Notices::listen`]).
+    interest: Option<Interest>,
 }
 
 impl Waiters {
@@ -220,6 +279,7 @@ impl Waiters {
             rx: tx.subscribe(),
             key,
             waiters: self.clone(),
+            interest: None,
         }
     }
 
@@ -270,10 +330,13 @@ async fn listen(
     purges_key: String,
     state: Weak<State>,
     waiters: Arc<Waiters>,
+    interests: Arc<Interests>,
     hears: Weak<dyn Hears>,
 ) {
     let mut backoff = Duration::from_millis(50);
     let timeout = store.connect_timeout();
+    // Whether the log said that Redis refused the buckets' channels (once).
+    let mut refused = false;
     // What the log said last, so that a retry every second says nothing new.
     let mut lost = false;
     loop {
@@ -305,12 +368,19 @@ async fn listen(
             let (mut sink, mut messages) = pubsub.split();
             let mut ping = tokio::time::interval(PING_EVERY);
             ping.tick().await;
+            // The buckets still wanted when the last connection was lost, if any.
+            interests.lost();
             loop {
                 tokio::select! {
                     message = messages.next() => {
                         let Some(message) = message else { break };
                         let Some(guard) = hears.upgrade() else { return };
                         deliver(&*guard, &waiters, message.get_payload_bytes());
+                    }
+                    () = interests.wanted() => {
+                        if !subscribe_wanted(&mut sink, &interests, &channel, timeout, &mut refused).await {
+                            break;
+                        }
                     }
                     _ = ping.tick() => {
                         let Some(guard) = hears.upgrade() else { return };
@@ -323,6 +393,20 @@ async fn listen(
                         // Healthy for a ping: only now is a reconnect quick again (a
                         // server that takes SUBSCRIBE and drops us is not retried at 20/s).
                         backoff = Duration::from_millis(50);
+                        // A wake-up lost in a race costs a second at most.
+                        if !subscribe_wanted(&mut sink, &interests, &channel, timeout, &mut refused).await {
+                            break;
+                        }
+                        // The buckets nobody has wanted for a while, in one command.
+                        let idle = interests.take_idle();
+                        if !idle.is_empty() {
+                            let names: Vec<String> =
+                                idle.iter().map(|b| channel_of(&channel, *b)).collect();
+                            let done = tokio::time::timeout(timeout, sink.unsubscribe(&names));
+                            if !matches!(done.await, Ok(Ok(()))) {
+                                break;
+                            }
+                        }
                     }
                 }
             }
@@ -330,12 +414,46 @@ async fn listen(
             // place, by the next subscription's.
             drop(read_back);
             subscribed.send_replace(false);
+            interests.lost();
             lost = true;
             tracing::warn!("stampede-guard lost its notice subscription; reconnecting");
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }
+}
+
+/// Subscribes every bucket wanted since the last batch, in one command, and confirms
+/// them. Returns `false` when the connection is to be given up (no reply in time, or
+/// it failed); a refusal by the server (an ACL that allows the broadcast channel only)
+/// keeps it: the waits of those buckets go unheard, and the log says so once.
+async fn subscribe_wanted(
+    sink: &mut redis::aio::PubSubSink,
+    interests: &Interests,
+    channel: &str,
+    timeout: Duration,
+    refused: &mut bool,
+) -> bool {
+    let buckets = interests.take_wanted();
+    if buckets.is_empty() {
+        return true;
+    }
+    let names: Vec<String> = buckets.iter().map(|b| channel_of(channel, *b)).collect();
+    match tokio::time::timeout(timeout, sink.subscribe(&names)).await {
+        Ok(Ok(())) => interests.subscribed(&buckets),
+        Ok(Err(error)) if matches!(error.kind(), redis::ErrorKind::Server(_)) => {
+            interests.refused(&buckets);
+            if !std::mem::replace(refused, true) {
+                tracing::warn!(
+                    %error,
+                    "stampede-guard could not subscribe to its interest channels: waits \
+                     for other instances' fills look for them every 100 ms instead"
+                );
+            }
+        }
+        _ => return false,
+    }
+    true
 }
 
 /// Aborts a task when dropped: the read-back of a subscription that was lost.
@@ -413,7 +531,13 @@ async fn read_back(
 
 /// Hands a notice to the guard, then wakes the callers waiting for its key.
 fn deliver(guard: &dyn Hears, waiters: &Waiters, payload: &[u8]) {
-    match Notice::parse(payload) {
+    let notice = Notice::parse(payload);
+    metrics::counter!(
+        crate::metrics::NOTICES_HEARD,
+        "notice" => notice.as_ref().map_or("unknown", Notice::kind)
+    )
+    .increment(1);
+    match notice {
         Some(Notice::Filled(key, local)) => {
             guard.filled(key, local);
             waiters.wake(key);
@@ -447,10 +571,12 @@ pub(crate) enum Ending {
     Gone,
 }
 
-/// What instances tell each other, on the key space's channel. On the wire:
+/// What instances tell each other, on the key space's broadcast channel, but for fill
+/// notices, which go on the entry key's interest channel (see `interest`). On the wire:
 ///
-/// * `f {entry key} {local key}`: an entry was written (sent by the write script); the
-///   entry key is its Redis key, the local key its key in L1 (see `keys::LocalKey`);
+/// * `f {entry key} {local key}`: an entry was written (sent by the write script, on
+///   the key's interest channel); the entry key is its Redis key, the local key its key
+///   in L1 (see `keys::LocalKey`);
 /// * `i {token} {entry key} {local key}`: a response was invalidated, with its
 ///   tombstone's token (sent by the invalidation script);
 /// * `e {pass|error|gone} {ms} {entry key}`: a fill's lease ended without a write, and
@@ -467,6 +593,14 @@ pub(crate) enum Ending {
 /// `f {entry key}` and `i {token} {entry key}`, read here with no local key (the
 /// hearer then does what it can without one), and read the entry key of these notices
 /// up to the end of its response's part, where the local key does not reach.
+///
+/// Every notice is heard on whichever channel it comes. In a fleet in the middle of the
+/// upgrade to interest channels, versions from before publish fill notices on the
+/// broadcast channel, and this version hears them there; but versions from before wait
+/// for fills on the broadcast channel alone, and do not hear the fill notices of this
+/// version. That costs time, not correctness: a waiter of an older version that is not
+/// woken reads Redis when its cold wait ends (`cold_wait`), and a refresh it held off
+/// waits out its hold-off (the lease's time left) while the entry is served stale.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Notice<'a> {
     Filled(&'a str, Option<LocalKey>),
@@ -528,6 +662,17 @@ impl std::fmt::Display for Notice<'_> {
 }
 
 impl<'a> Notice<'a> {
+    /// What kind of notice it is, as the metric of notices heard labels it.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::Filled(..) => "filled",
+            Self::Invalidated(..) => "invalidated",
+            Self::Ended(..) => "ended",
+            Self::Learned(..) => "learned",
+            Self::Purged(..) => "purged",
+        }
+    }
+
     /// Reads a notice; `None` for anything else.
     pub(crate) fn parse(payload: &'a [u8]) -> Option<Self> {
         let text = std::str::from_utf8(payload).ok()?;

@@ -172,14 +172,15 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
         ("stampede_guard_local_only_total{route=\"items\"}", 1.0),
         ("stampede_guard_redis_fallbacks_total{route=\"items\"}", 1.0),
         // The guard's leases, by route: the fill, the refresh, the refused refresh (its
-        // write released the lease), and the refresh that found the lease busy.
+        // write released the lease), and the refresh that found the lease busy, twice:
+        // it looks again once it listens for the holder's fill notice.
         (
             "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"acquired\",route=\"items\"}",
             3.0,
         ),
         (
             "stampede_guard_lease_acquisitions_total{operation=\"fill\",result=\"busy\",route=\"items\"}",
-            1.0,
+            2.0,
         ),
         (
             "stampede_guard_lease_releases_total{operation=\"fill\",result=\"released\",route=\"items\"}",
@@ -187,7 +188,7 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
         ),
         (
             "stampede_guard_lease_acquire_seconds_count{operation=\"fill\",route=\"items\"}",
-            4.0,
+            5.0,
         ),
         // The other client's lease on the same name, taken on its own: no route.
         (

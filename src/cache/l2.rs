@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::scripts::{self, Invalidated, Lasting, ReadReply, Renewal, WriteReply};
+use super::scripts::{self, Channels, Invalidated, Lasting, ReadReply, Renewal, WriteReply};
 use super::stored::Stored;
 use crate::cache::entry::{self, CachedResponse};
 use crate::keys::CacheKeys;
@@ -105,7 +105,7 @@ pub(crate) async fn l2_write(
     keys: &CacheKeys,
     lease: &Lease,
     stored: &Stored,
-    channel: &str,
+    channels: Channels<'_>,
 ) -> Result<WriteReply, StoreError> {
     let response = stored.to_response();
     // Kept for what is left of its keep time: an entry that came already aged (`Age`
@@ -118,7 +118,7 @@ pub(crate) async fn l2_write(
         lease,
         response.encode_for_l2(),
         keep_left,
-        channel,
+        channels,
     )
     .await
 }
@@ -131,7 +131,7 @@ pub(crate) async fn l2_revalidate(
     lease: &Lease,
     revalidated: FencingToken,
     response: &CachedResponse,
-    channel: &str,
+    channels: Channels<'_>,
 ) -> Result<Renewal, StoreError> {
     let meta = CachedResponse {
         body: bytes::Bytes::new(),
@@ -144,7 +144,7 @@ pub(crate) async fn l2_revalidate(
         revalidated,
         meta.encode_for_l2(),
         response.keep,
-        channel,
+        channels,
     )
     .await
 }

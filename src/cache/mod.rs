@@ -21,5 +21,5 @@ pub(crate) use self::l1::{L1, Tombstones, bury, bury_local, invalidated, new_tom
 pub(crate) use self::l2::{
     L2Read, l2_invalidate, l2_keep_names, l2_read, l2_read_with_names, l2_revalidate, l2_write,
 };
-pub(crate) use self::scripts::{Renewal, purge};
+pub(crate) use self::scripts::{Channels, Renewal, purge};
 pub(crate) use self::stored::{Freshness, Instant, Stored};

@@ -142,6 +142,15 @@ pub(crate) async fn keep_names(
     Ok(())
 }
 
+/// Where the notices of a write go: that it wrote, on the key's interest channel (heard
+/// by the instances that wait for the key); that its lease ended without a write, on
+/// the broadcast channel (heard by every instance: it sets their marks).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Channels<'a> {
+    pub(crate) filled: &'a str,
+    pub(crate) broadcast: &'a str,
+}
+
 /// What `write.lua` did.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WriteReply {
@@ -150,14 +159,15 @@ pub(crate) struct WriteReply {
 }
 
 /// The fenced write of an `encoded` entry under `lease`, kept `keep`, with the release
-/// of the lease and the notice of the write (or of a lease that ended without one).
+/// of the lease and the notice of the write, on the key's interest channel (or of a
+/// lease that ended without one, on the broadcast channel).
 pub(crate) async fn write(
     store: &RedisStore,
     keys: &CacheKeys,
     lease: &Lease,
     encoded: Vec<u8>,
     keep: Duration,
-    channel: &str,
+    channels: Channels<'_>,
 ) -> Result<WriteReply, StoreError> {
     let size = encoded.len();
     let mut invocation = WRITE.prepare_invoke();
@@ -170,8 +180,9 @@ pub(crate) async fn write(
         .arg(lease.owner().as_str())
         .arg(encoded)
         .arg(millis(keep))
-        .arg(channel)
+        .arg(channels.filled)
         .arg(Notice::Filled(keys.entry(), Some(keys.local)).to_string())
+        .arg(channels.broadcast)
         .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
     list_variant(&mut invocation, keys);
     let (written, released, _measured_against): (i64, i64, i64) = store
@@ -212,7 +223,7 @@ pub(crate) async fn revalidate(
     revalidated: FencingToken,
     meta: Vec<u8>,
     keep: Duration,
-    channel: &str,
+    channels: Channels<'_>,
 ) -> Result<Renewal, StoreError> {
     let mut invocation = REVALIDATE.prepare_invoke();
     invocation
@@ -225,8 +236,9 @@ pub(crate) async fn revalidate(
         .arg(revalidated.get())
         .arg(meta)
         .arg(millis(keep))
-        .arg(channel)
+        .arg(channels.filled)
         .arg(Notice::Filled(keys.entry(), Some(keys.local)).to_string())
+        .arg(channels.broadcast)
         .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
     list_variant(&mut invocation, keys);
     let (renewed, released, _measured_against): (i64, i64, i64) = store

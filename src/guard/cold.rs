@@ -742,12 +742,22 @@ enum Ended {
 
 /// Another instance holds the lease: wait for its entry, woken by its notices, until
 /// `deadline`. A notice that its lease ended without an entry ends the wait at once.
+///
+/// Fill notices reach this process only while it listens to the key's bucket: it
+/// subscribes first, then looks at the entry, so that a fill that lands between the
+/// two is found by the look or heard after it. When the bucket is not subscribed in
+/// time, it looks every 100 ms instead.
 async fn wait_for_remote(
     route: &Route,
     keys: &CacheKeys,
     wait: &mut Wait,
     deadline: tokio::time::Instant,
 ) -> Woke {
+    let notices = &route.shared.notices;
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let heard = notices
+        .listen(wait, route.shared.store.command_timeout().min(left))
+        .await;
     let mut woken = false;
     let mut last_look = false;
     loop {
@@ -781,8 +791,9 @@ async fn wait_for_remote(
             return Woke::Look;
         }
         // Woken by the holder's notice; without a subscription (starting up,
-        // reconnecting) no notice can come, so look again every 100 ms.
-        let until = if route.shared.notices.is_subscribed() {
+        // reconnecting, the bucket not confirmed) no notice can come, so look again
+        // every 100 ms.
+        let until = if heard && notices.is_subscribed() {
             deadline
         } else {
             deadline.min(tokio::time::Instant::now() + Duration::from_millis(100))

@@ -29,7 +29,9 @@ use super::origin::{Called, FillBody, Inner, OriginBody, call_origin};
 use super::route::Route;
 use super::vary::{Check, TooMany};
 use crate::cache::entry::{self, CachedResponse};
-use crate::cache::{Freshness, L2Read, Renewal, Stored, l2_read, l2_revalidate, l2_write};
+use crate::cache::{
+    Channels, Freshness, L2Read, Renewal, Stored, l2_read, l2_revalidate, l2_write,
+};
 use crate::http::conditional;
 use crate::http::directives::{Lifetimes, lifetimes};
 use crate::http::range;
@@ -431,13 +433,23 @@ impl Fill {
         let keys = &self.keys;
         route.held(lease.held_for());
         let shared = &route.shared;
-        let channel = shared.notices.channel();
+        let filled = shared.notices.fill_channel(keys.entry());
+        let channels = Channels {
+            filled: &filled,
+            broadcast: shared.notices.channel(),
+        };
         let renewed = match write {
             Write::Whole => None,
             Write::Renew(revalidated) => {
                 let response = stored.to_response();
-                let renewal =
-                    l2_revalidate(&shared.store, keys, &lease, revalidated, &response, channel);
+                let renewal = l2_revalidate(
+                    &shared.store,
+                    keys,
+                    &lease,
+                    revalidated,
+                    &response,
+                    channels,
+                );
                 match renewal.await {
                     Ok(Renewal::Renewed { released }) => Some(Ok((true, released))),
                     Ok(Renewal::Refused { released }) => Some(Ok((false, released))),
@@ -449,7 +461,7 @@ impl Fill {
         };
         let written = match renewed {
             Some(written) => written,
-            None => l2_write(&shared.store, keys, &lease, &stored, channel)
+            None => l2_write(&shared.store, keys, &lease, &stored, channels)
                 .await
                 .map(|outcome| (outcome.written, outcome.released)),
         };

@@ -28,6 +28,7 @@ use tokio::sync::{oneshot, watch};
 use super::body::ResponseBody;
 use super::origin::Buffered;
 use crate::cache::Stored;
+use crate::interest::Interest;
 use crate::keys::LocalKey;
 
 /// What a fill came to, for every caller that waited for it (see the
@@ -193,17 +194,32 @@ impl Waiting {
 }
 
 /// The refresh state of a key in this process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refresh {
     Running,
     /// Running, and another instance's fill notice came meanwhile.
     RunningFilled,
-    /// Until then, the lease is someone else's: do not try.
-    HeldOff(std::time::Instant),
+    /// Until then, the lease is someone else's: do not try. Meanwhile the process
+    /// listens to the key's bucket for the holder's fill notice (when it could): the
+    /// interest is given back with the state, when the notice lifts the hold-off, the
+    /// key is refreshed again, or the hold-off is swept once it ended.
+    HeldOff(
+        std::time::Instant,
+        // Never read: kept for its drop, which gives the bucket back.
+        #[allow(dead_code)] Option<Interest>,
+    ),
 }
 
 /// The refresh state of the keys of one guard.
 pub(crate) type RefreshMap = HashMap<LocalKey, Refresh>;
+
+/// Forgets the hold-offs that ended (and gives back the buckets they listened to).
+pub(crate) fn sweep_held_off(refreshing: &Mutex<RefreshMap>) {
+    let now = std::time::Instant::now();
+    refreshing
+        .lock()
+        .expect("refreshing lock")
+        .retain(|_, state| !matches!(state, Refresh::HeldOff(until, _) if *until <= now));
+}
 
 /// Another instance wrote the entry at `key`: a refresh held off for it may go ahead
 /// (and will adopt the new entry); one that runs notes it, so that a hold-off it ends
@@ -211,7 +227,7 @@ pub(crate) type RefreshMap = HashMap<LocalKey, Refresh>;
 pub(crate) fn filled_elsewhere(refreshing: &Mutex<RefreshMap>, key: LocalKey) {
     let mut refreshing = refreshing.lock().expect("refreshing lock");
     match refreshing.get_mut(&key) {
-        Some(Refresh::HeldOff(_)) => {
+        Some(Refresh::HeldOff(..)) => {
             refreshing.remove(&key);
         }
         Some(state @ Refresh::Running) => *state = Refresh::RunningFilled,

@@ -9,7 +9,9 @@
 //!   that the fleet is not going to try.
 //!
 //! A mark is set by the instance whose fill ended so, and by every other instance when
-//! its notice arrives (see `notify`). Marks are bounded in number and end by themselves.
+//! its notice arrives (see `notify`). Marks are bounded in number and end by themselves;
+//! a fill of the key clears them where its notice is heard (in the instances that wait
+//! for the key), and elsewhere they run out.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -48,7 +48,9 @@
 //! * A **cold miss** (nothing cached) is filled by one task per key per process, which
 //!   every caller of the process for that key awaits; across the fleet, the lease picks
 //!   one filler, and callers on other instances wait at most the route's cold wait for
-//!   its entry, woken by its notice. When the filler's lease ends without an entry, its
+//!   its entry, woken by its notice (heard by the instances that wait for the key, and
+//!   only by them: they listen to its bucket of keys before they look at the entry
+//!   again, see `notify`). When the filler's lease ends without an entry, its
 //!   notice says so and they stop waiting at once: after an answer that may not be
 //!   stored, their fill asks the origin once for all of them (and the key's later
 //!   callers go straight to it for the route's hit-for-pass time, `x-cache: pass`);

@@ -20,6 +20,7 @@ use super::route::Route;
 use crate::cache::{Freshness, L2Read, Stored, l2_read};
 use crate::http::conditional;
 use crate::http::response;
+use crate::interest::Interest;
 use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::{Acquire, AcquireOutcome};
 use crate::metrics::Event;
@@ -49,7 +50,7 @@ where
             // One refresh per key per process.
             Some(Refresh::Running | Refresh::RunningFilled) => return false,
             // Someone else has the lease; their notice, or its TTL, lifts the hold.
-            Some(Refresh::HeldOff(until)) if Instant::now() < *until => return false,
+            Some(Refresh::HeldOff(until, _)) if Instant::now() < *until => return false,
             _ => {}
         }
         // Hold-offs of keys nobody asks for any more would pile up: sweep them now and
@@ -57,7 +58,7 @@ where
         if refreshing.len() >= 1024 && refreshing.len().is_power_of_two() {
             let now = Instant::now();
             refreshing
-                .retain(|_, state| !matches!(state, Refresh::HeldOff(until) if *until <= now));
+                .retain(|_, state| !matches!(state, Refresh::HeldOff(until, _) if *until <= now));
         }
         // Within the budget, or not at all: the entry is served stale meanwhile, and a
         // later caller starts the refresh once a slot is free.
@@ -105,8 +106,26 @@ where
 pub(crate) struct Refreshing {
     route: Arc<Route>,
     key: LocalKey,
-    /// How long to leave the key alone, when the refresh found the lease elsewhere.
-    hold_off: Option<Duration>,
+    /// How long to leave the key alone, when the refresh found the lease elsewhere or
+    /// failed.
+    hold_off: Option<HoldOff>,
+}
+
+/// How long the process leaves a key alone after its refresh, and the bucket it
+/// listens to meanwhile for the fill notice of the instance that holds the lease.
+pub(crate) struct HoldOff {
+    lasting: Duration,
+    listening: Option<Interest>,
+}
+
+impl HoldOff {
+    /// A hold-off that listens to nothing (after a failure: no fill is coming).
+    fn of(lasting: Duration) -> Option<Self> {
+        Some(Self {
+            lasting,
+            listening: None,
+        })
+    }
 }
 
 impl Drop for Refreshing {
@@ -117,10 +136,11 @@ impl Drop for Refreshing {
             .refreshing
             .lock()
             .expect("refreshing lock");
-        let filled = refreshing.get(&self.key) == Some(&Refresh::RunningFilled);
-        match self.hold_off {
+        let filled = matches!(refreshing.get(&self.key), Some(Refresh::RunningFilled));
+        match self.hold_off.take() {
             Some(hold_off) if !filled => {
-                refreshing.insert(self.key, Refresh::HeldOff(Instant::now() + hold_off));
+                let until = Instant::now() + hold_off.lasting;
+                refreshing.insert(self.key, Refresh::HeldOff(until, hold_off.listening));
             }
             _ => {
                 refreshing.remove(&self.key);
@@ -138,7 +158,7 @@ pub(crate) async fn refresh<S, ReqBody, B>(
     current: Arc<Stored>,
     request: Request<ReqBody>,
     inner: S,
-) -> Option<Duration>
+) -> Option<HoldOff>
 where
     S: Inner<ReqBody, B>,
     ReqBody: FillBody,
@@ -195,7 +215,12 @@ where
         Ok(_) => true,
         Err(()) => false,
     };
-    let lease = if redis_up {
+    // The bucket this refresh listens to for the holder's fill notice (see below).
+    let mut listening = None;
+    let lease = loop {
+        if !redis_up {
+            break None;
+        }
         let acquired = route
             .shared
             .leases
@@ -215,33 +240,49 @@ where
             }
         };
         match outcome {
-            AcquireOutcome::Acquired(lease) => Some(lease),
+            AcquireOutcome::Acquired(lease) => break Some(lease),
             AcquireOutcome::Busy { retry_after, .. } => {
-                route.stats.record(Event::RefreshBusy);
                 let ttl = route.lease_ttl();
-                return Some(retry_after.map_or(ttl, |left| left.min(ttl)));
+                let hold_off = retry_after.map_or(ttl, |left| left.min(ttl));
+                // The key is left alone until the holder's fill notice comes, which
+                // reaches this process only while it listens to the key's bucket: listen
+                // (for as long as the hold-off lasts), then look at the lease once more,
+                // so that a fill that landed between the two is found (`Written`) rather
+                // than missed.
+                if listening.is_none() {
+                    let shared = &route.shared;
+                    let within = shared.store.command_timeout();
+                    let (interest, heard) = shared.notices.interest(keys.entry(), within).await;
+                    listening = Some(interest);
+                    if heard {
+                        continue;
+                    }
+                }
+                route.stats.record(Event::RefreshBusy);
+                return Some(HoldOff {
+                    lasting: hold_off,
+                    listening: listening.flatten(),
+                });
             }
             other => {
                 route.stats.record(Event::RefreshRedisError);
                 lease_unavailable(&route, other);
-                None
+                break None;
             }
         }
-    } else {
-        None
     };
     let fill = match lease {
         Some(lease) => Fill::leased(&route, keys, lease, None),
         None => Fill::local(&route, keys, current.response.token, None),
     };
-    let failed = Some(policy.error_backoff);
+    let failed = || HoldOff::of(policy.error_backoff);
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
     let conditional =
         conditional::ask_if_changed(&mut request, current.response.status, &current.headers());
     let (fill, origin) = match fill.call(inner, request).await {
         Answered::Called(fill, origin) => (fill, origin),
-        Answered::Stopped(_) => return failed,
+        Answered::Stopped(_) => return failed(),
     };
     if conditional {
         counted_revalidation(&route.stats, &origin);
@@ -260,7 +301,7 @@ where
                 if fill.renew(&current, head, &asked).await.is_err() {
                     // Ended already.
                     route.stats.record(Event::RefreshNotStored);
-                    return failed;
+                    return failed();
                 }
                 route.stats.record(Event::RefreshRevalidated);
                 return None;
@@ -281,7 +322,7 @@ where
                 // Ended already.
                 Kept::NotStored { .. } => {
                     route.stats.record(Event::RefreshNotStored);
-                    return failed;
+                    return failed();
                 }
             },
             Err(_) if response::is_failure(head.status()) => (Event::RefreshOriginError, None),
@@ -300,5 +341,5 @@ where
     // stays, and the fleet leaves the origin alone for the back-off.
     fill.end(Ending::Error).await;
     route.stats.record(event);
-    failed
+    failed()
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::budget::Budget;
-use super::inflight::{RefreshMap, filled_elsewhere};
+use super::inflight::{RefreshMap, filled_elsewhere, sweep_held_off};
 use super::marks::{Mark, Marks};
 use super::purge::Purges;
 use super::vary::Learned;
@@ -91,6 +91,14 @@ impl Shared {
 impl Hears for Shared {
     /// Without a local key (from a version that sent none), a refresh held off for the
     /// entry waits out its hold-off instead of going ahead at once.
+    ///
+    /// Heard only while this process listens to the key's bucket: while it waits for
+    /// the key (a cold wait, a refresh held off), and for a second after. A mark of a
+    /// key it does not wait for is not cleared: it runs out by itself. Marks are set
+    /// fleet-wide by one notice with one duration and end together, so a fill elsewhere
+    /// comes from an instance whose mark ended about when this one's does; listening
+    /// for every marked key instead would have every instance subscribe on every pass
+    /// or error notice, the fan-out the interest channels avoid.
     fn filled(&self, key: &str, local: Option<LocalKey>) {
         self.marks.clear(key);
         if let Some(local) = local {
@@ -154,9 +162,11 @@ impl Hears for Shared {
         self.purges.owe(super::purge::local_micros())
     }
 
-    /// A second's tick is as good a time as any to report L1 and the purges kept.
+    /// A second's tick is as good a time as any to report L1 and the purges kept, and
+    /// to forget the hold-offs that ended: each listens to its key's bucket until then.
     fn tick(&self) {
         self.report_l1();
         self.purges.report();
+        sweep_held_off(&self.refreshing);
     }
 }

@@ -9,9 +9,10 @@
 -- ARGV[3]  the token of the entry that was revalidated
 -- ARGV[4]  the entry's new metadata (an encoded entry without a body)
 -- ARGV[5]  how long to keep it from now, ms
--- ARGV[6]  the notice channel    ARGV[7]  the notice of a write
--- ARGV[8]  the notice of a lease that ended without one
--- ARGV[9]  (with KEYS[5]) the variant's part of its entry key, as the list holds it
+-- ARGV[6]  the key's interest channel    ARGV[7]  the notice of a write (on it)
+-- ARGV[8]  the broadcast channel    ARGV[9]  the notice of a lease that ended without
+--          one (on it)
+-- ARGV[10] (with KEYS[5]) the variant's part of its entry key, as the list holds it
 --
 -- Fenced as write.lua is: refused when a higher token was stored or issued (then the
 -- lease is released as there). When the entry that was revalidated is no longer there
@@ -36,7 +37,7 @@ if token < stored then
   local released = 0
   if redis.call('TYPE', KEYS[2]).ok == 'string' and redis.call('GET', KEYS[2]) == ARGV[2] then
     redis.call('DEL', KEYS[2])
-    redis.call('PUBLISH', ARGV[6], ARGV[8])
+    redis.call('PUBLISH', ARGV[8], ARGV[9])
     released = 1
   end
   return {0, released, stored}
@@ -48,7 +49,7 @@ redis.call('HSET', KEYS[1], 't', ARGV[1], 'm', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 -- The list lasts as long as the entry now does (see write.lua).
 if KEYS[5] then
-  list_variant(KEYS[5], ARGV[9], ARGV[5])
+  list_variant(KEYS[5], ARGV[10], ARGV[5])
 end
 local released = 0
 if redis.call('TYPE', KEYS[2]).ok == 'string' and redis.call('GET', KEYS[2]) == ARGV[2] then

@@ -6,9 +6,10 @@
 --          response) the list of the response's variants (all in one hash slot)
 -- ARGV[1]  the writer's fencing token    ARGV[2]  the writer's owner value
 -- ARGV[3]  the encoded entry    ARGV[4]  how long to keep it, ms
--- ARGV[5]  the notice channel    ARGV[6]  the notice of a write
--- ARGV[7]  the notice of a lease that ended without one
--- ARGV[8]  (with KEYS[5]) the variant's part of its entry key, as the list holds it
+-- ARGV[5]  the key's interest channel    ARGV[6]  the notice of a write (on it)
+-- ARGV[7]  the broadcast channel    ARGV[8]  the notice of a lease that ended without
+--          one (on it)
+-- ARGV[9]  (with KEYS[5]) the variant's part of its entry key, as the list holds it
 --
 -- A variant that is written is listed (see list_variant), so that an invalidation of
 -- its response deletes it and counts it (see invalidate.lua).
@@ -18,7 +19,9 @@
 -- nor write after a newer holder took the lease (even if that holder's entry has been
 -- evicted or has expired since, or it never wrote one). The lease is released either
 -- way, if it is still the writer's; if nothing was written, the instances waiting for
--- the entry are told, so that they stop waiting.
+-- the entry are told, so that they stop waiting. The notice of a write goes to the
+-- instances that listen to the key's bucket (those that wait for it); that of a lease
+-- that ended without one to every instance (see notify.rs).
 --
 -- Returns {written (0/1), released (0/1), the highest token it was measured against:
 -- the stored entry's, the last invalidation's or the last issued}. The token helpers
@@ -41,7 +44,7 @@ if token >= stored then
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   written = 1
   if KEYS[5] then
-    list_variant(KEYS[5], ARGV[8], ARGV[4])
+    list_variant(KEYS[5], ARGV[9], ARGV[4])
   end
 end
 local released = 0
@@ -52,6 +55,6 @@ end
 if written == 1 then
   redis.call('PUBLISH', ARGV[5], ARGV[6])
 elseif released == 1 then
-  redis.call('PUBLISH', ARGV[5], ARGV[7])
+  redis.call('PUBLISH', ARGV[7], ARGV[8])
 end
 return {written, released, stored}

@@ -9,7 +9,7 @@
 //! L1 capacity plus 25 %, and be at most that plus a 32 MiB base.
 //!
 //! Each test measures the whole process: run them one at a time. The one at 64 MiB
-//! runs with the suite (150,000 keys, L1 filled about three times over, or
+//! runs with the suite (100,000 keys, L1 filled about twice over, or
 //! `MEMORY_TEST_KEYS`); the one at 1 GiB, a million keys, is left out of it (minutes of
 //! requests in a debug build):
 //!
@@ -195,7 +195,7 @@ const OVERHEAD: u64 = 1_280;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l1_of_64_mib_holds_what_it_weighs() {
-    let keys = std::env::var("MEMORY_TEST_KEYS").map_or(150_000, |k| k.parse().unwrap());
+    let keys = std::env::var("MEMORY_TEST_KEYS").map_or(100_000, |k| k.parse().unwrap());
     holds_what_it_weighs(64 * MIB, keys).await;
 }
 

@@ -198,13 +198,7 @@ impl L1 {
         // inside.
         std::sync::atomic::fence(Ordering::SeqCst);
         if refused(tombstones) {
-            let _ = self
-                .moka
-                .entry(key)
-                .and_compute_with(|existing| match existing {
-                    Some(e) if Arc::ptr_eq(e.value(), &stored) => Op::Remove,
-                    _ => Op::Nop,
-                });
+            self.remove_if_still(key, &stored);
             // The front has not had it: nothing to remove there.
             return false;
         }
@@ -239,14 +233,20 @@ impl L1 {
     /// entry (a newer one may have been put since), and counts it.
     fn drop_variant(&self, dropped: Option<(LocalKey, Arc<Stored>)>) {
         let Some((key, stored)) = dropped else { return };
+        self.remove_if_still(key, &stored);
+        self.variants_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Removes `key` from moka if it still holds `stored` there (a newer entry put
+    /// since stays).
+    fn remove_if_still(&self, key: LocalKey, stored: &Arc<Stored>) {
         let _ = self
             .moka
             .entry(key)
             .and_compute_with(|existing| match existing {
-                Some(e) if Arc::ptr_eq(e.value(), &stored) => Op::Remove,
+                Some(e) if Arc::ptr_eq(e.value(), stored) => Op::Remove,
                 _ => Op::Nop,
             });
-        self.variants_dropped.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How many variants were dropped past the cap of one response's so far.

@@ -15,6 +15,7 @@ use moka::sync::Cache;
 
 use super::front::{self, Front};
 use super::stored::{Instant, Stored};
+use crate::http::response::{TAG_HEADERS, tags};
 use crate::keys::{LocalKey, Spread};
 use crate::lease::FencingToken;
 
@@ -387,7 +388,15 @@ pub(crate) fn weigh(key: &LocalKey, stored: &Stored) -> usize {
             .sum();
         heap(size_of::<HeaderMap>() + 16) + map + copies
     };
+    // The ids of its tags, made when a purge first asks (see `Stored::tag_ids`): 16
+    // bytes each.
+    let tag_ids = if TAG_HEADERS.iter().any(|name| stored.has_header(name)) {
+        heap(16 * tags(&stored.headers()).count())
+    } else {
+        0
+    };
     heap(size_of::<Stored>() + 16) // the Arc<Stored>
+        + tag_ids
         + heap(size_of::<LocalKey>() + 16) // moka keeps the key in an Arc
         + values
         + layout
@@ -983,5 +992,37 @@ mod front_tests {
                 }
             }
         }
+    }
+
+    /// The ids of an entry's tags are made when a purge first asks, long after moka
+    /// weighed the entry: the weight counts them from the start (16 bytes each).
+    #[test]
+    fn tag_ids_are_weighed_before_they_are_made() {
+        let with = |first: &'static str, second: &'static str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(first, http::HeaderValue::from_static("a b  c"));
+            headers.insert(second, http::HeaderValue::from_static("d, e"));
+            Stored::aged(
+                CachedResponse {
+                    status: http::StatusCode::OK,
+                    headers,
+                    body: bytes::Bytes::from_static(b"body"),
+                    fresh_for: HOUR,
+                    grace: Duration::ZERO,
+                    keep: HOUR,
+                    token: FencingToken::new(1),
+                },
+                Duration::ZERO,
+            )
+        };
+        let tagged = with("surrogate-key", "cache-tag");
+        // The same values under names that tag nothing.
+        let untagged = with("x-surrogate-key", "x-cache-tag");
+        let five_ids = (16 * 5 + 16_usize).next_multiple_of(16);
+        assert_eq!(
+            weigh(&key(1, 0), &tagged),
+            weigh(&key(1, 0), &untagged) + five_ids
+        );
+        assert_eq!(tags(&tagged.headers()).count(), 5);
     }
 }

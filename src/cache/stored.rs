@@ -34,8 +34,9 @@ pub(crate) struct Stored {
     /// from that clock when the fill took its lease), or for an entry filled without
     /// Redis, this machine's time. Purges of its tags before then hide it.
     created: u64,
-    /// The ids of its tags (see `guard::purge`), made when first needed.
-    pub(crate) tag_ids: std::sync::OnceLock<Box<[String]>>,
+    /// The ids of its tags (see `guard::purge`), made when first needed (and weighed
+    /// from the start: see `l1::weigh`).
+    pub(crate) tag_ids: std::sync::OnceLock<Box<[u128]>>,
     /// The names in its `Vary` that its route does not key on anyway (see
     /// `guard::vary`), made when first needed: most entries vary on none.
     pub(crate) vary: std::sync::OnceLock<Box<[http::HeaderName]>>,

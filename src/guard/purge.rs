@@ -30,10 +30,9 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use http::HeaderMap;
-
 use crate::cache::Stored;
 use crate::http::directives::MAX_KEEP;
+use crate::http::response::tags;
 use crate::keys::{KeySpace, tag_key};
 use crate::notify::{Owed, Purge};
 use crate::purge_records::Recorded;
@@ -308,9 +307,11 @@ impl Purges {
         stored: &Stored,
         margin: std::time::Duration,
     ) -> Option<Purge> {
-        let own = stored
-            .tag_ids
-            .get_or_init(|| tags(&stored.headers()).map(|t| keys.tag_id(t)).collect());
+        let own = stored.tag_ids.get_or_init(|| {
+            tags(&stored.headers())
+                .filter_map(|t| tag_key(&keys.tag_id(t)))
+                .collect()
+        });
         if own.is_empty() && route_tags.is_empty() {
             return None;
         }
@@ -327,8 +328,7 @@ impl Purges {
         {
             verdict = Some(Purge::Soft);
         }
-        let own = own.iter().filter_map(|id| tag_key(id));
-        for id in own.chain(route_tags.iter().copied()) {
+        for &id in own.iter().chain(route_tags) {
             let Some(marks) = state.map.get(&id) else {
                 continue;
             };
@@ -390,25 +390,6 @@ impl State {
     }
 }
 
-/// The tags an answer names: `Surrogate-Key` (space-separated) and `Cache-Tag`
-/// (comma-separated), each value trimmed, empty ones left out.
-pub(crate) fn tags(headers: &HeaderMap) -> impl Iterator<Item = &str> {
-    let surrogate = headers
-        .get_all("surrogate-key")
-        .into_iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(' '));
-    let cache_tag = headers
-        .get_all("cache-tag")
-        .into_iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','));
-    surrogate
-        .chain(cache_tag)
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-}
-
 /// This machine's time in µs since 1970: the stamp of a purge that Redis could not
 /// record, and the start of a fill made without Redis.
 pub(crate) fn local_micros() -> u64 {
@@ -435,7 +416,7 @@ mod tests {
     }
 
     fn stored(tags: &[(&'static str, &str)], created: u64) -> Stored {
-        let mut headers = HeaderMap::new();
+        let mut headers = http::HeaderMap::new();
         for (name, value) in tags {
             headers.append(*name, value.parse().unwrap());
         }

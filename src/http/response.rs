@@ -25,6 +25,33 @@ pub const CACHE_STATUS: &str = "cache-status";
 /// The name this cache gives itself in [`CACHE_STATUS`].
 pub const CACHE_NAME: &str = "stampede-guard";
 
+/// The headers whose values tag an answer for purging: `Surrogate-Key`
+/// (space-separated tags) and `Cache-Tag` (comma-separated).
+pub(crate) const TAG_HEADERS: [http::HeaderName; 2] = [
+    http::HeaderName::from_static("surrogate-key"),
+    http::HeaderName::from_static("cache-tag"),
+];
+
+/// The tags an answer names (see [`TAG_HEADERS`]), each value trimmed, empty ones left
+/// out.
+pub(crate) fn tags(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    let [surrogate_key, cache_tag] = &TAG_HEADERS;
+    let surrogate = headers
+        .get_all(surrogate_key)
+        .into_iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(' '));
+    let cache_tag = headers
+        .get_all(cache_tag)
+        .into_iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','));
+    surrogate
+        .chain(cache_tag)
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
 /// The name of the `x-cache` header, made once.
 pub(crate) const X_CACHE_NAME: http::HeaderName = http::HeaderName::from_static(X_CACHE);
 

@@ -1213,6 +1213,8 @@ async fn fills_once_then_hits_over_tcp_and_reports_health() {
         "60s",
         "--admin",
         "127.0.0.1:0",
+        "--metrics",
+        "127.0.0.1:0",
     ]);
     let first = fetch(sidecar.listen, "/items/1", &[]).await;
     assert_eq!(first.status, StatusCode::OK);
@@ -1222,6 +1224,22 @@ async fn fills_once_then_hits_over_tcp_and_reports_health() {
     assert_eq!(second.x_cache(), "hit");
     assert_eq!(second.body, "/items/1 call 1");
     assert_eq!(calls.load(Ordering::SeqCst), 1, "the origin is called once");
+
+    // `--metrics` on port 0: the address it prints is the one it bound, and serves the
+    // counts of what was just answered.
+    let metrics = fetch(
+        sidecar.metrics.expect("a metrics listener"),
+        "/metrics",
+        &[],
+    )
+    .await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    let hits = metrics
+        .body
+        .lines()
+        .find(|l| l.starts_with("stampede_guard_requests_total") && l.contains("outcome=\"hit\""))
+        .unwrap_or_else(|| panic!("no hit counter in:\n{}", metrics.body));
+    assert!(hits.ends_with(" 1"), "{hits}");
 
     let admin = sidecar.admin.expect("an admin listener");
     let health = fetch(admin, "/healthz", &[]).await;

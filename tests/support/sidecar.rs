@@ -53,6 +53,8 @@ pub(crate) struct Sidecar {
     lines: Arc<Mutex<Vec<String>>>,
     pub(crate) listen: SocketAddr,
     pub(crate) admin: Option<SocketAddr>,
+    /// Where it serves `/metrics`, given `--metrics`.
+    pub(crate) metrics: Option<SocketAddr>,
 }
 
 impl Sidecar {
@@ -91,7 +93,7 @@ impl Sidecar {
                 }
             });
         }
-        let (mut listen, mut admin) = (None, None);
+        let (mut listen, mut admin, mut metrics) = (None, None, None);
         let deadline = Instant::now() + HANG;
         while listen.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -116,6 +118,8 @@ impl Sidecar {
             };
             if line.starts_with("admin on ") {
                 admin = Some(addr(&line));
+            } else if line.starts_with("metrics on ") {
+                metrics = Some(addr(&line));
             } else if line.starts_with("caching ") {
                 listen = Some(addr(line.split(" on ").nth(1).unwrap()));
             }
@@ -125,6 +129,7 @@ impl Sidecar {
             lines,
             listen: listen.unwrap(),
             admin,
+            metrics,
         }
     }
 

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use clap::Parser;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use stampede_guard::prometheus::PrometheusHandle;
 use stampede_guard::{KeySpace, RedisStore, StampedeGuard};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -142,9 +143,15 @@ async fn run(settings: Settings) -> Result<(), Failure> {
     let mut signals = Signals::listen().map_err(|e| runtime("cannot listen for signals", &e))?;
     if let Some(addr) = settings.metrics {
         // Before the guard: counters are registered when its layers are made.
-        stampede_guard::prometheus::install_with_listener(addr)
+        let handle = stampede_guard::prometheus::install()
             .map_err(|e| runtime(&format!("metrics on {addr}"), &e))?;
-        println!("metrics on http://{addr}/metrics");
+        let listener = bind(addr).await?;
+        // The address bound (`--metrics 127.0.0.1:0` picks a free port).
+        println!(
+            "metrics on http://{}/metrics",
+            listener.local_addr().unwrap_or(addr)
+        );
+        tokio::spawn(serve_metrics(listener, handle));
     }
     let guard = guard(&settings)?;
     let routes = Routes::new(&guard, &settings, &upstream(&settings)?)?;
@@ -358,6 +365,33 @@ fn store(settings: &Settings) -> Result<RedisStore, Failure> {
         ),
         field => refused(field, &e),
     })
+}
+
+/// Serves `/metrics` on `listener` until the process exits, and drains the recorder's
+/// histograms every few seconds between scrapes (as the exporter's own listener does).
+async fn serve_metrics(listener: TcpListener, handle: PrometheusHandle) {
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    let render = move || {
+        let text = handle.render();
+        async move {
+            (
+                [(
+                    http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                text,
+            )
+        }
+    };
+    let app = axum::Router::new().route("/metrics", axum::routing::get(render));
+    let _ = axum::serve(listener, app).await;
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, Failure> {

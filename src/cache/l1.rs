@@ -14,6 +14,7 @@ use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
 
 use super::front::{self, Front};
+use super::listed::{self, Listed};
 use super::stored::{Instant, Stored};
 use crate::http::response::{TAG_HEADERS, tags};
 use crate::keys::{LocalKey, Spread};
@@ -26,6 +27,8 @@ use crate::lease::FencingToken;
 pub(crate) struct L1 {
     moka: Cache<LocalKey, Arc<Stored>, Spread>,
     front: Arc<Front>,
+    /// The variants moka may hold, by response: what an invalidation removes.
+    listed: Listed,
     /// Below this weight (three quarters of the capacity), a hit reads moka too with a
     /// chance of one in `sample` ([`front::SAMPLE`]); from it on, every hit does. Other
     /// values in tests.
@@ -78,8 +81,6 @@ impl L1 {
                 u32::try_from(weigh(key, value)).unwrap_or(u32::MAX)
             })
             .expire_after(UntilKept)
-            // For dropping every variant of an invalidated response at once.
-            .support_invalidation_closures()
             // Whatever leaves moka (evicted, expired, replaced, invalidated) leaves the
             // front: only that very entry, a newer one may be there already.
             .eviction_listener(move |key: Arc<LocalKey>, value: Arc<Stored>, cause| {
@@ -93,6 +94,7 @@ impl L1 {
         Self {
             moka,
             front,
+            listed: Listed::new(),
             busy_at,
             sample,
             variants_dropped: AtomicU64::new(0),
@@ -169,23 +171,27 @@ impl L1 {
         }
         // Before moka: see the front's rules.
         let changes = self.front.changes(&key);
-        let result = self.moka.entry(key).and_compute_with(|existing| {
-            match existing {
-                Some(e) if e.value().response.token > stored.response.token => Op::Nop,
-                // Again, under the entry's lock: an invalidation may have come since.
-                _ if refused(tombstones) => Op::Nop,
-                _ => {
-                    #[cfg(test)]
-                    {
-                        let hook = self.before_insert.lock().expect("hook lock").take();
-                        if let Some(hook) = hook {
-                            hook();
+        let holds = |key: &LocalKey| self.moka.contains_key(key);
+        let insert = || {
+            self.moka.entry(key).and_compute_with(|existing| {
+                match existing {
+                    Some(e) if e.value().response.token > stored.response.token => Op::Nop,
+                    // Again, under the entry's lock: an invalidation may have come since.
+                    _ if refused(tombstones) => Op::Nop,
+                    _ => {
+                        #[cfg(test)]
+                        {
+                            let hook = self.before_insert.lock().expect("hook lock").take();
+                            if let Some(hook) = hook {
+                                hook();
+                            }
                         }
+                        Op::Put(stored.clone())
                     }
-                    Op::Put(stored.clone())
                 }
-            }
-        });
+            })
+        };
+        let result = self.listed.list(&key, holds, insert);
         let put = matches!(
             result,
             CompResult::Inserted(_) | CompResult::ReplacedWith(_)
@@ -255,37 +261,33 @@ impl L1 {
         self.variants_dropped.load(Ordering::Relaxed)
     }
 
-    /// Drops `response` from L1, and with `variants` every variant of it (those its
-    /// `Vary` told apart: moka checks the predicate on every read until it has gone
-    /// through the cache, and the front drops them all, so none is served after this
-    /// returns).
-    pub(crate) fn invalidate_response(&self, response: u128, variants: bool) {
+    /// Drops `response` and every variant of it from L1 (those listed: see
+    /// [`Listed`]; the front drops them all, so none is served after this returns).
+    pub(crate) fn invalidate_response(&self, response: u128) {
         // The tombstone was written before: see `put`'s second look.
         std::sync::atomic::fence(Ordering::SeqCst);
         self.moka.invalidate(&LocalKey::of_response(response));
-        if variants {
-            let _ = self
-                .moka
-                .invalidate_entries_if(move |key, _| key.response == response);
+        for variant in self.listed.take(response) {
+            self.moka.invalidate(&LocalKey { response, variant });
         }
         // After moka: see the front's rules.
         self.front.remove_response(response);
     }
 
-    /// Drops `response` and every variant of it from L1 at once, as
-    /// [`invalidate_response`](Self::invalidate_response) does, and returns how many of
-    /// them were not past their keep time at `now`. It goes through every entry of L1
-    /// to count them (for an invalidation that asks for the count, without Redis: not on
-    /// any request's path).
+    /// [`invalidate_response`](Self::invalidate_response), returning how many of the
+    /// entries dropped were not past their keep time at `now`.
     pub(crate) fn remove_response(&self, response: u128, now: Instant) -> u64 {
         // As in `invalidate_response`: see `put`'s second look.
         std::sync::atomic::fence(Ordering::SeqCst);
+        let variants = self.listed.take(response);
+        let keys = std::iter::once(LocalKey::of_response(response)).chain(
+            variants
+                .into_iter()
+                .map(|variant| LocalKey { response, variant }),
+        );
         let mut removed = 0;
-        for (key, _) in self.moka.iter() {
-            if key.response != response {
-                continue;
-            }
-            if let Some(stored) = self.moka.remove(&*key)
+        for key in keys {
+            if let Some(stored) = self.moka.remove(&key)
                 && now < stored.expires_at()
             {
                 removed += 1;
@@ -315,9 +317,10 @@ impl L1 {
 
 /// What moka keeps for each entry besides the key and the value (its entry info, the
 /// nodes of its access and write orders and of its timer wheel, its slot in the hash
-/// table), estimated from its structures. `tests/memory.rs` checks the whole weigher
+/// table), estimated from its structures: 337 bytes measured with L1's settings
+/// (`cargo bench --bench moka_entry`). `tests/memory.rs` checks the whole weigher
 /// against the process's resident memory.
-const L1_BOOKKEEPING: usize = 400;
+const L1_BOOKKEEPING: usize = 368;
 
 /// Header names that responses often carry and that `http` keeps as static names.
 const STATIC_NAMES: &[http::HeaderName] = &[
@@ -403,6 +406,11 @@ pub(crate) fn weigh(key: &LocalKey, stored: &Stored) -> usize {
         + heap(stored.response.body.len()) + SHARED
         + L1_BOOKKEEPING
         + front::bookkeeping(key)
+        + if key.variant == 0 {
+            0
+        } else {
+            listed::BOOKKEEPING
+        }
 }
 
 /// Tokens of recent invalidations, per response (its [`LocalKey::response`], shared by
@@ -603,15 +611,16 @@ mod front_tests {
 
     /// What every invalidation does (the local one, with or without Redis, and a
     /// notice's): the tombstone, then the entries out of L1.
-    fn invalidate(l1: &L1, tombstones: &Tombstones, key: LocalKey, token: u64, variants: bool) {
+    fn invalidate(l1: &L1, tombstones: &Tombstones, key: LocalKey, token: u64) {
         bury(tombstones, key.response, FencingToken::new(token), None);
-        l1.invalidate_response(key.response, variants);
+        l1.invalidate_response(key.response);
     }
 
     /// An invalidation that comes between the put's look at the tombstones and moka's
     /// insert (driven there by a hook, not by luck) wins: the entry it invalidated is
     /// not put, not read, and not in the front; before the look and after the insert,
-    /// it wins as well. With and without variants.
+    /// it wins as well. With and without variants (a variant's removal waits for the
+    /// put's insert, under the lock of the variants' list: it runs on another thread).
     #[test]
     fn an_invalidation_that_races_a_put_wins_in_every_order() {
         for variants in [false, true] {
@@ -621,14 +630,26 @@ mod front_tests {
             let at = if variants { b } else { a };
             // Between the look and the insert.
             let (hook_l1, hook_tombstones) = (l1.clone(), tombstones.clone());
+            let removal = Arc::new(std::sync::Mutex::new(None));
+            let hook_removal = removal.clone();
             *l1.before_insert.lock().unwrap() = Some(Box::new(move || {
-                invalidate(&hook_l1, &hook_tombstones, at, 10, variants);
+                if variants {
+                    bury(&hook_tombstones, at.response, FencingToken::new(10), None);
+                    *hook_removal.lock().unwrap() = Some(std::thread::spawn(move || {
+                        hook_l1.invalidate_response(at.response);
+                    }));
+                } else {
+                    invalidate(&hook_l1, &hook_tombstones, at, 10);
+                }
             }));
             assert!(
                 !l1.put(&tombstones, at, entry(5, HOUR), 0),
                 "raced, {variants}"
             );
             assert!(l1.before_insert.lock().unwrap().is_none(), "the hook ran");
+            if let Some(removal) = removal.lock().unwrap().take() {
+                removal.join().unwrap();
+            }
             assert!(
                 l1.get(&at, Instant::now()).is_none(),
                 "resurrected, {variants}"
@@ -638,14 +659,14 @@ mod front_tests {
             front_agrees(&l1);
             // Before the look: refused at once.
             let c = key(2, if variants { 3 } else { 0 });
-            invalidate(&l1, &tombstones, c, 10, variants);
+            invalidate(&l1, &tombstones, c, 10);
             assert!(!l1.put(&tombstones, c, entry(5, HOUR), 0));
             assert!(l1.get(&c, Instant::now()).is_none());
             // After the insert: removed from moka and the front.
             let d = key(3, if variants { 3 } else { 0 });
             assert!(l1.put(&tombstones, d, entry(5, HOUR), 0));
             assert!(l1.get(&d, Instant::now()).is_some());
-            invalidate(&l1, &tombstones, d, 10, variants);
+            invalidate(&l1, &tombstones, d, 10);
             assert!(l1.get(&d, Instant::now()).is_none());
             // A newer entry than the invalidation is put, raced or not.
             *l1.before_insert.lock().unwrap() = Some(Box::new(|| {}));
@@ -674,12 +695,13 @@ mod front_tests {
         // An older entry is refused, by moka and so by the front.
         assert!(!l1.put(&tombstones, a, one.clone(), 0));
         assert!(same(l1.get(&a, Instant::now()), &two));
-        l1.invalidate_response(a.response, false);
+        l1.invalidate_response(a.response);
         assert!(l1.get(&a, Instant::now()).is_none());
         front_agrees(&l1);
     }
 
-    /// Every variant of a response leaves at once, though moka drops them lazily.
+    /// Every variant of a response leaves moka and the front at once (no predicate
+    /// left for moka to run on later reads), and no other response's.
     #[test]
     fn an_invalidation_of_variants_reaches_the_front() {
         let l1 = L1::new(1 << 20, 256);
@@ -690,11 +712,17 @@ mod front_tests {
             assert!(l1.put(&tombstones, *k, stored.clone(), 0));
             assert!(same(l1.get(k, Instant::now()), stored));
         }
-        l1.invalidate_response(key(7, 0).response, true);
+        l1.invalidate_response(key(7, 0).response);
         for (k, _) in &variants {
+            assert!(!l1.moka.contains_key(k), "still in moka");
             assert!(l1.get(k, Instant::now()).is_none());
         }
         assert!(same(l1.get(&other.0, Instant::now()), &other.1));
+        assert_eq!(
+            l1.listed.len(),
+            1,
+            "the other response's variant stays listed"
+        );
         l1.invalidate_all();
         assert!(l1.get(&other.0, Instant::now()).is_none());
         front_agrees(&l1);
@@ -950,7 +978,7 @@ mod front_tests {
                             for &n in &order {
                                 let k = key(u128::from(n), (n + round) % 3);
                                 if n % 50 == 0 {
-                                    l1.invalidate_response(k.response, true);
+                                    l1.invalidate_response(k.response);
                                 } else {
                                     l1.put(&tombstones, k, entry(round * 1000 + n, HOUR), 0);
                                 }
@@ -1024,5 +1052,34 @@ mod front_tests {
             weigh(&key(1, 0), &untagged) + five_ids
         );
         assert_eq!(tags(&tagged.headers()).count(), 5);
+    }
+
+    /// The list of variants (what invalidations remove) holds what moka holds, and
+    /// what it dropped only until the next prune: with 20,000 variants put through an
+    /// L1 that holds 200, it stays within twice what moka holds plus a first prune's
+    /// worth per shard, and every variant moka holds is listed.
+    #[test]
+    fn the_list_of_variants_stays_within_twice_what_moka_holds() {
+        let held = 200;
+        let capacity = held * weigh(&key(0, 1), &entry(1, HOUR)) as u64;
+        let l1 = L1::new(capacity, 256);
+        let tombstones = new_tombstones();
+        for n in 0..20_000 {
+            assert!(l1.put(&tombstones, key(n, 1), entry(1, HOUR), 0));
+            if n % 1_000 == 0 {
+                l1.moka.run_pending_tasks();
+            }
+        }
+        l1.moka.run_pending_tasks();
+        let bound = 2 * held as usize + 64 * 64;
+        assert!(
+            l1.listed.len() <= bound,
+            "{} listed, at most {bound}",
+            l1.listed.len()
+        );
+        for (key, _) in l1.moka.iter() {
+            let variants = l1.listed.take(key.response);
+            assert_eq!(variants, [1], "{key:?} is held but not listed");
+        }
     }
 }

@@ -14,6 +14,7 @@ mod front;
 mod l1;
 mod l2;
 mod layout;
+mod listed;
 mod scripts;
 mod stored;
 

@@ -409,7 +409,6 @@ impl Route {
     /// counted (which goes through all of L1); with Redis, the count is L2's.
     async fn invalidate_url(&self, keys: &CacheKeys, count: bool) -> Result<Reached, StoreError> {
         let response = keys.local.response;
-        let variants = self.learned.any();
         let shared = &self.shared;
         // Locally first, and whatever Redis says: a fill in flight here must not put the
         // old entry back. A local tombstone outranks every token issued so far.
@@ -424,7 +423,7 @@ impl Route {
                 self.l1()
                     .remove_response(response, crate::cache::Instant::now())
             } else {
-                self.l1().invalidate_response(response, variants);
+                self.l1().invalidate_response(response);
                 0
             };
             return Ok(Reached {
@@ -432,7 +431,7 @@ impl Route {
                 entries,
             });
         }
-        self.l1().invalidate_response(response, variants);
+        self.l1().invalidate_response(response);
         let invalidated = l2_invalidate(
             &shared.store,
             keys,
@@ -444,7 +443,7 @@ impl Route {
         // Redis's token from now on: it orders against the fills' tokens, which come from
         // the same clock (the local one only covered the round trip).
         crate::cache::bury(&shared.tombstones, response, invalidated.token, Some(local));
-        self.l1().invalidate_response(response, variants);
+        self.l1().invalidate_response(response);
         Ok(Reached {
             existed: invalidated.existed,
             entries: invalidated.entries,

@@ -58,16 +58,6 @@ impl Shared {
         self.routes.lock().expect("routes lock").get(route).cloned()
     }
 
-    /// Whether L1 may hold variants of a response: only a route one of whose URLs
-    /// learned `Vary` headers here puts them, and what is learned is never forgotten.
-    fn keeps_variants(&self) -> bool {
-        self.routes
-            .lock()
-            .expect("routes lock")
-            .values()
-            .any(|learned| learned.any())
-    }
-
     /// Starts the notice subscription on first use, and again if it ended (see
     /// [`Notices::ensure_listening`]).
     pub(crate) fn ensure_listening(self: &Arc<Self>) {
@@ -106,16 +96,15 @@ impl Hears for Shared {
         }
     }
 
-    /// Every variant of the response goes if any route here keys variants: whether the
-    /// sender's route had learned its `Vary` says nothing of this process's L1. Without
-    /// a local key (from a version that sent none), which entry it was is unknown, and
-    /// all of L1 goes: L2 holds the tombstone, and the rest is read from there again.
+    /// The response and every variant of it that L1 holds go (whether the sender's
+    /// route had learned its `Vary` says nothing of this process's L1). Without a local
+    /// key (from a version that sent none), which entry it was is unknown, and all of
+    /// L1 goes: L2 holds the tombstone, and the rest is read from there again.
     fn invalidated(&self, local: Option<LocalKey>, token: FencingToken) {
         match local {
             Some(local) => {
                 crate::cache::bury(&self.tombstones, local.response, token, None);
-                self.l1
-                    .invalidate_response(local.response, self.keeps_variants());
+                self.l1.invalidate_response(local.response);
             }
             None => self.l1.invalidate_all(),
         }

@@ -655,4 +655,18 @@ async fn variants_of_one_url_are_capped_in_l1_through_axum() {
     assert_eq!(layer.stats().get(Event::L1Hit), l1_hits);
     assert_eq!(layer.stats().get(Event::L2Hit), l2_hits + 1);
     assert_eq!(calls.load(Ordering::SeqCst), CLIENTS, "no origin call");
+
+    // One invalidation of the URL takes every variant L1 holds (each one listed, none
+    // left to a predicate) and those in Redis: each is asked of the origin again.
+    let page = get("/page");
+    let invalidation = layer.invalidate(&page);
+    assert!(
+        within(HANG, invalidation, "the invalidation")
+            .await
+            .unwrap()
+    );
+    for v in [0, 1, CLIENTS - 1] {
+        assert_eq!(ask(v).await, "miss", "variant {v} after the invalidation");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), CLIENTS + 3);
 }

@@ -19,10 +19,12 @@
 //!   replaced, or one that was removed, is dropped.
 //! - **Whatever leaves moka leaves the front after it**: moka's eviction listener removes
 //!   the entries it evicts, expires or replaces (that very entry: a newer one may be
-//!   there already); an invalidation removes the key here once moka has dropped it (an
-//!   invalidation of variants, which moka drops lazily, removes them all at once).
-//! - **No lock is held across a call into moka**: moka may run its listener on the
-//!   calling thread, and the listener takes a shard's lock.
+//!   there already); an invalidation removes the key here once moka has dropped it (and
+//!   every variant of the response at once).
+//! - **No lock of the front is held across a call into moka**: moka may run its
+//!   listener on the calling thread, and the listener takes a shard's lock. (A put
+//!   holds the lock of L1's list of variants across moka's insert: the listener never
+//!   takes that one.)
 //!
 //! Moka still needs to see reads, to do its housekeeping and, once it has to choose what
 //! to evict, to keep what is used. While L1 is less than three quarters full, a hit

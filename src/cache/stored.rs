@@ -11,6 +11,7 @@ pub(crate) type Instant = quanta::Instant;
 
 use super::layout::{FIXED, Headers};
 use crate::cache::entry::CachedResponse;
+use crate::http::response::tags;
 use crate::http::{CACHE_STATUS_NAME, X_CACHE_NAME, is_set_by_the_layer};
 use crate::lease::FencingToken;
 
@@ -37,6 +38,8 @@ pub(crate) struct Stored {
     /// The ids of its tags (see `guard::purge`), made when first needed (and weighed
     /// from the start: see `l1::weigh`).
     pub(crate) tag_ids: std::sync::OnceLock<Box<[u128]>>,
+    /// How many tags it has (see [`tags`]): its ids' count, known before they are made.
+    tag_count: u32,
     /// The names in its `Vary` that its route does not key on anyway (see
     /// `guard::vary`), made when first needed: most entries vary on none.
     pub(crate) vary: std::sync::OnceLock<Box<[http::HeaderName]>>,
@@ -116,6 +119,7 @@ impl Stored {
                 keep,
                 token,
             },
+            tag_count: u32::try_from(tags(&headers).count()).unwrap_or(u32::MAX),
             headers: Headers::new(&headers),
             got_at,
             age_when_got: age,
@@ -153,6 +157,11 @@ impl Stored {
     /// Whether it has a header `name`, without making its map.
     pub(crate) fn has_header(&self, name: &http::HeaderName) -> bool {
         self.headers.layout().contains_key(name)
+    }
+
+    /// How many tags it has (the ids it will make: see [`Stored::tag_ids`]).
+    pub(crate) fn tag_count(&self) -> usize {
+        self.tag_count as usize
     }
 
     /// Its headers as kept (see [`Headers`]), for weighing.

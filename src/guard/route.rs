@@ -406,7 +406,7 @@ impl Route {
     /// Invalidates the response of `keys` (the keys of its own entry) and every variant
     /// of it: in this process at once, and in L2 and every instance's L1 through Redis.
     /// With `count`, and without Redis, the entries removed from this process's L1 are
-    /// counted (which goes through all of L1); with Redis, the count is L2's.
+    /// counted; with Redis, the count is L2's.
     async fn invalidate_url(&self, keys: &CacheKeys, count: bool) -> Result<Reached, StoreError> {
         let response = keys.local.response;
         let shared = &self.shared;

@@ -367,8 +367,9 @@ fn store(settings: &Settings) -> Result<RedisStore, Failure> {
     })
 }
 
-/// Serves `/metrics` on `listener` until the process exits, and drains the recorder's
-/// histograms every few seconds between scrapes (as the exporter's own listener does).
+/// Serves the metrics on `listener` until the process exits, at `/metrics` and (as the
+/// exporter's own listener did) at any other path, rendered off the async workers; and
+/// drains the recorder's histograms every few seconds between scrapes.
 async fn serve_metrics(listener: TcpListener, handle: PrometheusHandle) {
     let upkeep = handle.clone();
     tokio::spawn(async move {
@@ -379,8 +380,11 @@ async fn serve_metrics(listener: TcpListener, handle: PrometheusHandle) {
         }
     });
     let render = move || {
-        let text = handle.render();
+        let handle = handle.clone();
         async move {
+            let text = tokio::task::spawn_blocking(move || handle.render())
+                .await
+                .unwrap_or_default();
             (
                 [(
                     http::header::CONTENT_TYPE,
@@ -390,7 +394,7 @@ async fn serve_metrics(listener: TcpListener, handle: PrometheusHandle) {
             )
         }
     };
-    let app = axum::Router::new().route("/metrics", axum::routing::get(render));
+    let app = axum::Router::new().fallback(render);
     let _ = axum::serve(listener, app).await;
 }
 

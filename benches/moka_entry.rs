@@ -14,9 +14,12 @@
 //! so that one's freed memory does not hide the next one's.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use moka::sync::Cache;
+
+#[path = "support/moka.rs"]
+mod support;
+use support::{Hour, Key, key};
 
 const ENTRIES: u64 = 1_000_000;
 
@@ -25,26 +28,6 @@ fn resident() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
     pages * 4096
-}
-
-/// A key of L1's size.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct Key {
-    response: u128,
-    variant: u64,
-}
-
-struct Hour;
-
-impl moka::Expiry<Key, Arc<u64>> for Hour {
-    fn expire_after_create(
-        &self,
-        _: &Key,
-        _: &Arc<u64>,
-        _: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(Duration::from_secs(3600))
-    }
 }
 
 /// Bytes per entry with `features` (any of `e`xpiry, `i`nvalidation closures,
@@ -65,11 +48,7 @@ fn per_entry(features: &str) -> u64 {
     }
     let cache: Cache<Key, Arc<u64>> = builder.build();
     for n in 0..ENTRIES {
-        let key = Key {
-            response: u128::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835),
-            variant: 0,
-        };
-        cache.insert(key, Arc::new(n));
+        cache.insert(key(n, 0), Arc::new(n));
     }
     cache.run_pending_tasks();
     assert_eq!(cache.entry_count(), ENTRIES);

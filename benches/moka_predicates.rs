@@ -17,39 +17,16 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use moka::sync::Cache;
 
+#[path = "support/moka.rs"]
+mod support;
+use support::{Hour, Key, key};
+
 const ENTRIES: u64 = 1_000_000;
 const READS: u64 = 200_000;
-
-/// A key of L1's shape.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct Key {
-    response: u128,
-    variant: u64,
-}
-
-fn key(n: u64) -> Key {
-    Key {
-        response: u128::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835),
-        variant: 1,
-    }
-}
-
-struct Hour;
-
-impl moka::Expiry<Key, Arc<u64>> for Hour {
-    fn expire_after_create(
-        &self,
-        _: &Key,
-        _: &Arc<u64>,
-        _: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(Duration::from_secs(3600))
-    }
-}
 
 /// Nanoseconds per read of `count` entries spread over the cache.
 fn reads(cache: &Cache<Key, Arc<u64>>, count: u64) -> f64 {
@@ -58,7 +35,7 @@ fn reads(cache: &Cache<Key, Arc<u64>>, count: u64) -> f64 {
     for _ in 0..count {
         // A cheap spread over every entry.
         n = n.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        black_box(cache.get(&key((n >> 16) % ENTRIES)));
+        black_box(cache.get(&key((n >> 16) % ENTRIES, 1)));
     }
     started.elapsed().as_nanos() as f64 / count as f64
 }
@@ -75,7 +52,7 @@ fn main() {
         .eviction_listener(|_, _, _| {})
         .build();
     for n in 0..ENTRIES {
-        cache.insert(key(n), Arc::new(n));
+        cache.insert(key(n, 1), Arc::new(n));
     }
     cache.run_pending_tasks();
     println!("moka's synchronous cache as L1 configured it, {ENTRIES} entries:");

@@ -270,31 +270,20 @@ impl L1 {
     /// [`Listed`]; the front drops them all, so none is served after this returns).
     /// Returns how many variants were listed.
     pub(crate) fn invalidate_response(&self, response: u128) -> usize {
-        // The tombstone was written before: see `put`'s second look.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        self.moka.invalidate(&LocalKey::of_response(response));
-        let variants = self.listed.take(response);
-        for &variant in &variants {
-            self.moka.invalidate(&LocalKey { response, variant });
+        let keys = self.keys_of(response);
+        for key in &keys {
+            self.moka.invalidate(key);
         }
         // After moka: see the front's rules.
         self.front.remove_response(response);
-        variants.len()
+        keys.len() - 1
     }
 
     /// [`invalidate_response`](Self::invalidate_response), returning how many of the
     /// entries dropped were not past their keep time at `now`.
     pub(crate) fn remove_response(&self, response: u128, now: Instant) -> u64 {
-        // As in `invalidate_response`: see `put`'s second look.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let variants = self.listed.take(response);
-        let keys = std::iter::once(LocalKey::of_response(response)).chain(
-            variants
-                .into_iter()
-                .map(|variant| LocalKey { response, variant }),
-        );
         let mut removed = 0;
-        for key in keys {
+        for key in self.keys_of(response) {
             // (Moka gives back what it holds but would not give: past its time.)
             let live = self.moka.contains_key(&key);
             if let Some(stored) = self.moka.remove(&key)
@@ -307,6 +296,21 @@ impl L1 {
         // After moka: see the front's rules.
         self.front.remove_response(response);
         removed
+    }
+
+    /// The keys an invalidation of `response` removes: its own, then each variant
+    /// listed (taken from the list).
+    fn keys_of(&self, response: u128) -> Vec<LocalKey> {
+        // The tombstone was written before: see `put`'s second look.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let variants = self.listed.take(response);
+        std::iter::once(LocalKey::of_response(response))
+            .chain(
+                variants
+                    .into_iter()
+                    .map(|variant| LocalKey { response, variant }),
+            )
+            .collect()
     }
 
     /// Drops every entry.

@@ -648,7 +648,9 @@ impl PolicyBuilder {
 
     /// On a route that follows the origin: the shortest fresh time an entry gets,
     /// whatever the origin says (default zero). A floor above zero makes a
-    /// micro-cache of an origin that says `no-cache` or `max-age=0`.
+    /// micro-cache of an origin that says `max-age=0`; never of a `no-cache` answer,
+    /// which may be made for its caller alone (on a header it does not name in `Vary`)
+    /// and is revalidated on every use (RFC 9111 §5.2.2.4), whatever the floor.
     pub fn min_fresh(mut self, floor: Duration) -> Self {
         self.policy.min_fresh = floor;
         self

@@ -193,6 +193,11 @@ pub(crate) async fn landed<B: OriginBody, E>(
             if !serves {
                 return Next::Rekey;
             }
+            // An answer to be revalidated on every use (`no-cache`) is its caller's
+            // alone: each other caller asks the origin itself.
+            if !is_leader && response::reuse(&stored.headers()) == response::Reuse::Never {
+                return Next::PassThrough;
+            }
             route.stats.record(Event::Miss);
             if asked.conditional
                 && let Some(not_modified) = filled_not_modified(stored, *kept, headers)
@@ -499,7 +504,8 @@ async fn answered<B: OriginBody, E>(
 }
 
 /// How a whole answer that was not stored lands: for its caller alone when it is
-/// private (or the route sends credentials), for every caller of its variant otherwise.
+/// private, says `no-cache` (or the route sends credentials), for every caller of its
+/// variant otherwise (without the fields a qualified `no-cache` names).
 fn not_kept<B: Body, E>(
     route: &Route,
     head: Response<()>,
@@ -508,11 +514,11 @@ fn not_kept<B: Body, E>(
     failure: bool,
     origin_saw: Arc<Request<()>>,
 ) -> (Landed, Option<Own<B, E>>) {
-    let (parts, ()) = head.into_parts();
+    let (mut parts, ()) = head.into_parts();
     // With credentials in fill requests, whatever is not stored (a 401 for the leader's
     // token, say) is the leader's alone.
     let credentials = route.policy.allow_authorization || route.policy.allow_cookies;
-    if why.is_private() || credentials {
+    if why.is_private() || credentials || !response::strip_no_cache_fields(&mut parts.headers) {
         let response = Response::from_parts(parts, ResponseBody::full(body));
         // A failure the others may not be given: they are not sent to an origin that
         // just failed, each on its own, but get what may stand in, or the guard's 502.

@@ -325,6 +325,9 @@ impl Fill {
         let life = lifetimes(policy, &parts.headers, fresh_time(policy));
         let mut headers = entry::compact(&parts.headers);
         response::strip_unstorable(&mut headers);
+        // What a qualified `no-cache` names is never reused; an unqualified one leaves
+        // the entry to be revalidated on every use (it is never fresh).
+        response::strip_no_cache_fields(&mut headers);
         // So that a HEAD answered from the entry says how long the GET would be.
         if !headers.contains_key(http::header::CONTENT_LENGTH) {
             headers.insert(http::header::CONTENT_LENGTH, body.len().into());
@@ -373,6 +376,7 @@ impl Fill {
         headers = std::mem::take(renewed.headers_mut());
         // A copy of its own: the 304's values are slices of the client's read buffer.
         headers = entry::compact(&headers);
+        response::strip_no_cache_fields(&mut headers);
         let life = lifetimes(&route.policy, &headers, fresh_time(&route.policy));
         let stored = self.entry_of(cached.status, headers, cached.body.clone(), life);
         // Only metadata, over a body Redis is known to hold under that token.

@@ -79,8 +79,8 @@
 //! | ending | the caller that led | every other waiter |
 //! | --- | --- | --- |
 //! | stored (by this fill, or landed meanwhile here or from another instance) | the entry (`miss`) | the entry, if its headers ask for that variant; else it looks again under its own key |
-//! | not storable, not private (a status that is not cached, `no-cache` on a route that does not follow the origin, a 5xx) | the answer (`pass`) | the same answer, if its variant; a 5xx is an origin error: an entry that may stand in is served instead |
-//! | private to its caller (`private`, `Set-Cookie`, `no-store`, `Vary: *` or more names than a URL may learn; anything on a route that forwards credentials) or too large to buffer | its own answer (`pass`) | asks the origin itself (`pass`); later callers pass at once for the route's hit-for-pass time; a private 5xx: an entry that may stand in, else `502` |
+//! | not storable, not private (a status that is not cached, a 5xx) | the answer (`pass`) | the same answer, if its variant; a 5xx is an origin error: an entry that may stand in is served instead |
+//! | private to its caller (`private`, `no-cache` without field names, `Set-Cookie`, `no-store`, `Vary: *` or more names than a URL may learn; anything on a route that forwards credentials) or too large to buffer | its own answer (`pass`) | asks the origin itself (`pass`); later callers pass at once for the route's hit-for-pass time; a private 5xx: an entry that may stand in, else `502` |
 //! | another variant's (the answer varies on a header the waiters' key did not include), which another fill stores | its own answer (`pass`) | looks again under its own key |
 //! | origin error (the inner service's error, or its body failed mid-read) | the error, or the answer as far as it came | an entry that may stand in, else `502` (the guard's own) |
 //! | origin timeout (the refresh timeout; the watchdog's maximum) | an entry that may stand in, else `504` | the same |
@@ -91,6 +91,11 @@
 //! | another instance's fill ended with an answer that may not be stored | the fill calls the origin itself, once, and ends as above | the same |
 //! | panicked (the origin's future, or the fill) | an entry that may stand in, else `502`; the lease is held off as after a failure | the same |
 //! | cancelled (the runtime went away) | an entry that may stand in, else `503` | the same |
+//!
+//! A `no-cache` answer that a route stores (one that follows the origin) is its
+//! caller's alone as well: it is revalidated on every use, and each other waiter asks
+//! the origin itself. The fields a qualified `no-cache` names (`no-cache="X-Account"`)
+//! are never stored or shared; the rest of the answer is.
 //!
 //! After a failure the fleet backs off for the route's error back-off: callers that
 //! come later get an entry that may stand in at once, and otherwise share the next fill,

@@ -171,13 +171,19 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
     // old, and its `Age` goes on from there (RFC 9111 §4.2.3).
     // An entry is fresh for a day at most from its origin's answer (entries fresh
     // longer are refused when read back).
-    let left = lifetime
-        .saturating_sub(age)
-        .clamp(policy.min_fresh, policy.max_fresh)
-        .min(DAY.saturating_sub(age))
-        // Whole milliseconds, at least one: entries are kept in milliseconds, and an
-        // entry fresh for none is one that is stale at once.
-        .max(Duration::from_millis(1));
+    let left = if d.no_cache {
+        // Revalidated before every use (RFC 9111 §5.2.2.4): never fresh, whatever the
+        // route's floor, not even for the millisecond an entry is kept in.
+        Duration::ZERO
+    } else {
+        lifetime
+            .saturating_sub(age)
+            .clamp(policy.min_fresh, policy.max_fresh)
+            .min(DAY.saturating_sub(age))
+            // Whole milliseconds, at least one: entries are kept in milliseconds, and
+            // an entry fresh for none is one that is stale at once.
+            .max(Duration::from_millis(1))
+    };
     let fresh_for = age + Duration::from_millis(left.as_millis() as u64);
     let (grace, stale_if_error) = stale_windows(policy, &d);
     let mut keep = fresh_for + grace.max(stale_if_error) + policy.keep;
@@ -187,7 +193,8 @@ pub(crate) fn lifetimes(policy: &Policy, headers: &HeaderMap, fresh: Duration) -
         keep = keep.max(policy.kept_for());
     }
     // Within what an entry may hold: a day fresh, a day of grace, three days in all.
-    let keep = keep.min(MAX_KEEP);
+    // (At least a millisecond: a key is never written to expire at once.)
+    let keep = keep.min(MAX_KEEP).max(Duration::from_millis(1));
     Lifetimes {
         age,
         fresh_for,
@@ -492,7 +499,9 @@ mod tests {
             "no-cache",
         ] {
             let l = life(&[("cache-control", forbidding)]);
-            assert_eq!((l.grace, l.keep), (S(0), l.fresh_for), "{forbidding}");
+            // (Kept a millisecond at least: a `no-cache` answer is never fresh.)
+            let kept = l.fresh_for.max(Duration::from_millis(1));
+            assert_eq!((l.grace, l.keep), (S(0), kept), "{forbidding}");
         }
         assert_eq!(
             life(&[("cache-control", "s-maxage=10, stale-while-revalidate=3")]).grace,

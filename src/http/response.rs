@@ -252,6 +252,109 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
     Ok(())
 }
 
+/// What of an answer made for one caller may be given to others without asking the
+/// origin again (RFC 9111 §5.2.2.4, `no-cache`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reuse {
+    /// All of it.
+    Whole,
+    /// All but the fields a qualified `no-cache` names (`no-cache="Set-Cookie"`).
+    Without(Vec<HeaderName>),
+    /// None of it: an unqualified `no-cache` (or one whose field names do not parse)
+    /// asks the origin on every use, and the answer may be made for its caller alone
+    /// (on a header it does not name in `Vary`).
+    Never,
+}
+
+/// What of an answer may be reused for another caller (see [`Reuse`]), by every field
+/// that bears on it: `Cache-Control` and the fields targeted at this cache
+/// (`CDN-Cache-Control`, `Surrogate-Control`), each read whole.
+pub(crate) fn reuse(headers: &HeaderMap) -> Reuse {
+    let fields = [
+        header::CACHE_CONTROL,
+        HeaderName::from_static("cdn-cache-control"),
+        HeaderName::from_static("surrogate-control"),
+    ];
+    let mut without = Vec::new();
+    for field in &fields {
+        for value in headers.get_all(field) {
+            let Ok(value) = value.to_str() else {
+                // Unreadable: it may say anything.
+                return Reuse::Never;
+            };
+            for (name, argument) in directives_of(value) {
+                if !name.eq_ignore_ascii_case("no-cache") {
+                    continue;
+                }
+                let Some(argument) = argument else {
+                    return Reuse::Never;
+                };
+                for name in argument.trim_matches('"').split(',') {
+                    match HeaderName::from_bytes(name.trim().as_bytes()) {
+                        Ok(name) => without.push(name),
+                        Err(_) => return Reuse::Never,
+                    }
+                }
+            }
+        }
+    }
+    if without.is_empty() {
+        Reuse::Whole
+    } else {
+        Reuse::Without(without)
+    }
+}
+
+/// Removes the fields a qualified `no-cache` names from what is kept or shared (see
+/// [`reuse`]); `false` when nothing of the answer may be reused.
+pub(crate) fn strip_no_cache_fields(headers: &mut HeaderMap) -> bool {
+    match reuse(headers) {
+        Reuse::Whole => true,
+        Reuse::Without(names) => {
+            for name in names {
+                headers.remove(name);
+            }
+            true
+        }
+        Reuse::Never => false,
+    }
+}
+
+/// The directives of one field value, name and argument (still quoted), split at the
+/// commas that stand outside quoted strings: `no-cache="a, b", max-age=5` is two.
+fn directives_of(value: &str) -> impl Iterator<Item = (&str, Option<&str>)> {
+    let mut rest = value;
+    std::iter::from_fn(move || {
+        loop {
+            if rest.is_empty() {
+                return None;
+            }
+            let (mut quoted, mut escaped, mut end) = (false, false, rest.len());
+            for (at, c) in rest.char_indices() {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' if quoted => escaped = true,
+                    '"' => quoted = !quoted,
+                    ',' if !quoted => {
+                        end = at;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            let directive = rest[..end].trim();
+            rest = rest.get(end + 1..).unwrap_or("");
+            if directive.is_empty() {
+                continue;
+            }
+            return Some(match directive.split_once('=') {
+                Some((name, argument)) => (name.trim(), Some(argument.trim())),
+                None => (directive, None),
+            });
+        }
+    })
+}
+
 /// Whether the origin failed, as stale-if-error sees it.
 pub(crate) fn is_failure(status: StatusCode) -> bool {
     status.is_server_error()
@@ -272,6 +375,68 @@ mod tests {
     use crate::http::request::tests::{get, policy};
 
     use crate::http::request::{identity, variant};
+
+    #[test]
+    fn no_cache_answers_are_never_reused_and_qualified_ones_lose_their_fields() {
+        let with = |values: &[(&str, &str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in values {
+                headers.append(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    value.parse().unwrap(),
+                );
+            }
+            headers
+        };
+        assert_eq!(
+            reuse(&with(&[("cache-control", "max-age=5")])),
+            Reuse::Whole
+        );
+        assert_eq!(reuse(&HeaderMap::new()), Reuse::Whole);
+        assert_eq!(reuse(&with(&[("cache-control", "No-Cache")])), Reuse::Never);
+        assert_eq!(
+            reuse(&with(&[
+                ("cache-control", "max-age=5"),
+                ("cache-control", "no-cache")
+            ])),
+            Reuse::Never
+        );
+        assert_eq!(
+            reuse(&with(&[("cdn-cache-control", "no-cache")])),
+            Reuse::Never
+        );
+        assert_eq!(
+            reuse(&with(&[(
+                "cache-control",
+                "no-cache=\"X-User, X-Account\", max-age=5"
+            )])),
+            Reuse::Without(vec![
+                HeaderName::from_static("x-user"),
+                HeaderName::from_static("x-account")
+            ])
+        );
+        // A comma inside the quotes is not the end of the directive.
+        assert_eq!(
+            reuse(&with(&[("cache-control", "no-cache=\"a,b\",no-cache")])),
+            Reuse::Never
+        );
+        assert_eq!(
+            reuse(&with(&[("cache-control", "no-cache=\"not a name\"")])),
+            Reuse::Never
+        );
+        let mut headers = with(&[
+            ("cache-control", "no-cache=\"x-user\""),
+            ("x-user", "ann"),
+            ("etag", "\"1\""),
+        ]);
+        assert!(strip_no_cache_fields(&mut headers));
+        assert!(!headers.contains_key("x-user"));
+        assert!(headers.contains_key("etag"));
+        assert!(!strip_no_cache_fields(&mut with(&[(
+            "cache-control",
+            "no-cache"
+        )])));
+    }
 
     #[test]
     fn private_responses_are_not_stored() {

@@ -41,7 +41,7 @@ const RUN: Duration = Duration::from_secs(5);
 const THINK: Duration = Duration::from_millis(10);
 
 type Req = Request<Empty<Bytes>>;
-type Body = BoxBody<Bytes, Infallible>;
+type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 type Svc = BoxCloneSyncService<Req, Response<Body>, Infallible>;
 
 /// The slow origin, counting its calls.
@@ -342,7 +342,7 @@ async fn guarded(store: RedisStore, keys: &KeySpace, calls: &Arc<AtomicU64>) -> 
     BoxCloneSyncService::new(
         ServiceBuilder::new()
             .map_response(|r: Response<stampede_guard::ResponseBody<Full<Bytes>>>| {
-                r.map(BodyExt::boxed)
+                r.map(|body| body.map_err(Into::into).boxed())
             })
             .service(layer.layer(origin(calls.clone()))),
     )
@@ -390,7 +390,9 @@ async fn main() -> ExitCode {
         .map(|_| {
             BoxCloneSyncService::new(
                 ServiceBuilder::new()
-                    .map_response(|r: Response<Full<Bytes>>| r.map(BodyExt::boxed))
+                    .map_response(|r: Response<Full<Bytes>>| {
+                        r.map(|body| body.map_err(|never| match never {}).boxed())
+                    })
                     .service(origin(calls.clone())),
             )
         })

@@ -51,8 +51,8 @@ pub mod fuzzing {
 
 pub use self::error::ConfigError;
 pub use self::guard::{
-    Guard, GuardLayer, InvalidateError, LocalOnly, Mode, Purge, ResponseBody, ResponseFuture,
-    StampedeGuard,
+    BodyError, Guard, GuardLayer, InvalidateError, LocalOnly, Mode, Purge, ResponseBody,
+    ResponseFuture, StampedeGuard,
 };
 pub use self::keys::KeySpace;
 pub use self::policy::{ColdMiss, KeyQuery, Policy};

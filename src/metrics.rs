@@ -62,7 +62,7 @@ names! {
     /// Fenced writes that Redis refused because a newer entry was stored.
     FENCED_WRITES_REFUSED: Counter = "stampede_guard_fenced_writes_refused_total", "Writes refused because a newer entry (or an invalidation) was stored.";
     /// Origin responses that were not stored (private, uncacheable status, too large).
-    NOT_STORED: Counter = "stampede_guard_not_stored_total", "Origin responses that were not stored.";
+    NOT_STORED: Counter = "stampede_guard_not_stored_total", "Origin responses that were not stored, by reason (status, set_cookie, private, no_store, no_cache, vary_star, vary_unkeyed, too_large, trailers, no_freshness).";
     /// Cold misses this process filled.
     COLD_FILLS: Counter = "stampede_guard_cold_fills_total", "Cold misses this process filled.";
     /// Waits for another instance's fill, by how they ended.
@@ -238,7 +238,16 @@ events! {
     PurgedSoft => (PURGED_READS, "how" => "soft"), "A read found a fresh entry soft-purged by a tag: served stale, and refreshed.";
     RefreshSkipped => (REFRESHES, "result" => "skipped"), "A refresh was not started: the refresh budget was spent. The stale entry is served.";
     FencedWriteRefused => (FENCED_WRITES_REFUSED), "A write was refused: a newer entry is stored.";
-    NotStored => (NOT_STORED), "An origin response was not stored.";
+    NotStoredStatus => (NOT_STORED, "reason" => "status"), "An origin response was not stored: its status is not one the route stores (or, following the origin, one it gave no lifetime).";
+    NotStoredSetCookie => (NOT_STORED, "reason" => "set_cookie"), "An origin response was not stored: it sets a cookie (its caller's alone).";
+    NotStoredPrivate => (NOT_STORED, "reason" => "private"), "An origin response was not stored: `Cache-Control: private` (its caller's alone).";
+    NotStoredNoStore => (NOT_STORED, "reason" => "no_store"), "An origin response was not stored: `Cache-Control: no-store` (its caller's alone).";
+    NotStoredNoCache => (NOT_STORED, "reason" => "no_cache"), "An origin response was not stored: `Cache-Control: no-cache` on a route that does not follow the origin (its caller's alone).";
+    NotStoredVaryStar => (NOT_STORED, "reason" => "vary_star"), "An origin response was not stored: `Vary: *` (its caller's alone).";
+    NotStoredVaryUnkeyed => (NOT_STORED, "reason" => "vary_unkeyed"), "An origin response was not stored: it varies on more headers than a URL may learn (its caller's alone).";
+    NotStoredTooLarge => (NOT_STORED, "reason" => "too_large"), "An origin response was not stored: its body is larger than the route's `max_body` (its fill's callers still shared it).";
+    NotStoredTrailers => (NOT_STORED, "reason" => "trailers"), "An origin response was not stored: its body ended with trailers.";
+    NotStoredNoFreshness => (NOT_STORED, "reason" => "no_freshness"), "An origin response was not stored: on a route that follows the origin, it has neither a lifetime nor a validator.";
     ColdFill => (COLD_FILLS), "This process filled a cold miss.";
     ColdWaitStarted => (COLD_WAITS_STARTED), "A fill found another instance's lease and began to wait for its entry.";
     Coalesced => (COALESCED), "A caller joined a fill already in flight in this process, and waits for its result.";

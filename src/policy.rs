@@ -259,6 +259,11 @@ impl Policy {
         self.cold_wait
     }
 
+    /// The largest body that is stored, in bytes.
+    pub fn max_body(&self) -> usize {
+        self.max_body
+    }
+
     /// Which query parameters are part of the key.
     pub fn key_query(&self) -> &KeyQuery {
         &self.key_query
@@ -453,8 +458,10 @@ impl PolicyBuilder {
         self
     }
 
-    /// The largest body that is cached (default 1 MiB, at most 64 MiB). A larger
-    /// response is streamed through to its caller, uncached.
+    /// The largest body that is stored (default 1 MiB, at most 64 MiB). A larger answer
+    /// is not stored, but the callers that share its fill still share it, as it streams
+    /// to them (one origin call); the first such answer of a route is logged, and each
+    /// is counted (`stampede_guard_not_stored_total{reason="too_large"}`).
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.policy.max_body = bytes;
         self

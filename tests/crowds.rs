@@ -17,7 +17,7 @@ use stampede_guard::metrics::Event;
 use support::app::Gate;
 use support::http::{fetch, serve};
 use support::web::{all_within, ready_guard};
-use support::{HANG, RedisServer, eventually, within};
+use support::{HANG, RedisServer, eventually, joined, within};
 
 /// A handler that answers each caller with its own account (`account of <X-User>`),
 /// marked with `cache_control`; the first call waits at `gate` until the test opens it.
@@ -200,4 +200,431 @@ fn counter(scraped: &str, name: &str) -> u64 {
         .filter(|line| line.starts_with(name) && !line.starts_with('#'))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// The size of the large answer: 8 MiB.
+const LARGE: usize = 8 * 1024 * 1024;
+
+/// The large answer's bytes: no two MiB alike.
+fn large_body() -> bytes::Bytes {
+    (0..LARGE)
+        .map(|i| ((i * 7 + i / (1 << 20)) % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// An origin whose every call's body the test writes: each call hands the test the
+/// sender of its body's frames (an `Err` cuts it). `length`: the `Content-Length` it
+/// declares, if any; `status`, its status.
+struct Streaming {
+    calls: Arc<AtomicU64>,
+    bodies: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<BodySender>>,
+}
+
+type BodySender = tokio::sync::mpsc::UnboundedSender<Result<bytes::Bytes, std::io::Error>>;
+
+impl Streaming {
+    fn route(length: Option<usize>, status: StatusCode) -> (Self, routing::MethodRouter) {
+        let calls = Arc::new(AtomicU64::new(0));
+        let (to_test, bodies) = tokio::sync::mpsc::unbounded_channel::<BodySender>();
+        let handler = {
+            let calls = calls.clone();
+            move || {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let (frames_tx, frames) = tokio::sync::mpsc::unbounded_channel();
+                to_test.send(frames_tx).unwrap();
+                async move {
+                    let frames = futures_util::stream::unfold(frames, |mut frames| async move {
+                        let frame = frames.recv().await?;
+                        Some((frame.map(http_body::Frame::data), frames))
+                    });
+                    let mut response = http::Response::new(axum::body::Body::new(
+                        http_body_util::StreamBody::new(frames),
+                    ));
+                    *response.status_mut() = status;
+                    if let Some(length) = length {
+                        response
+                            .headers_mut()
+                            .insert("content-length", length.into());
+                    }
+                    response
+                }
+            }
+        };
+        let this = Self {
+            calls,
+            bodies: tokio::sync::Mutex::new(bodies),
+        };
+        (this, routing::get(handler))
+    }
+
+    /// The body sender of the origin's next call, once it is called.
+    async fn called(&self) -> BodySender {
+        within(HANG, self.bodies.lock(), "the origin's calls")
+            .await
+            .recv()
+            .await
+            .expect("the origin is there")
+    }
+
+    fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// What a streaming client got: the status, `x-cache`, and the body compared byte for
+/// byte with `expected` as it came (its length, whether every byte matched), and how
+/// it ended (`Err` when the body failed or the connection closed early).
+struct Streamed {
+    status: StatusCode,
+    x_cache: String,
+    cache_status: String,
+    len: usize,
+    same: bool,
+    ended: Result<(), String>,
+}
+
+/// `GET path` on a connection of its own, reading the body frame by frame: counts
+/// `first_bytes` when its first byte comes.
+async fn stream_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+    expected: bytes::Bytes,
+    first_bytes: Arc<AtomicU64>,
+) -> Streamed {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::get(path)
+        .header("host", "shop.example")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map_or("", |v| v.to_str().unwrap())
+            .to_owned()
+    };
+    let (status, x_cache, cache_status) =
+        (response.status(), header("x-cache"), header("cache-status"));
+    let mut body = response.into_body();
+    let (mut len, mut same) = (0, true);
+    let ended = loop {
+        match body.frame().await {
+            None => break Ok(()),
+            Some(Err(error)) => break Err(error.to_string()),
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if len == 0 && !data.is_empty() {
+                    first_bytes.fetch_add(1, Ordering::SeqCst);
+                }
+                same &= expected.get(len..len + data.len()) == Some(&data[..]);
+                len += data.len();
+            }
+        }
+    };
+    Streamed {
+        status,
+        x_cache,
+        cache_status,
+        len,
+        same,
+        ended,
+    }
+}
+
+/// 200 concurrent cold callers, each on its own connection, of an 8 MiB answer whose
+/// body the origin sends in 1 MiB frames as the test lets it: one origin call. Every
+/// caller's first byte comes while the origin still holds back the other 7 MiB (the
+/// fill streams to all of them, it does not buffer), every body is whole and right,
+/// byte for byte, and the answer is stored: the next 20 callers are hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crowd_streams_one_fill_of_a_large_answer_through_axum() {
+    const CALLERS: u64 = 200;
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let layer = guard
+        .layer(
+            Policy::builder("catalog")
+                .fresh_ttl(Duration::from_secs(60))
+                .max_body(16 * 1024 * 1024)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let (origin, route) = Streaming::route(None, StatusCode::OK);
+    let addr = serve(Router::new().route("/catalog", route.layer(layer.clone()))).await;
+    let body = large_body();
+    let first_bytes = Arc::new(AtomicU64::new(0));
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            tokio::spawn(stream_get(
+                addr,
+                "/catalog",
+                body.clone(),
+                first_bytes.clone(),
+            ))
+        })
+        .collect();
+    let frames = origin.called().await;
+    let everyone_waits = eventually(Duration::from_secs(20), || async {
+        layer.stats().get(Event::Coalesced) == CALLERS - 1
+    });
+    assert!(everyone_waits.await, "{:?}", layer.stats());
+    let mib = 1 << 20;
+    frames.send(Ok(body.slice(..mib))).unwrap();
+    let everyone_reads = eventually(Duration::from_secs(20), || async {
+        first_bytes.load(Ordering::SeqCst) == CALLERS
+    });
+    assert!(
+        everyone_reads.await,
+        "{} of {CALLERS} callers got a first byte while the origin held back 7 MiB",
+        first_bytes.load(Ordering::SeqCst)
+    );
+    for at in (mib..LARGE).step_by(mib) {
+        frames.send(Ok(body.slice(at..at + mib))).unwrap();
+    }
+    drop(frames);
+    let got = all_within(callers, Duration::from_secs(120), "the crowd's bodies").await;
+    for got in &got {
+        assert_eq!((got.status, &got.ended), (StatusCode::OK, &Ok(())));
+        assert_eq!((got.len, got.same), (LARGE, true));
+        assert_eq!(got.x_cache, "miss");
+    }
+    let collapsed = got
+        .iter()
+        .filter(|g| g.cache_status.ends_with("collapsed"))
+        .count();
+    assert_eq!(collapsed as u64, CALLERS - 1, "all but the leader");
+    assert_eq!(origin.calls(), 1);
+    for _ in 0..20 {
+        let hit = stream_get(addr, "/catalog", body.clone(), Arc::default()).await;
+        assert_eq!(
+            (hit.x_cache.as_str(), hit.len, hit.same),
+            ("hit", LARGE, true)
+        );
+    }
+    assert_eq!(origin.calls(), 1);
+}
+
+/// An origin that declares 8 MiB and fails after 3 MiB, read by 50 concurrent callers
+/// that share its fill: every one of them gets its body cut (an error, never a whole
+/// 200), nothing is stored, and the next caller asks the origin again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_fill_is_cut_for_every_caller_and_nothing_is_stored() {
+    const CALLERS: u64 = 50;
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let layer = guard
+        .layer(
+            Policy::builder("catalog")
+                .fresh_ttl(Duration::from_secs(60))
+                .max_body(16 * 1024 * 1024)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let (origin, route) = Streaming::route(Some(LARGE), StatusCode::OK);
+    let addr = serve(Router::new().route("/catalog", route.layer(layer.clone()))).await;
+    let body = large_body();
+    let first_bytes = Arc::new(AtomicU64::new(0));
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            tokio::spawn(stream_get(
+                addr,
+                "/catalog",
+                body.clone(),
+                first_bytes.clone(),
+            ))
+        })
+        .collect();
+    let frames = origin.called().await;
+    let everyone_waits = eventually(Duration::from_secs(20), || async {
+        layer.stats().get(Event::Coalesced) == CALLERS - 1
+    });
+    assert!(everyone_waits.await, "{:?}", layer.stats());
+    let mib = 1 << 20;
+    for at in (0..3 * mib).step_by(mib) {
+        frames.send(Ok(body.slice(at..at + mib))).unwrap();
+    }
+    frames
+        .send(Err(std::io::Error::other("the origin's disk failed")))
+        .unwrap();
+    let got = all_within(callers, Duration::from_secs(60), "the crowd's bodies").await;
+    for got in &got {
+        assert_eq!(got.status, StatusCode::OK);
+        assert!(
+            got.ended.is_err(),
+            "a cut body ended clean after {} bytes",
+            got.len
+        );
+        assert!(got.len < LARGE && got.same, "{} bytes", got.len);
+    }
+    assert_eq!(origin.calls(), 1);
+    let mut conn = server.conn().await;
+    let keys = layer.cache_keys(&support::web::get("/catalog")).unwrap();
+    let exists: bool = redis::AsyncCommands::exists(&mut conn, keys.entry())
+        .await
+        .unwrap();
+    assert!(!exists, "nothing is stored of a cut body");
+    // The next caller asks the origin again (without the lease, which the fleet holds
+    // off for the back-off after a failure).
+    let next = tokio::spawn(stream_get(addr, "/catalog", body.clone(), Arc::default()));
+    let frames = origin.called().await;
+    frames.send(Ok(body.clone())).unwrap();
+    drop(frames);
+    let next = joined(next, HANG, "the next caller").await;
+    assert_eq!((next.len, next.same, next.ended), (LARGE, true, Ok(())));
+    assert_eq!(origin.calls(), 2);
+}
+
+/// A 404 on a route that stores 200s is not stored, and its key is passed for the
+/// hit-for-pass time; but the 20 callers that come at once inside that time share one
+/// call (`x-cache: pass`), as the first wave did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_in_the_hit_for_pass_window_share_one_call() {
+    const CALLERS: u64 = 20;
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let layer = guard
+        .layer(
+            Policy::builder("items")
+                .fresh_ttl(Duration::from_secs(60))
+                .hit_for_pass(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let (origin, route) = Streaming::route(None, StatusCode::NOT_FOUND);
+    let addr = serve(Router::new().route("/items/404", route.layer(layer.clone()))).await;
+    let missing = bytes::Bytes::from_static(b"no such item");
+    let first = tokio::spawn(stream_get(
+        addr,
+        "/items/404",
+        missing.clone(),
+        Arc::default(),
+    ));
+    let frames = origin.called().await;
+    frames.send(Ok(missing.clone())).unwrap();
+    drop(frames);
+    let first = joined(first, HANG, "the first caller").await;
+    assert_eq!(
+        (first.status, first.x_cache.as_str()),
+        (StatusCode::NOT_FOUND, "pass")
+    );
+    let hit_for_pass = layer.stats().get(Event::HitForPass);
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let missing = missing.clone();
+            tokio::spawn(stream_get(addr, "/items/404", missing, Arc::default()))
+        })
+        .collect();
+    let frames = origin.called().await;
+    let coalesced = layer.stats().get(Event::Coalesced);
+    let everyone_waits = eventually(Duration::from_secs(20), || async {
+        layer.stats().get(Event::HitForPass) == hit_for_pass + CALLERS
+    });
+    assert!(everyone_waits.await, "{:?}", layer.stats());
+    frames.send(Ok(missing.clone())).unwrap();
+    drop(frames);
+    for got in all_within(callers, HANG, "the callers").await {
+        assert_eq!(
+            (got.status, got.x_cache.as_str()),
+            (StatusCode::NOT_FOUND, "pass")
+        );
+        assert_eq!(
+            (got.len, got.same, got.ended),
+            (missing.len(), true, Ok(()))
+        );
+    }
+    assert_eq!(
+        origin.calls(),
+        2,
+        "one for the first wave, one for the second"
+    );
+    assert!(coalesced <= layer.stats().get(Event::Coalesced));
+}
+
+/// Two instances on one Redis, 50 concurrent cold callers of the 8 MiB answer on each:
+/// one origin call for the fleet. The instance that holds the lease streams it to its
+/// callers; the other's wait for its entry (woken by its notice) and serve it from
+/// Redis. Every body is whole and right on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_make_one_origin_call_for_a_large_answer() {
+    const CALLERS: u64 = 50;
+    let server = RedisServer::start();
+    let (origin, route) = Streaming::route(None, StatusCode::OK);
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        // An 8 MiB entry is one Redis value (until entries are stored in parts): a
+        // command timeout that leaves it time on a machine whose cores are busy.
+        let store = stampede_guard::RedisStore::builder(server.url())
+            .command_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let guard = stampede_guard::StampedeGuard::builder(store, support::web::keys())
+            .build()
+            .unwrap();
+        within(HANG, guard.ready(), "the guard's readiness")
+            .await
+            .unwrap();
+        let layer = guard
+            .layer(
+                Policy::builder("catalog")
+                    .fresh_ttl(Duration::from_secs(60))
+                    .max_body(16 * 1024 * 1024)
+                    .cold_wait(Duration::from_secs(30))
+                    .lease_ttl(Duration::from_secs(8))
+                    .error_backoff(Duration::from_secs(4))
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap();
+        let app = Router::new().route("/catalog", route.clone().layer(layer.clone()));
+        apps.push((serve(app).await, layer, guard));
+    }
+    let body = large_body();
+    let first_bytes = Arc::new(AtomicU64::new(0));
+    let mut callers = Vec::new();
+    for (addr, _, _) in &apps {
+        for _ in 0..CALLERS {
+            let (addr, body, first) = (*addr, body.clone(), first_bytes.clone());
+            callers.push(tokio::spawn(stream_get(addr, "/catalog", body, first)));
+        }
+    }
+    let frames = origin.called().await;
+    // One instance fills, and its other callers join it; the other's fill waits for
+    // the lease holder's entry, and its other callers join that.
+    let everyone_waits = eventually(Duration::from_secs(20), || async {
+        let stats = |i: usize| apps[i].1.stats();
+        stats(0).get(Event::Coalesced) + stats(1).get(Event::Coalesced) == 2 * (CALLERS - 1)
+            && stats(0).get(Event::ColdWaitStarted) + stats(1).get(Event::ColdWaitStarted) == 1
+    });
+    assert!(
+        everyone_waits.await,
+        "{:?} {:?}",
+        apps[0].1.stats(),
+        apps[1].1.stats()
+    );
+    let mib = 1 << 20;
+    for at in (0..LARGE).step_by(mib) {
+        frames.send(Ok(body.slice(at..at + mib))).unwrap();
+    }
+    drop(frames);
+    for got in all_within(callers, Duration::from_secs(120), "the fleet's callers").await {
+        assert_eq!((got.status, &got.ended), (StatusCode::OK, &Ok(())));
+        assert_eq!(
+            (got.len, got.same, got.x_cache.as_str()),
+            (LARGE, true, "miss")
+        );
+    }
+    assert_eq!(origin.calls(), 1, "one origin call for the fleet");
 }

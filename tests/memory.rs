@@ -8,8 +8,12 @@
 //! of those L1 evicts. The process's resident memory may grow by at most the configured
 //! L1 capacity plus 25 %, and be at most that plus a 32 MiB base.
 //!
-//! Each test measures the whole process: run them one at a time. The one at 64 MiB
-//! runs with the suite (100,000 keys, L1 filled about twice over, or
+//! A fill streamed to a crowd holds its body once, whatever the number of its readers
+//! and however slowly they read: 100 readers of a 32 MiB answer, 10 of them never
+//! reading, grow the process by about one copy of it.
+//!
+//! Each test measures the whole process: they take turns ([`ONE_AT_A_TIME`]), and run
+//! them one at a time when you run them yourself. The one at 64 MiB runs with the suite (100,000 keys, L1 filled about twice over, or
 //! `MEMORY_TEST_KEYS`); the one at 1 GiB, a million keys, is left out of it (minutes of
 //! requests in a debug build):
 //!
@@ -36,6 +40,9 @@ use stampede_guard::{KeySpace, Policy, RedisStore, StampedeGuard};
 use tower::{Layer, ServiceExt};
 
 const MIB: u64 = 1024 * 1024;
+
+/// Held by each test for its whole run: each measures the whole process.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The process's resident memory, in bytes.
 fn resident() -> u64 {
@@ -195,6 +202,7 @@ const OVERHEAD: u64 = 1_280;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l1_of_64_mib_holds_what_it_weighs() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let keys = std::env::var("MEMORY_TEST_KEYS").map_or(100_000, |k| k.parse().unwrap());
     holds_what_it_weighs(64 * MIB, keys).await;
 }
@@ -202,5 +210,122 @@ async fn l1_of_64_mib_holds_what_it_weighs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a million keys: minutes; run it on its own (see the module docs)"]
 async fn l1_of_1_gib_holds_what_it_weighs() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     holds_what_it_weighs(1024 * MIB, 1_000_000).await;
+}
+
+/// The large answer's size: 32 MiB.
+const LARGE: u64 = 32 * MIB;
+
+/// 100 readers, each on its own connection, of a 32 MiB answer the origin makes anew
+/// for each call (as one from the network is, in buffers of its own), on a route that
+/// stores at most 1 MiB: one origin call, its body streamed to all of them from one
+/// copy. 10 of them send their request and never read; the other 90 read it whole
+/// while they do not, and the process grows by about one copy of the answer (at most
+/// 1.5 copies and 16 MiB), not 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_a_large_answer_holds_it_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let calls = Arc::new(AtomicU64::new(0));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let origin = {
+        let (calls, gate) = (calls.clone(), gate.clone());
+        tower::service_fn(move |_: Request<axum::body::Body>| {
+            let (calls, gate) = (calls.clone(), gate.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                // Held until every reader waits for it.
+                gate.notified().await;
+                let frames = futures_util::stream::iter((0..LARGE / MIB).map(|n| {
+                    Ok::<_, Infallible>(http_body::Frame::data(Bytes::from(vec![
+                        n as u8;
+                        MIB as usize
+                    ])))
+                }));
+                let body: Body = http_body_util::StreamBody::new(frames)
+                    .map_err(|never| match never {})
+                    .boxed();
+                let response = Response::builder()
+                    .header("content-length", LARGE)
+                    .body(body)
+                    .unwrap();
+                Ok::<_, Infallible>(response)
+            }
+        })
+    };
+    let space = KeySpace::builder()
+        .env("test")
+        .service("memory")
+        .secret(b"a test secret of more than sixteen bytes".to_vec())
+        .build()
+        .unwrap();
+    let guard = StampedeGuard::builder(RedisStore::local_only(), space)
+        .build()
+        .unwrap();
+    let layer = guard
+        .layer(
+            Policy::builder("downloads")
+                .fresh_ttl(Duration::from_secs(600))
+                .max_body(MIB as usize)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let app = axum::Router::new().route_service("/large", layer.layer(origin));
+    let addr = support::http::serve(app).await;
+    let request = b"GET /large HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n";
+    // Warm the runtime and the allocator.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = resident();
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        silent.push(stream);
+    }
+    let readers: Vec<_> = (0..90)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                stream.write_all(request).await.unwrap();
+                let mut buffer = vec![0; 64 * 1024];
+                let mut read = 0u64;
+                loop {
+                    match stream.read(&mut buffer).await.unwrap() {
+                        0 => return read,
+                        n => read += n as u64,
+                    }
+                }
+            })
+        })
+        .collect();
+    let joined = support::eventually(Duration::from_secs(30), || async {
+        layer.stats().get(Event::Coalesced) == 99
+    });
+    assert!(joined.await, "{:?}", layer.stats());
+    gate.notify_one();
+    let read = support::web::all_within(readers, Duration::from_secs(120), "the 90 readers").await;
+    let after = resident();
+    for read in read {
+        assert!(read > LARGE, "{read} bytes: not the whole answer");
+    }
+    let grown = after.saturating_sub(before);
+    eprintln!(
+        "100 readers of a {} MiB answer, 10 never reading: {} origin call(s); the process \
+         grew by {:.1} MiB ({:.2} copies)",
+        LARGE / MIB,
+        calls.load(Ordering::SeqCst),
+        grown as f64 / MIB as f64,
+        grown as f64 / LARGE as f64,
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(
+        grown <= LARGE + LARGE / 2 + 16 * MIB,
+        "the process grew by {grown} bytes for one {LARGE}-byte answer"
+    );
+    drop(silent);
 }

@@ -12,8 +12,8 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::ResponseBody;
-use super::inflight::Failure;
-use super::origin::{Buffered, FillBody, Inner, OriginBody, call_through};
+use super::inflight::{Failure, SharedAnswer};
+use super::origin::{FillBody, Inner, OriginBody, call_through};
 use super::outcome::{XCache, age_value, concat_status};
 use super::refresh::spawn_refresh;
 use super::route::Route;
@@ -224,15 +224,36 @@ fn body_for<B: Body>(kind: Kind, body: &bytes::Bytes) -> ResponseBody<B> {
     }
 }
 
-/// An answer of the origin that was not stored, for one more of its waiters.
-pub(crate) fn serve_buffered<B: Body>(
-    buffered: &Buffered,
+/// An answer of the origin that the callers of its fill share, as its body streams:
+/// `miss` while it may be stored, else `pass`; `collapsed` (RFC 9211) for a caller
+/// that joined the fill another caller led.
+pub(crate) fn serve_shared<B: Body>(
+    shared: &SharedAnswer,
     kind: Kind,
+    joined: bool,
 ) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(body_for(kind, &buffered.body));
-    *response.status_mut() = buffered.status;
-    *response.headers_mut() = buffered.headers.clone();
-    mark_forwarded(response.headers_mut(), XCache::Pass);
+    let body = match kind {
+        Kind::Get => ResponseBody::shared(shared.body.reader()),
+        Kind::Head => ResponseBody::empty(),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = shared.status;
+    *response.headers_mut() = shared.headers.clone();
+    let x_cache = if shared.storing {
+        XCache::Miss
+    } else {
+        XCache::Pass
+    };
+    let headers = response.headers_mut();
+    headers.insert(X_CACHE_NAME, x_cache.value());
+    headers.append(
+        CACHE_STATUS_NAME,
+        if joined {
+            XCache::collapsed()
+        } else {
+            x_cache.forwarded()
+        },
+    );
     response
 }
 

@@ -1,5 +1,6 @@
-//! The body of every answer: a cached body served whole, or the origin's body streamed
-//! through after the part the layer read while deciding whether to cache it.
+//! The body of every answer: a cached body served whole, a fill's body as it streams
+//! to every caller that shares it, or the origin's body streamed through after the part
+//! the layer read while deciding whether to cache it.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -9,15 +10,54 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-/// The body of a guarded response: a cached body served whole, or the origin's body
-/// streamed through (after whatever part of it the layer read while deciding whether
-/// to cache it).
+use super::stream::{self, Reader};
+
+/// An error of a boxed kind, as the origin's body errors are kept.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why the body of a guarded response failed. A body that fails is cut where it
+/// failed, never ended as if whole: the server closes the connection (HTTP/1.1) or
+/// resets the stream (HTTP/2), and the client knows it did not get all of it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BodyError {
+    /// The origin's body failed while it streamed to this caller alone (its error is
+    /// the source).
+    Origin(BoxError),
+    /// The fill this answer was shared from was cut: the origin's body failed, or
+    /// ended before its declared end, for every caller that shared it; nothing was
+    /// stored.
+    FillCut,
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Origin(_) => f.write_str("the origin's body failed"),
+            Self::FillCut => f.write_str("the shared fill's body was cut by its origin"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Origin(error) => Some(error.as_ref()),
+            Self::FillCut => None,
+        }
+    }
+}
+
+/// The body of a guarded response: a cached body served whole, a fill's body as it
+/// streams (shared by every caller of the fill), or the origin's body streamed through
+/// (after whatever part of it the layer read while deciding whether to cache it).
 pub struct ResponseBody<B: Body> {
     kind: Kind<B>,
 }
 
 enum Kind<B: Body> {
     Full(Option<Bytes>),
+    Shared(Reader),
     Stream {
         /// Frames read before the layer gave up on caching the response.
         prefix: VecDeque<Frame<Bytes>>,
@@ -34,6 +74,9 @@ impl<B: Body> fmt::Debug for ResponseBody<B> {
                 .debug_struct("ResponseBody::Full")
                 .field("len", &data.as_ref().map_or(0, Bytes::len))
                 .finish(),
+            Kind::Shared(_) => f
+                .debug_struct("ResponseBody::Shared")
+                .finish_non_exhaustive(),
             Kind::Stream { prefix, .. } => f
                 .debug_struct("ResponseBody::Stream")
                 .field("prefix_frames", &prefix.len())
@@ -59,7 +102,33 @@ impl<B: Body> ResponseBody<B> {
     pub(crate) fn whole(&self) -> Option<Bytes> {
         match &self.kind {
             Kind::Full(data) => Some(data.clone().unwrap_or_default()),
+            Kind::Shared(_) | Kind::Stream { .. } => None,
+        }
+    }
+
+    /// The bytes from `start` up to `end` (exclusive, within the body) of a held body,
+    /// or of a fill's body as it streams (sent as they come); `None` for the origin's
+    /// body streamed through.
+    pub(crate) fn range(&self, start: u64, end: u64) -> Option<Self> {
+        match &self.kind {
+            Kind::Full(data) => {
+                let data = data.clone().unwrap_or_default();
+                Some(Self::full(data.slice(start as usize..end as usize)))
+            }
+            Kind::Shared(reader) => Some(Self::shared(reader.stream().range(start, end))),
             Kind::Stream { .. } => None,
+        }
+    }
+
+    /// Whether it is a fill's body as it streams.
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(self.kind, Kind::Shared(_))
+    }
+
+    /// A fill's body as it streams, from `reader`'s place.
+    pub(crate) fn shared(reader: Reader) -> Self {
+        Self {
+            kind: Kind::Shared(reader),
         }
     }
 
@@ -87,16 +156,22 @@ impl<B: Body> ResponseBody<B> {
 impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match &mut self.get_mut().kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Kind::Shared(reader) => reader.poll_next(cx).map(|next| match next {
+                stream::Next::Data(data) => Some(Ok(Frame::data(data))),
+                stream::Next::End => None,
+                stream::Next::Cut => Some(Err(BodyError::FillCut)),
+            }),
             Kind::Stream {
                 prefix,
                 error,
@@ -107,7 +182,7 @@ where
                 }
                 if let Some(error) = error.take() {
                     *rest = None;
-                    return Poll::Ready(Some(Err(*error)));
+                    return Poll::Ready(Some(Err(BodyError::Origin((*error).into()))));
                 }
                 match rest {
                     Some(body) => {
@@ -116,6 +191,7 @@ where
                             *rest = None;
                         }
                         polled
+                            .map(|frame| frame.map(|f| f.map_err(|e| BodyError::Origin(e.into()))))
                     }
                     None => Poll::Ready(None),
                 }
@@ -126,6 +202,7 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full(data) => data.is_none(),
+            Kind::Shared(reader) => reader.is_end(),
             Kind::Stream {
                 prefix,
                 error,
@@ -141,6 +218,9 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Shared(reader) => reader
+                .left()
+                .map_or_else(SizeHint::new, SizeHint::with_exact),
             Kind::Stream { prefix, rest, .. } => {
                 let buffered: u64 = prefix
                     .iter()

@@ -21,23 +21,23 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use super::answer::{
-    failed, filled_not_modified, mark_forwarded, serve, serve_buffered, serve_filled, stood_aside,
+    failed, filled_not_modified, mark_forwarded, serve, serve_filled, serve_shared, stood_aside,
     usable_on_error,
 };
 use super::body::ResponseBody;
-use super::fill::{Answered, Fill, Kept, Stopped, lease_unavailable, not_stored};
+use super::complete::{complete, not_kept};
+use super::fill::{Answered, Fill, Stopped, lease_unavailable};
 use super::inflight::{Failure, Joined, Landed, Lead, Own, Waiting};
 use super::marks::Mark;
-use super::origin::{
-    Buffered, Called, FillBody, Inner, OriginBody, Read, asked, counted_revalidation,
-};
+use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
 use super::outcome::XCache;
 use super::route::Route;
+use super::stream::Stream;
 use super::vary::Check;
 use crate::cache::{Freshness, L2Read, Stored, invalidated, l2_read};
 use crate::http::conditional;
 use crate::http::request::{Asked, Kind};
-use crate::http::response::{self, NotStored};
+use crate::http::response;
 use crate::keys::CacheKeys;
 use crate::lease::{Acquire, AcquireOutcome, FencingToken};
 use crate::metrics::Event;
@@ -61,6 +61,9 @@ pub(crate) enum Next<B: Body, E> {
 pub(crate) enum Redis {
     Usable,
     Failed,
+    /// Not asked: the key's last answer could not be stored (hit-for-pass), so its
+    /// callers share one call of this process at a time, without the lease.
+    Passing,
 }
 
 /// What a caller found, and brings to the cold path.
@@ -220,8 +223,12 @@ pub(crate) async fn landed<B: OriginBody, E>(
             {
                 return Next::Rekey;
             }
-            route.stats.record(Event::Pass);
-            Next::Answer(serve_buffered(response, kind))
+            route.stats.record(if response.storing {
+                Event::Miss
+            } else {
+                Event::Pass
+            });
+            Next::Answer(serve_shared(response, kind, !is_leader))
         }
         Landed::Pass => match own.take() {
             Some(own) => answer_own(route, own, kind),
@@ -305,7 +312,10 @@ async fn fill_task<S, ReqBody, B>(
     B: OriginBody,
 {
     let (route, key) = (fill.route.clone(), fill.keys.entry().to_owned());
-    let landed = match AssertUnwindSafe(cold_fill(fill)).catch_unwind().await {
+    let landed = match AssertUnwindSafe(cold_fill(fill, &lead))
+        .catch_unwind()
+        .await
+    {
         Ok((landed, mine)) => {
             if let Some(mine) = mine {
                 // Gone if its caller went away: nobody else may have it.
@@ -339,7 +349,10 @@ enum Claimed {
 
 /// Fills a key that nothing is cached for: how it lands, and what only the caller
 /// that led may have.
-async fn cold_fill<S, ReqBody, B>(fill: ColdFill<S, ReqBody>) -> (Landed, Option<Own<B, S::Error>>)
+async fn cold_fill<S, ReqBody, B>(
+    fill: ColdFill<S, ReqBody>,
+    lead: &Lead,
+) -> (Landed, Option<Own<B, S::Error>>)
 where
     S: Inner<ReqBody, B>,
     ReqBody: FillBody,
@@ -363,7 +376,9 @@ where
         Claimed::Landed(stored) => return (Landed::entry(stored), None),
         Claimed::Done(landed) => return (landed, None),
     };
-    route.stats.record(Event::ColdFill);
+    if redis != Redis::Passing {
+        route.stats.record(Event::ColdFill);
+    }
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
     let revalidate = revalidate.filter(|current| {
@@ -382,15 +397,16 @@ where
     // The answer to a conditional request: a 304 about the entry asked about renews it;
     // one about another is no answer for the callers, who did not ask it.
     let renews = match (&origin, &revalidate) {
-        (Called::Read(Read::Whole { head, .. }), Some(current))
-            if head.status() == StatusCode::NOT_MODIFIED =>
-        {
+        (Called::Answered(head), Some(current)) if head.status() == StatusCode::NOT_MODIFIED => {
             Some(conditional::is_about(&current.headers(), head.headers()))
         }
         _ => None,
     };
     match (origin, revalidate, renews) {
-        (Called::Read(Read::Whole { head, .. }), Some(current), Some(true)) => {
+        (Called::Answered(head), Some(current), Some(true)) => {
+            // (A 304 has no body.)
+            let (parts, _) = head.into_parts();
+            let head = Response::from_parts(parts, ());
             match fill.renew(&current, head, &asked).await {
                 Ok(put) => {
                     let renewed = Landed::Entry {
@@ -402,143 +418,17 @@ where
                 }
                 // Renewed, it may not be stored (ended already): the renewed answer goes
                 // to its callers as any answer that may not be stored does.
-                Err((renewed, why)) => not_kept(
-                    &route,
-                    renewed,
-                    current.response.body.clone(),
-                    why,
-                    false,
-                    asked,
-                ),
+                Err((renewed, why)) => {
+                    let body = Stream::whole(current.response.body.clone());
+                    not_kept(&route, renewed, &body, why, false, asked, false)
+                }
             }
         }
         (_, _, Some(_)) => {
             fill.end(Ending::Error).await;
             (Landed::Failed(Failure::Error), None)
         }
-        (origin, _, None) => answered(&route, fill, origin, asked).await,
-    }
-}
-
-/// What a fill's origin call (not a `304` to its conditional request) comes to.
-async fn answered<B: OriginBody, E>(
-    route: &Route,
-    fill: Fill,
-    origin: Called<B, E>,
-    asked: Arc<Request<()>>,
-) -> (Landed, Option<Own<B, E>>) {
-    match origin {
-        Called::TimedOut => {
-            fill.end(Ending::Error).await;
-            (Landed::Failed(Failure::Timeout), None)
-        }
-        Called::Error(error) => {
-            route.stats.record(Event::OriginError);
-            fill.end(Ending::Error).await;
-            (Landed::Failed(Failure::Error), Some(Err(error)))
-        }
-        Called::Read(Read::Whole { head, body }) => {
-            let why = match response::storable(&route.policy, &head) {
-                Ok(()) => {
-                    return match fill.keep(&asked, head, body).await {
-                        Kept::Stored { put, rekeyed } => {
-                            let stored = put.entry().clone();
-                            // Whenever the answer varies: its waiters may have asked for
-                            // another variant (sent a header the URL learned only from
-                            // this answer), and are checked against it.
-                            let varies = stored.has_header(&http::header::VARY);
-                            let variant_of = (rekeyed || varies).then_some(asked);
-                            let kept = put.is_kept();
-                            (
-                                Landed::Entry {
-                                    stored,
-                                    kept,
-                                    variant_of,
-                                },
-                                None,
-                            )
-                        }
-                        Kept::NotStored { head, body, why } => {
-                            not_kept(route, head, body, why, false, asked)
-                        }
-                        // Another variant's, which someone else fills or filled: its
-                        // caller has it; the others look again under their own keys.
-                        Kept::Elsewhere { head, body } => {
-                            let (parts, ()) = head.into_parts();
-                            let response = Response::from_parts(parts, ResponseBody::full(body));
-                            (Landed::Rekey, Some(Ok(response)))
-                        }
-                    };
-                }
-                Err(why) => why,
-            };
-            not_stored(route, why);
-            let failure = response::is_failure(head.status());
-            fill.end(if failure { Ending::Error } else { Ending::Pass })
-                .await;
-            not_kept(route, head, body, why, failure, asked)
-        }
-        Called::Read(Read::Partial {
-            head,
-            prefix,
-            error,
-            rest,
-            why,
-        }) => {
-            not_stored(route, why);
-            let failure = error.is_some();
-            fill.end(if failure { Ending::Error } else { Ending::Pass })
-                .await;
-            let (parts, ()) = head.into_parts();
-            let response = Response::from_parts(parts, ResponseBody::resume(prefix, error, rest));
-            if failure {
-                // Its body failed: the others are not given the answer as far as it came.
-                route.stats.record(Event::OriginError);
-                (Landed::Failed(Failure::Error), Some(Ok(response)))
-            } else {
-                // Too large to buffer (or with trailers): it streams to its caller.
-                (Landed::Pass, Some(Ok(response)))
-            }
-        }
-    }
-}
-
-/// How a whole answer that was not stored lands: for its caller alone when it is
-/// private, says `no-cache` (or the route sends credentials), for every caller of its
-/// variant otherwise (without the fields a qualified `no-cache` names).
-fn not_kept<B: Body, E>(
-    route: &Route,
-    head: Response<()>,
-    body: bytes::Bytes,
-    why: NotStored,
-    failure: bool,
-    origin_saw: Arc<Request<()>>,
-) -> (Landed, Option<Own<B, E>>) {
-    let (mut parts, ()) = head.into_parts();
-    // With credentials in fill requests, whatever is not stored (a 401 for the leader's
-    // token, say) is the leader's alone.
-    let credentials = route.policy.allow_authorization || route.policy.allow_cookies;
-    if why.is_private() || credentials || !response::strip_no_cache_fields(&mut parts.headers) {
-        let response = Response::from_parts(parts, ResponseBody::full(body));
-        // A failure the others may not be given: they are not sent to an origin that
-        // just failed, each on its own, but get what may stand in, or the guard's 502.
-        let others = if failure {
-            Landed::Failed(Failure::Error)
-        } else {
-            Landed::Pass
-        };
-        (others, Some(Ok(response)))
-    } else {
-        let shared = Landed::Shared {
-            response: Arc::new(Buffered {
-                status: parts.status,
-                headers: parts.headers,
-                body,
-            }),
-            failure,
-            origin_saw,
-        };
-        (shared, None)
+        (origin, _, None) => complete(&route, fill, origin, asked, lead).await,
     }
 }
 
@@ -575,6 +465,11 @@ async fn claim(
         return Claimed::Landed(stored);
     }
     let local = |slot| Claimed::Fill(Fill::local(route, keys.clone(), found, slot));
+    if redis == Redis::Passing {
+        // Neither the lease nor a budget slot: the callers would each have called the
+        // origin.
+        return Claimed::Fill(Fill::passing(route, keys.clone(), found));
+    }
     let deadline = tokio::time::Instant::now() + policy.cold_wait;
     // Since when this fill waits for another instance's (for the metric).
     let mut waiting_since = None;
@@ -773,7 +668,7 @@ async fn wait_for_remote(
                 return Woke::Ended(Ended::Rekey);
             }
             match route.shared.marks.get(keys.entry()) {
-                Some(Mark::Pass) => return Woke::Ended(Ended::Pass),
+                Some(Mark::Pass | Mark::Private) => return Woke::Ended(Ended::Pass),
                 Some(Mark::BackOff) => return Woke::Ended(Ended::BackedOff),
                 None => {}
             }

@@ -90,11 +90,7 @@ pub(crate) enum Kept {
     /// caller's (the answer varies on a header the caller's key did not include).
     Stored { put: Put, rekeyed: bool },
     /// Not stored after all; the fill has ended.
-    NotStored {
-        head: Response<()>,
-        body: Bytes,
-        why: NotStored,
-    },
+    NotStored { head: Response<()>, why: NotStored },
     /// The answer is another variant's than the fill's callers', and someone else fills
     /// (or filled) that variant: not stored here; the fill has ended.
     Elsewhere { head: Response<()>, body: Bytes },
@@ -164,8 +160,24 @@ impl Fill {
         }
     }
 
-    /// Calls the origin with `request`, under the route's watchdog when it has one and
-    /// the fill holds the lease; the budget slot is given back once the origin answered.
+    /// A fill without the lease for the callers of a key whose last answer could not
+    /// be stored (hit-for-pass): as [`Self::local`], but not counted as a fill without
+    /// Redis.
+    pub(crate) fn passing(route: &Arc<Route>, keys: CacheKeys, replaces: FencingToken) -> Self {
+        let token = route
+            .tombstone(&keys)
+            .map_or(replaces, |tomb| tomb.max(replaces));
+        Self {
+            route: route.clone(),
+            keys,
+            claim: Some(Claim::Local(token)),
+            slot: None,
+        }
+    }
+
+    /// Calls the origin with `request` for its answer's head, under the route's
+    /// watchdog when it has one and the fill holds the lease (see [`Self::hold`], for the
+    /// body); the budget slot is given back once the origin answered.
     pub(crate) async fn call<S, ReqBody, B>(
         mut self,
         inner: S,
@@ -178,18 +190,8 @@ impl Fill {
     {
         let route = self.route.clone();
         let calling = Instant::now();
-        let watchdog = route.policy.watchdog;
-        let called = match (&mut self.claim, watchdog) {
-            (Some(Claim::Leased(lease)), Some(max_total)) => {
-                let held = route.shared.leases.hold_while_reachable(
-                    lease,
-                    max_total,
-                    call_origin((&route.policy, &route.stats), inner, request),
-                );
-                held.await
-            }
-            _ => Ok(call_origin((&route.policy, &route.stats), inner, request).await),
-        };
+        let call = call_origin((&route.policy, &route.stats), inner, request);
+        let called = self.hold(call).await;
         route.recompute.record(calling.elapsed());
         self.slot = None;
         match called {
@@ -203,21 +205,37 @@ impl Fill {
                 }
                 Answered::Called(self, called)
             }
-            Err(lost) => {
-                route.stats.record(Event::ExpiredWhileWorking);
-                match lost {
-                    // Someone else's now, and filled by them: nothing of ours to end.
-                    LeaseLost::NotOwner => {
-                        self.claim = None;
-                        Answered::Stopped(Stopped::LeaseLost)
-                    }
-                    _ => {
-                        // Past the watchdog's maximum: the origin did not answer in time.
-                        route.stats.record(Event::OriginTimeout);
-                        self.end(Ending::Error).await;
-                        Answered::Stopped(Stopped::AtMaximum)
-                    }
-                }
+            Err(lost) => Answered::Stopped(self.stopped(lost).await),
+        }
+    }
+
+    /// Runs `work` (a call to the origin, or the reading of its body) under the route's
+    /// watchdog, when it has one and the fill holds the lease: the lease is renewed
+    /// while it runs, and `Err` when the watchdog stopped it.
+    pub(crate) async fn hold<F: Future>(&mut self, work: F) -> Result<F::Output, LeaseLost> {
+        match (&mut self.claim, self.route.policy.watchdog) {
+            (Some(Claim::Leased(lease)), Some(max_total)) => {
+                let leases = &self.route.shared.leases;
+                leases.hold_while_reachable(lease, max_total, work).await
+            }
+            _ => Ok(work.await),
+        }
+    }
+
+    /// Ends a fill whose work the watchdog stopped, and says why.
+    pub(crate) async fn stopped(mut self, lost: LeaseLost) -> Stopped {
+        self.route.stats.record(Event::ExpiredWhileWorking);
+        match lost {
+            // Someone else's now, and filled by them: nothing of ours to end.
+            LeaseLost::NotOwner => {
+                self.claim = None;
+                Stopped::LeaseLost
+            }
+            _ => {
+                // Past the watchdog's maximum: the origin did not answer in time.
+                self.route.stats.record(Event::OriginTimeout);
+                self.end(Ending::Error).await;
+                Stopped::AtMaximum
             }
         }
     }
@@ -237,11 +255,11 @@ impl Fill {
                 // Kept in Redis and told to the fleet by the fill that holds the lease.
                 Ok(Some(names)) if self.is_leased() => route.keep_names(&self.keys, &names).await,
                 Ok(Some(_)) => {}
-                Err(TooMany) => return self.not_kept(head, body, NotStored::VaryUnkeyed).await,
+                Err(TooMany) => return self.not_kept(head, NotStored::VaryUnkeyed).await,
             }
         }
         let Some(own) = route.keys_for(asked) else {
-            return self.not_kept(head, body, NotStored::VaryUnkeyed).await;
+            return self.not_kept(head, NotStored::VaryUnkeyed).await;
         };
         if own == self.keys {
             let put = self.store(head, body, asked).await;
@@ -286,10 +304,10 @@ impl Fill {
     }
 
     /// Ends the fill as for an answer that may not be stored, and gives the answer back.
-    async fn not_kept(self, head: Response<()>, body: Bytes, why: NotStored) -> Kept {
+    async fn not_kept(self, head: Response<()>, why: NotStored) -> Kept {
         not_stored(&self.route, why);
         self.end(Ending::Pass).await;
-        Kept::NotStored { head, body, why }
+        Kept::NotStored { head, why }
     }
 
     /// The fill, without the lease, of the answer's own keys `own` in place of this one
@@ -540,6 +558,22 @@ impl Fill {
         end_lease(&self.route, &self.keys, lease, ending, lasting).await;
     }
 
+    /// Ends the fill as for an answer that is its caller's alone: as
+    /// `end(Ending::Pass)` for the fleet, but here the key's callers go straight to the
+    /// origin for the hit-for-pass time (they could not share such an answer).
+    pub(crate) async fn end_private(mut self) {
+        let route = self.route.clone();
+        let lasting = route.policy.hit_for_pass;
+        route
+            .shared
+            .marks
+            .set(self.keys.entry(), Mark::Private, lasting);
+        let Some(Claim::Leased(lease)) = self.claim.take() else {
+            return;
+        };
+        end_lease(&route, &self.keys, lease, Ending::Pass, lasting).await;
+    }
+
     /// Marks the key here for how the fill ended; returns for how long.
     fn mark(&self, ending: Ending) -> Duration {
         let (route, key) = (&self.route, self.keys.entry());
@@ -643,7 +677,18 @@ pub(crate) fn lease_unavailable(route: &Route, outcome: AcquireOutcome) {
 
 /// Counts an answer that was not stored, and logs why.
 pub(crate) fn not_stored(route: &Route, why: NotStored) {
-    route.stats.record(Event::NotStored);
+    route.stats.record(match why {
+        NotStored::Status => Event::NotStoredStatus,
+        NotStored::SetCookie => Event::NotStoredSetCookie,
+        NotStored::Private => Event::NotStoredPrivate,
+        NotStored::NoStore => Event::NotStoredNoStore,
+        NotStored::NoCache => Event::NotStoredNoCache,
+        NotStored::VaryStar => Event::NotStoredVaryStar,
+        NotStored::VaryUnkeyed => Event::NotStoredVaryUnkeyed,
+        NotStored::TooLarge => Event::NotStoredTooLarge,
+        NotStored::Trailers => Event::NotStoredTrailers,
+        NotStored::NoFreshness => Event::NotStoredNoFreshness,
+    });
     tracing::debug!(
         route = route.policy.route,
         reason = why.as_str(),

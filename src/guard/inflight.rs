@@ -10,8 +10,8 @@
 //!
 //! The outcome every waiter gets is a [`Landed`]: the same type whatever service the
 //! waiter reached the key through, so callers of one layer on services of different
-//! types share one fill of a key (what is shared is an entry, or an answer buffered
-//! whole), and nothing is downcast. What only the caller that led may have (an answer
+//! types share one fill of a key (what is shared is an entry, or an answer whose body
+//! streams, one copy for all), and nothing is downcast. What only the caller that led may have (an answer
 //! private to it, a body streamed through, the inner service's error, all typed by its
 //! service) goes to that caller alone, on a channel of its own ([`Own`]).
 //!
@@ -26,7 +26,7 @@ use http_body::Body;
 use tokio::sync::{oneshot, watch};
 
 use super::body::ResponseBody;
-use super::origin::Buffered;
+use super::stream::Stream;
 use crate::cache::Stored;
 use crate::interest::Interest;
 use crate::keys::LocalKey;
@@ -44,11 +44,11 @@ pub(crate) enum Landed {
         kept: bool,
         variant_of: Option<Arc<Request<()>>>,
     },
-    /// A whole answer that may not be stored but may be given to every waiter whose
-    /// headers match the request the origin saw on what it varies on. `failure` when it
-    /// is a 5xx.
+    /// An answer that every waiter whose headers match the request the origin saw (on
+    /// what it varies on) may be given, as its body streams: one that may not be stored
+    /// (`failure` when it is a 5xx), or, while its body is still coming, one that may be.
     Shared {
-        response: Arc<Buffered>,
+        response: Arc<SharedAnswer>,
         failure: bool,
         origin_saw: Arc<Request<()>>,
     },
@@ -65,6 +65,17 @@ pub(crate) enum Landed {
     StoodAside,
     /// The key's names changed meanwhile (a `Vary` header was learned): look again.
     Rekey,
+}
+
+/// An answer of the origin that the callers of its fill share: its head, and its body
+/// as far as it came (see [`stream`](super::stream)).
+pub(crate) struct SharedAnswer {
+    pub(crate) status: http::StatusCode,
+    pub(crate) headers: http::HeaderMap,
+    pub(crate) body: Arc<Stream>,
+    /// Whether the fill stores it if its body comes whole within the route's limit
+    /// (said `miss`), or it is not stored whatever comes (said `pass`).
+    pub(crate) storing: bool,
 }
 
 /// How the origin failed, when its callers have no answer of its to share.
@@ -160,6 +171,13 @@ impl Flights {
 impl Lead {
     /// Gives every waiter the fill's outcome.
     pub(crate) fn finish(self, landed: Landed) {
+        self.tx.send_replace(Some(Arc::new(landed)));
+    }
+
+    /// Gives every waiter, and every caller that joins from now on, an answer whose
+    /// body is still coming ([`Landed::Shared`]): the fill goes on, and ends with
+    /// [`finish`](Self::finish) (a waiter that looks only then gets what it ended with).
+    pub(crate) fn publish(&self, landed: Landed) {
         self.tx.send_replace(Some(Arc::new(landed)));
     }
 }

@@ -57,6 +57,7 @@ impl GuardLayer {
                 tag_ids: policy_tags,
                 lease_ttl: LeaseTtl::new(policy_ttl, policy_adaptive),
                 label,
+                said_too_large: Default::default(),
             }),
         }
     }

@@ -1,9 +1,13 @@
 //! What the fleet said about a key whose last fill wrote nothing, for a short while.
 //!
-//! * **Pass** (Varnish's hit-for-pass): the origin's answer may not be stored (private,
-//!   `Set-Cookie`, too large, a status that is not cached). Until the mark ends, callers
-//!   of the key go straight to the origin instead of queueing behind a leader whose
-//!   answer they could not have anyway.
+//! * **Pass** (Varnish's hit-for-pass): the origin's answer may not be stored (too
+//!   large, a status that is not cached; or, said by another instance, any reason).
+//!   Until the mark ends, callers of the key skip the caches and the lease; those that
+//!   come at once share one call of their process, if its answer may be shared.
+//! * **Private**: this process's last fill of the key got an answer for its caller
+//!   alone (`private`, `Set-Cookie`, `no-store`, ...). Until the mark ends, callers go
+//!   straight to the origin instead of queueing behind a leader whose answer they could
+//!   not have anyway.
 //! * **Back-off**: the origin failed. Until the mark ends, a caller that has an entry it
 //!   may serve on error (stale-if-error) gets it at once, instead of waiting for a fill
 //!   that the fleet is not going to try.
@@ -22,6 +26,7 @@ use moka::sync::Cache;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mark {
     Pass,
+    Private,
     BackOff,
 }
 

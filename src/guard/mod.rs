@@ -52,12 +52,21 @@
 //!   only by them: they listen to its bucket of keys before they look at the entry
 //!   again, see `notify`). When the filler's lease ends without an entry, its
 //!   notice says so and they stop waiting at once: after an answer that may not be
-//!   stored, their fill asks the origin once for all of them (and the key's later
-//!   callers go straight to it for the route's hit-for-pass time, `x-cache: pass`);
+//!   stored, their fill asks the origin once for all of them (and for the route's
+//!   hit-for-pass time the key's later callers skip the caches: those that come while
+//!   one of them asks the origin share its answer if it may be shared, `x-cache:
+//!   pass`);
 //!   after an origin failure, while the fleet backs off, they get an entry that may
 //!   stand in (stale-if-error) at once, or a 503 on a route that rejects, or else share
 //!   one call at a time of their process to the origin (without the lease). However a
 //!   fill ends, its callers share it (see "Every way a fill ends" below).
+//! * A fill's **body streams** to every caller that shares it (`guard::complete`,
+//!   `guard::stream`): read once from the origin, frame by frame, into one copy that
+//!   each caller reads at its own pace (one that joins mid-fill gets what came so far,
+//!   then the rest); a body of at most 64 KiB is read whole first, so that its callers
+//!   get the entry with its exact headers. A body that fails mid-way is cut for every
+//!   reader ([`BodyError::FillCut`]), never ended as if whole, and nothing is stored.
+//!   Answers larger than the route's `max_body` are shared the same way, not stored.
 //! * A **conditional** request (`If-None-Match`, `If-Modified-Since`) that the entry it
 //!   is answered from meets gets `304` (`http::conditional`); a refresh of an entry with a
 //!   validator asks the origin the same way, and a `304` renews the entry with its body.
@@ -73,14 +82,15 @@
 //! # Every way a fill ends
 //!
 //! No ending turns the callers that waited into concurrent calls to the origin, but one:
-//! an answer private to the caller that led (or too large to buffer), since each other
-//! caller needs one of its own.
+//! an answer private to the caller that led, since each other caller needs one of its
+//! own. An answer too large to store is shared as it streams, as any other.
 //!
 //! | ending | the caller that led | every other waiter |
 //! | --- | --- | --- |
-//! | stored (by this fill, or landed meanwhile here or from another instance) | the entry (`miss`) | the entry, if its headers ask for that variant; else it looks again under its own key |
-//! | not storable, not private (a status that is not cached, a 5xx) | the answer (`pass`) | the same answer, if its variant; a 5xx is an origin error: an entry that may stand in is served instead |
-//! | private to its caller (`private`, `no-cache` without field names, `Set-Cookie`, `no-store`, `Vary: *` or more names than a URL may learn; anything on a route that forwards credentials) or too large to buffer | its own answer (`pass`) | asks the origin itself (`pass`); later callers pass at once for the route's hit-for-pass time; a private 5xx: an entry that may stand in, else `502` |
+//! | stored (by this fill, or landed meanwhile here or from another instance) | the entry (`miss`), or, for a body over 64 KiB, the answer as it streams (`miss`) | the same, if its headers ask for that variant; else it looks again under its own key |
+//! | not storable, not private (too large for `max_body`; a status that is not cached, on a route that does not follow the origin; a 5xx) | the answer as it streams (`pass`) | the same answer (`collapsed`), if its variant; a 5xx is an origin error: an entry that may stand in is served instead |
+//! | private to its caller (`private`, `no-cache` without field names, `Set-Cookie`, `no-store`, `Vary: *` or more names than a URL may learn; anything not stored on a route that forwards credentials; on a route that follows the origin, an answer not stored that says nothing of caching) | its own answer (`pass`) | asks the origin itself (`pass`); later callers skip the caches for the route's hit-for-pass time; a private 5xx: an entry that may stand in, else `502` |
+//! | its body failed, stalled past the refresh timeout, or was stopped by the watchdog, mid-way | the body cut where it stopped (an error, never a clean end) | the same, if it was reading it; else an entry that may stand in, or `502` |
 //! | another variant's (the answer varies on a header the waiters' key did not include), which another fill stores | its own answer (`pass`) | looks again under its own key |
 //! | origin error (the inner service's error, or its body failed mid-read) | the error, or the answer as far as it came | an entry that may stand in, else `502` (the guard's own) |
 //! | origin timeout (the refresh timeout; the watchdog's maximum) | an entry that may stand in, else `504` | the same |
@@ -104,9 +114,10 @@
 //!
 //! What never waits for a fill goes to the origin on its own, each call bounded by the
 //! route's pass timeout: requests the route does not cache (`bypass`), the callers of a
-//! key whose last answer could not be stored, for the route's hit-for-pass time
-//! (`pass`), and a request whose key changed three times while it waited (its URL kept
-//! learning `Vary` headers).
+//! private answer, and a request whose key changed three times while it waited (its URL
+//! kept learning `Vary` headers). The callers of a key whose last answer could not be
+//! stored skip the caches and the lease for the route's hit-for-pass time (`pass`), but
+//! those that come at once share one call of their process, as a cold miss's do.
 //!
 //! # What reaches the origin
 //!
@@ -156,6 +167,7 @@
 //! that keeps no network buffer alive.
 //!
 //! [`Policy`]: crate::Policy
+//! [`BodyError::FillCut`]: crate::BodyError::FillCut
 //! [`ColdMiss`]: crate::ColdMiss
 //! [`POISONING_HEADERS`]: crate::policy::POISONING_HEADERS
 
@@ -169,6 +181,7 @@
 //!   the pieces: the answer's body, what `x-cache` and `Cache-Status` say, the marks a
 //!   fill's ending leaves, the refresh budget, learned `Vary` names, early refresh,
 //!   adaptive lease TTLs, tag purges as read, byte ranges cut from a held body;
+//! * `stream`: a fill's body, read once and followed by every caller that shares it;
 //! * `origin`: calling the origin, each call bounded, and reading its answer;
 //! * `inflight`: what is in flight in this process: cold fills (one per key, and what
 //!   their waiters get) and refreshes (one per key, or held off);
@@ -176,6 +189,8 @@
 //!   notices;
 //! * `route`: what every request of one route shares, and its keys;
 //! * `fill`: one fill under its lease, as a type whose methods end it once;
+//! * `complete`: a cold fill's answer, from its head to how the fill lands: who may
+//!   have it, its body streamed to them, and whether it is stored;
 //! * `refresh`: refreshing a stale entry in the background;
 //! * `answer`: answering from an entry, a fill's result or a pass-through;
 //! * `cold`: a cold miss, from claiming the fill to what each waiter gets;
@@ -187,6 +202,7 @@ mod answer;
 mod body;
 mod budget;
 mod cold;
+mod complete;
 mod early;
 mod fill;
 mod future;
@@ -204,9 +220,10 @@ mod refresh;
 mod route;
 mod service;
 mod shared;
+mod stream;
 mod vary;
 
-pub use self::body::ResponseBody;
+pub use self::body::{BodyError, ResponseBody};
 pub use self::future::ResponseFuture;
 pub use self::handle::{
     DEFAULT_L1_CAPACITY, DEFAULT_L1_MAX_VARIANTS, DEFAULT_PURGE_CAPACITY, DEFAULT_REFRESH_BUDGET,

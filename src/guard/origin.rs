@@ -6,18 +6,17 @@
 //! This is also where the bounds on the inner service are stated, once: [`Inner`] and
 //! the two body traits.
 
-use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, Request, Response, StatusCode};
-use http_body::{Body, Frame};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_service::Service;
 
-use crate::http::response::NotStored;
+use super::body::BoxError;
+use crate::http::response::{NotStored, declared_length};
 use crate::metrics::{Event, RouteStats};
 use crate::policy::Policy;
 
@@ -51,48 +50,40 @@ impl<B: Default + Send + 'static> FillBody for B {}
 
 /// The body of the origin's responses.
 pub(crate) trait OriginBody:
-    Body<Data = Bytes, Error: Send + 'static> + Send + 'static
+    Body<Data = Bytes, Error: Into<BoxError> + Send + 'static> + Send + 'static
 {
 }
 
 impl<B> OriginBody for B
 where
     B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Send + 'static,
+    B::Error: Into<BoxError> + Send + 'static,
 {
 }
 
-/// A whole response, as read from the origin.
-pub(crate) struct Buffered {
-    pub(crate) status: StatusCode,
-    pub(crate) headers: HeaderMap,
-    pub(crate) body: Bytes,
-}
-
 /// A response read from the origin, whole or not.
-pub(crate) enum Read<B: Body> {
+pub(crate) enum Read {
     Whole {
         head: Response<()>,
         body: Bytes,
     },
-    /// Reading stopped: the body is too large, has trailers, or failed.
+    /// Reading stopped: the body is too large, has trailers, or `failed`.
     Partial {
-        head: Response<()>,
-        prefix: VecDeque<Frame<Bytes>>,
-        error: Option<B::Error>,
-        rest: Option<Pin<Box<B>>>,
         why: NotStored,
+        failed: bool,
     },
 }
 
 pub(crate) enum Called<B: Body, E> {
-    Read(Read<B>),
+    /// Its answer's head; the body is the caller's to read.
+    Answered(Response<B>),
     Error(E),
+    /// No head within the refresh timeout.
     TimedOut,
 }
 
-/// Calls the origin and reads its body, up to the policy's `max_body` bytes, all within
-/// its refresh timeout; counted in `stats`.
+/// Calls the origin for its answer's head, within the policy's refresh timeout;
+/// counted in `stats`.
 pub(crate) async fn call_origin<S, ReqBody, B>(
     (policy, stats): (&Policy, &RouteStats),
     inner: S,
@@ -104,15 +95,9 @@ where
     B: OriginBody,
 {
     stats.record(Event::OriginCall);
-    let max = policy.max_body;
-    let call = async {
-        match inner.oneshot(request).await {
-            Ok(response) => Called::Read(read(response, max).await),
-            Err(error) => Called::Error(error),
-        }
-    };
-    match tokio::time::timeout(policy.refresh_timeout, call).await {
-        Ok(origin) => origin,
+    match tokio::time::timeout(policy.refresh_timeout, inner.oneshot(request)).await {
+        Ok(Ok(response)) => Called::Answered(response),
+        Ok(Err(error)) => Called::Error(error),
         Err(_) => {
             stats.record(Event::OriginTimeout);
             Called::TimedOut
@@ -143,73 +128,49 @@ where
     }
 }
 
-pub(crate) async fn read<B: Body<Data = Bytes>>(response: Response<B>, max: usize) -> Read<B> {
+/// Reads an answer whole, up to `max` bytes; `None` when no frame of its body came
+/// for `idle` (a long body over a slow link is not cut while it moves).
+pub(crate) async fn read_whole<B: Body<Data = Bytes>>(
+    response: Response<B>,
+    max: usize,
+    idle: std::time::Duration,
+) -> Option<Read> {
     let (parts, body) = response.into_parts();
     let head = Response::from_parts(parts, ());
-    let mut body = Box::pin(body);
-    let declared = head
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let mut body = std::pin::pin!(body);
+    let too_large = |size: u64| size > max as u64;
     // More header values than an entry may hold (`entry::MAX_HEADERS`) would make an
     // entry that L2 could never give back.
-    if declared.unwrap_or(0) > max as u64
-        || body.size_hint().lower() > max as u64
+    if too_large(declared_length(head.headers()).unwrap_or(0))
+        || too_large(body.size_hint().lower())
         || head.headers().len() > crate::cache::entry::MAX_HEADERS
     {
-        return Read::Partial {
-            head,
-            prefix: VecDeque::new(),
-            error: None,
-            rest: Some(body),
+        return Some(Read::Partial {
             why: NotStored::TooLarge,
-        };
+            failed: false,
+        });
     }
-    let mut frames: VecDeque<Frame<Bytes>> = VecDeque::new();
-    let mut size = 0;
+    let mut whole = BytesMut::new();
     loop {
-        match body.frame().await {
+        let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+            return None;
+        };
+        let partial = |why, failed| Some(Read::Partial { why, failed });
+        match frame {
             None => {
-                let mut whole = BytesMut::with_capacity(size);
-                for frame in frames {
-                    if let Ok(data) = frame.into_data() {
-                        whole.extend_from_slice(&data);
-                    }
-                }
-                return Read::Whole {
+                return Some(Read::Whole {
                     head,
                     body: whole.freeze(),
-                };
+                });
             }
-            Some(Ok(frame)) => {
-                let why = match frame.data_ref() {
-                    Some(data) => {
-                        size += data.len();
-                        (size > max).then_some(NotStored::TooLarge)
-                    }
-                    None => Some(NotStored::Trailers),
-                };
-                frames.push_back(frame);
-                if let Some(why) = why {
-                    return Read::Partial {
-                        head,
-                        prefix: frames,
-                        error: None,
-                        rest: Some(body),
-                        why,
-                    };
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if too_large((whole.len() + data.len()) as u64) => {
+                    return partial(NotStored::TooLarge, false);
                 }
-            }
-            Some(Err(error)) => {
-                return Read::Partial {
-                    head,
-                    prefix: frames,
-                    error: Some(error),
-                    rest: None,
-                    why: NotStored::TooLarge,
-                };
-            }
+                Ok(data) => whole.extend_from_slice(&data),
+                Err(_) => return partial(NotStored::Trailers, false),
+            },
+            Some(Err(_)) => return partial(NotStored::TooLarge, true),
         }
     }
 }
@@ -228,8 +189,8 @@ pub(crate) fn asked<ReqBody>(request: Request<ReqBody>) -> (Request<ReqBody>, Ar
 /// Counts the answer to a conditional request: a new response (the `304`s are counted
 /// where they renew an entry).
 pub(crate) fn counted_revalidation<B: Body, E>(stats: &RouteStats, origin: &Called<B, E>) {
-    if let Called::Read(Read::Whole { head, .. } | Read::Partial { head, .. }) = origin
-        && head.status() != StatusCode::NOT_MODIFIED
+    if let Called::Answered(response) = origin
+        && response.status() != StatusCode::NOT_MODIFIED
     {
         stats.record(Event::RevalidatedModified);
     }

@@ -111,6 +111,12 @@ impl XCache {
             _ => concat_status!("fwd=uri-miss"),
         })
     }
+
+    /// This cache's member of `Cache-Status` for an answer forwarded for another
+    /// caller, whose request this one's was collapsed into (RFC 9211 §2.5).
+    pub(crate) fn collapsed() -> HeaderValue {
+        HeaderValue::from_static(concat_status!("fwd=uri-miss; collapsed"))
+    }
 }
 
 /// An `age` header value: from a table made once for the first hour, so that a hit does
@@ -189,6 +195,10 @@ mod tests {
         );
         assert_eq!(XCache::Pass.forwarded(), "stampede-guard; fwd=uri-miss");
         assert_eq!(XCache::Bypass.forwarded(), "stampede-guard; fwd=bypass");
+        assert_eq!(
+            XCache::collapsed(),
+            "stampede-guard; fwd=uri-miss; collapsed"
+        );
         assert_eq!(
             XCache::Hit.of_entry(7200, false),
             "stampede-guard; hit; ttl=7200"

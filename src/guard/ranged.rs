@@ -13,23 +13,34 @@ use http_body::Body;
 
 use super::body::ResponseBody;
 use crate::http::range::{Part, Ranged, content_range, unsatisfied_range};
+use crate::http::response::declared_length;
 
 /// The answer to `ranged` made of the answer to the whole: its part (`206`), `416`, or
-/// the answer itself.
+/// the answer itself. A fill's body as it streams is cut when its length is declared:
+/// the range is sent as its bytes arrive.
 pub(crate) fn cut<B: Body>(
     response: Response<ResponseBody<B>>,
     ranged: &Ranged,
 ) -> Response<ResponseBody<B>> {
-    let Some(whole) = response.body().whole() else {
-        return response;
+    let len = match response.body().whole() {
+        Some(whole) => whole.len() as u64,
+        None if response.body().is_shared() => match declared_length(response.headers()) {
+            Some(len) => len,
+            None => return response,
+        },
+        None => return response,
     };
-    let len = whole.len() as u64;
     let part = ranged.part(response.status(), response.headers(), len);
-    let (mut parts, _) = match part {
-        Part::Whole => return response,
-        _ => response.into_parts(),
-    };
     let body = match part {
+        Part::Whole => return response,
+        Part::Bytes { first, last, .. } => match response.body().range(first, last + 1) {
+            Some(body) => body,
+            None => return response,
+        },
+        Part::Unsatisfiable { .. } => ResponseBody::empty(),
+    };
+    let (mut parts, _) = response.into_parts();
+    match part {
         Part::Bytes { first, last, len } => {
             parts.status = StatusCode::PARTIAL_CONTENT;
             parts
@@ -38,7 +49,6 @@ pub(crate) fn cut<B: Body>(
             parts
                 .headers
                 .insert(CONTENT_LENGTH, HeaderValue::from(last - first + 1));
-            ResponseBody::full(whole.slice(first as usize..=last as usize))
         }
         Part::Unsatisfiable { len } => {
             parts.status = StatusCode::RANGE_NOT_SATISFIABLE;
@@ -46,10 +56,9 @@ pub(crate) fn cut<B: Body>(
             parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(0));
             // The body it described is not sent.
             parts.headers.remove(CONTENT_TYPE);
-            ResponseBody::empty()
         }
-        Part::Whole => unreachable!("returned above"),
-    };
+        Part::Whole => {}
+    }
     Response::from_parts(parts, body)
 }
 

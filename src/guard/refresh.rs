@@ -15,7 +15,9 @@ use tracing::Instrument;
 
 use super::fill::{Answered, Fill, Kept, Put, lease_unavailable, not_stored};
 use super::inflight::Refresh;
-use super::origin::{Called, FillBody, Inner, OriginBody, Read, asked, counted_revalidation};
+use super::origin::{
+    Called, FillBody, Inner, OriginBody, Read, asked, counted_revalidation, read_whole,
+};
 use super::route::Route;
 use crate::cache::{Freshness, L2Read, Stored, l2_read};
 use crate::http::conditional;
@@ -280,21 +282,40 @@ where
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
     let conditional =
         conditional::ask_if_changed(&mut request, current.response.status, &current.headers());
-    let (fill, origin) = match fill.call(inner, request).await {
+    let (mut fill, origin) = match fill.call(inner, request).await {
         Answered::Called(fill, origin) => (fill, origin),
         Answered::Stopped(_) => return failed(),
     };
     if conditional {
         counted_revalidation(&route.stats, &origin);
     }
-    let (event, why) = match origin {
-        Called::TimedOut => (Event::RefreshTimeout, None),
+    // Its body, read whole (no caller awaits a refresh), under the watchdog as the call
+    // was; or why there is none.
+    let read = match origin {
+        Called::Answered(response) => {
+            let body = read_whole(response, policy.max_body, policy.refresh_timeout);
+            match fill.hold(body).await {
+                Ok(Some(read)) => Ok(read),
+                Ok(None) => {
+                    route.stats.record(Event::OriginTimeout);
+                    Err(Event::RefreshTimeout)
+                }
+                Err(lost) => {
+                    fill.stopped(lost).await;
+                    return failed();
+                }
+            }
+        }
+        Called::TimedOut => Err(Event::RefreshTimeout),
         Called::Error(_) => {
             route.stats.record(Event::OriginError);
-            (Event::RefreshOriginError, None)
+            Err(Event::RefreshOriginError)
         }
+    };
+    let (event, why) = match read {
+        Err(event) => (event, None),
         // Unchanged: the entry is renewed with the body it has.
-        Called::Read(Read::Whole { head, .. })
+        Ok(Read::Whole { head, .. })
             if conditional && head.status() == StatusCode::NOT_MODIFIED =>
         {
             if conditional::is_about(&current.headers(), head.headers()) {
@@ -309,7 +330,7 @@ where
             // A 304 about another entry than the one asked about: nothing to renew.
             (Event::RefreshOriginError, None)
         }
-        Called::Read(Read::Whole { head, body }) => match response::storable(policy, &head) {
+        Ok(Read::Whole { head, body }) => match response::storable(policy, &head) {
             Ok(()) => match fill.keep(&asked, head, body).await {
                 Kept::Stored { put, .. } => {
                     if matches!(put, Put::Written { to_l2: true, .. }) {
@@ -328,11 +349,11 @@ where
             Err(_) if response::is_failure(head.status()) => (Event::RefreshOriginError, None),
             Err(why) => (Event::RefreshNotStored, Some(why)),
         },
-        Called::Read(Read::Partial { error: Some(_), .. }) => {
+        Ok(Read::Partial { failed: true, .. }) => {
             route.stats.record(Event::OriginError);
             (Event::RefreshOriginError, None)
         }
-        Called::Read(Read::Partial { why, .. }) => (Event::RefreshNotStored, Some(why)),
+        Ok(Read::Partial { why, .. }) => (Event::RefreshNotStored, Some(why)),
     };
     if let Some(why) = why {
         not_stored(&route, why);

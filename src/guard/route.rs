@@ -49,9 +49,29 @@ pub(crate) struct Route {
     pub(crate) lease_ttl: LeaseTtl,
     /// Its name as a metric label, shared (its leases carry it, to label their holds).
     pub(crate) label: metrics::SharedString,
+    /// Whether an answer too large to store was logged (once per route).
+    pub(crate) said_too_large: std::sync::atomic::AtomicBool,
 }
 
 impl Route {
+    /// Logs, the first time only, that an answer of `size` bytes was too large to store
+    /// on this route: its size, the limit, and the setting that raises it. Every such
+    /// answer is counted (`not_stored_total{reason="too_large"}`).
+    pub(crate) fn said_too_large(&self, size: u64) {
+        use std::sync::atomic::Ordering;
+        if !self.said_too_large.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                route = self.policy.route,
+                size,
+                max_body = self.policy.max_body,
+                "an answer of {size} bytes is over the route's `max_body` of {} bytes: \
+                 not stored (callers of one fill still share it); raise `max_body` \
+                 (the sidecar's `--max-body`) to store it; said once per route",
+                self.policy.max_body
+            );
+        }
+    }
+
     /// The hash of a request's identity: its URL's own key in L1 (variant 0), and what
     /// the names its URL varies on are kept under. The same bytes as
     /// [`keys_for`](Self::keys_for) hashes, written into the hasher piece by piece.

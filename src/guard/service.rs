@@ -90,7 +90,7 @@ where
     S::Error: Send + 'static,
     ReqBody: Default + Send + 'static,
     ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
@@ -322,9 +322,23 @@ where
 {
     let mut rekeys = 0;
     loop {
+        let mut redis = if route.shared.store.is_local_only() {
+            Redis::Failed
+        } else {
+            Redis::Usable
+        };
         match route.shared.marks.get(keys.entry()) {
-            // Its answers cannot be stored: no fill to wait for.
-            Some(Mark::Pass) => {
+            // Its last answer could not be stored: nothing in the caches to look for,
+            // but the callers that come while one asks the origin share its answer, if
+            // it may be shared (else each asks the origin itself).
+            // (A range goes to the origin, which answers it: a fill asks for the whole,
+            // and an answer that is not stored may not say its length.)
+            Some(Mark::Pass) if !asked.ranged => {
+                route.stats.record(Event::HitForPass);
+                redis = Redis::Passing;
+            }
+            // Its last answer here was its caller's alone: no fill to wait for.
+            Some(Mark::Pass | Mark::Private) => {
                 route.stats.record(Event::HitForPass);
                 return passthrough(&route, inner, request, XCache::Pass).await;
             }
@@ -339,11 +353,6 @@ where
         // Registered before looking in L2: a fill notice that comes between the look and
         // this request's own fill is then seen, and the fill takes that entry instead.
         let wait = route.shared.notices.wait_for(keys.entry().into());
-        let mut redis = if route.shared.store.is_local_only() {
-            Redis::Failed
-        } else {
-            Redis::Usable
-        };
         let read = if redis == Redis::Usable {
             let names = route.reads_names(&keys);
             l2_read_with_names(&route.shared.store, &keys, route.policy.max_body, names).await

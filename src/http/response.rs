@@ -355,6 +355,14 @@ fn directives_of(value: &str) -> impl Iterator<Item = (&str, Option<&str>)> {
     })
 }
 
+/// The body's length as its `Content-Length` declares it, if it does.
+pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
 /// Whether the origin failed, as stale-if-error sees it.
 pub(crate) fn is_failure(status: StatusCode) -> bool {
     status.is_server_error()

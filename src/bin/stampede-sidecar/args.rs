@@ -102,6 +102,15 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) cold_wait: Option<Duration>,
 
+    /// The largest answer that is stored, for requests matching no route and routes
+    /// that do not set it: bytes, or a size with its unit (`512KiB`, `16MiB`, `8MB`)
+    /// [default: 1MiB, at most 64MiB]. A larger answer is not stored: the callers that
+    /// share its fill still get it as it streams (one origin call), and later callers
+    /// ask the origin again. Logged once per route, counted in
+    /// `stampede_guard_not_stored_total{reason="too_large"}`.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub(crate) max_body: Option<u64>,
+
     /// Serve Prometheus metrics on this address (`/metrics`).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics: Option<SocketAddr>,
@@ -253,6 +262,7 @@ impl fmt::Debug for Args {
             .field("grace", &self.grace)
             .field("lease", &self.lease)
             .field("cold_wait", &self.cold_wait)
+            .field("max_body", &self.max_body)
             .field("metrics", &self.metrics)
             .field("admin", &self.admin)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
@@ -288,6 +298,18 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(text)
         .map_err(|e| format!("`{text}` is not a duration ({e}; write e.g. 250ms, 1s, 2m)"))
+}
+
+/// A size: a number of bytes (`1048576`), or a number with its unit (`512KiB`,
+/// `16MiB`, `8MB`, `1.5 GiB`; `KB` and `MB` are powers of ten, `KiB` and `MiB` of two).
+pub(crate) fn size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().map_err(|e| format!("`{text}`: {e}"));
+    }
+    text.parse::<bytesize::ByteSize>()
+        .map(|size| size.as_u64())
+        .map_err(|e| format!("`{text}` is not a size ({e}; write e.g. 512KiB, 16MiB, 8MB)"))
 }
 
 /// An absolute `http://` or `https://` URL.
@@ -335,6 +357,16 @@ mod tests {
     #[test]
     fn the_command_is_well_formed() {
         Args::command().debug_assert();
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(size("1048576"), Ok(1 << 20));
+        assert_eq!(size("16MiB"), Ok(16 << 20));
+        assert_eq!(size("512 KiB"), Ok(512 << 10));
+        assert_eq!(size("8MB"), Ok(8_000_000));
+        let refused = size("lots").unwrap_err();
+        assert!(refused.contains("`lots` is not a size"), "{refused}");
     }
 
     #[test]

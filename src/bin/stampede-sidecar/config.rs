@@ -58,7 +58,7 @@ macro_rules! with_policy_fields {
             key_query: Option<KeyQueryFile>,
             key_headers: Option<Vec<String>>,
             stale_if_error: Option<String>,
-            max_body: Option<usize>,
+            max_body: Option<SizeFile>,
             follow_origin: Option<bool>,
             min_fresh: Option<String>,
             max_fresh: Option<String>,
@@ -78,7 +78,7 @@ macro_rules! with_policy_fields {
                     key_query: self.key_query.clone(),
                     key_headers: self.key_headers.clone(),
                     stale_if_error: self.stale_if_error.clone(),
-                    max_body: self.max_body,
+                    max_body: self.max_body.clone(),
                     follow_origin: self.follow_origin,
                     min_fresh: self.min_fresh.clone(),
                     max_fresh: self.max_fresh.clone(),
@@ -159,13 +159,22 @@ struct PolicyFields {
     key_query: Option<KeyQueryFile>,
     key_headers: Option<Vec<String>>,
     stale_if_error: Option<String>,
-    max_body: Option<usize>,
+    max_body: Option<SizeFile>,
     follow_origin: Option<bool>,
     min_fresh: Option<String>,
     max_fresh: Option<String>,
     keep: Option<String>,
     eager_refresh: Option<f64>,
     xfetch: Option<f64>,
+}
+
+/// A size in the file: a number of bytes (`max_body = 1048576`), or text with its unit
+/// (`max_body = "16MiB"`), as durations take `"1s"`.
+#[derive(Deserialize, Clone)]
+#[serde(untagged)]
+enum SizeFile {
+    Bytes(u64),
+    Text(String),
 }
 
 /// `cold_miss = "passthrough"` or `cold_miss = { reject = { retry_after = "2s" } }`.
@@ -638,6 +647,9 @@ impl Settings {
         if args.cold_wait.is_some() {
             base.cold_wait = flag(args.cold_wait);
         }
+        if let Some(bytes) = args.max_body {
+            base.max_body = Some(SizeFile::Bytes(bytes));
+        }
         let default = match file.default.unwrap_or(Unrouted::Cache) {
             Unrouted::Cache => Some(policy(&top, defaults::ROUTE, &base)?),
             Unrouted::Pass => None,
@@ -698,7 +710,7 @@ impl Settings {
                 stale_if_error: fields
                     .stale_if_error
                     .or_else(|| base.stale_if_error.clone()),
-                max_body: fields.max_body.or(base.max_body),
+                max_body: fields.max_body.clone().or_else(|| base.max_body.clone()),
                 follow_origin: fields.follow_origin.or(base.follow_origin),
                 min_fresh: fields.min_fresh.or_else(|| base.min_fresh.clone()),
                 max_fresh: fields.max_fresh.or_else(|| base.max_fresh.clone()),
@@ -986,7 +998,13 @@ fn policy(place: &Place<'_>, name: &str, fields: &PolicyFields) -> Result<Policy
     if let Some(window) = place.duration("stale_if_error", &fields.stale_if_error)? {
         builder = builder.stale_if_error(window);
     }
-    if let Some(bytes) = fields.max_body {
+    if let Some(size) = &fields.max_body {
+        let bytes = match size {
+            SizeFile::Bytes(bytes) => Ok(*bytes),
+            SizeFile::Text(text) => args::size(text),
+        }
+        .and_then(|bytes| usize::try_from(bytes).map_err(|e| e.to_string()))
+        .map_err(|e| place.error("max_body", e))?;
         builder = builder.max_body(bytes);
     }
     // An HTTP cache: it follows what the origin says unless told not to.
@@ -1064,6 +1082,35 @@ mod tests {
         // Inherited from the top level.
         assert_eq!(settings.routes[2].policy.grace(), Duration::ZERO);
         assert!(settings.default.is_none());
+    }
+
+    #[test]
+    fn sizes_take_their_units_in_the_file_and_the_flag() {
+        let text = "follow_origin = false\nmax_body = \"8MiB\"\nlisten = \"127.0.0.1:1\"\n\
+                    [[routes]]\nname = \"a\"\nprefix = \"/a\"\nmax_body = 512\n\
+                    [[routes]]\nname = \"b\"\nprefix = \"/b\"\n";
+        let s = load(&[], text).unwrap();
+        let max_body = |s: &Settings, name: &str| {
+            s.routes
+                .iter()
+                .find(|r| r.policy.route() == name)
+                .unwrap()
+                .policy
+                .max_body()
+        };
+        assert_eq!(s.default.as_ref().unwrap().max_body(), 8 << 20);
+        assert_eq!(max_body(&s, "a"), 512);
+        assert_eq!(max_body(&s, "b"), 8 << 20, "inherits the top level");
+        let s = load(&["--max-body", "16MiB"], text).unwrap();
+        assert_eq!(max_body(&s, "b"), 16 << 20, "inherits the flag");
+        let refused = load(&[], "max_body = \"huge\"\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            refused.contains("max_body") && refused.contains("`huge` is not a size"),
+            "{refused}"
+        );
     }
 
     #[test]

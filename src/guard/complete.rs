@@ -1,0 +1,376 @@
+//! A cold fill's answer, from the origin's head to how the fill lands: who may have
+//! it, its body read once and streamed to every caller that shares it, and whether it
+//! is stored.
+//!
+//! At the head, the answer is judged once (RFC 9111 §3, `response::storable`, and
+//! `response::reuse`):
+//!
+//! * **its caller's alone** (`private`, `no-store`, `Set-Cookie`, `Vary: *`, a
+//!   `no-cache` answer that is not stored, anything not stored on a route that forwards
+//!   credentials, or, on a route that follows the origin, an answer not stored that
+//!   says nothing of caching): the origin's body streams to the caller that led, and
+//!   every other caller asks the origin itself (after a 5xx: what may stand in, or
+//!   `502`);
+//! * **shared** (anything else): the fill reads the body frame by frame into a
+//!   [`stream`](super::stream). A body of at most [`STREAM_FROM`] bytes is read whole
+//!   first, and its callers get the entry it made (or the answer, if it may not be
+//!   stored), with exact headers; a longer one (or one declared longer) is handed to
+//!   every caller of the fill as it comes: each reads the same frames at its own pace,
+//!   and a caller that joins mid-fill gets the frames so far, then the rest.
+//!
+//! When the body is whole, the answer is stored if it may be and fits the route's
+//! `max_body`; the stream ends only after the write, so that a caller whose answer
+//! ended finds the entry when it asks again. A body that fails, stalls past the refresh
+//! timeout between two frames, or is stopped by the watchdog is cut for every reader
+//! (never ended as if whole), and nothing is stored.
+//!
+//! A `no-cache` answer that a route stores (it follows the origin) is read whole and
+//! stored, but handed only to the caller that led: it is revalidated on every use.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+
+use super::body::BoxError;
+use super::body::ResponseBody;
+use super::fill::{Fill, Kept, not_stored};
+use super::inflight::{Failure, Landed, Lead, Own, SharedAnswer};
+use super::origin::{Called, OriginBody};
+use super::route::Route;
+use super::stream::Stream;
+use crate::http::response::{self, NotStored, Reuse, declared_length};
+use crate::lease::LeaseLost;
+use crate::metrics::Event;
+use crate::notify::Ending;
+
+/// The longest body read whole before the fill's callers are answered (or the route's
+/// `max_body`, if less): a longer one streams to them as it comes. 64 KiB: most API answers, whose callers then get the
+/// entry with its exact headers (`stored`, its `ttl`, its length), at the cost of at
+/// most 64 KiB of delay on their first byte; the leader's first byte waits as long.
+pub(crate) const STREAM_FROM: u64 = 64 * 1024;
+
+/// What the origin's call for a cold fill (not a `304` to its conditional request)
+/// comes to: how the fill lands for every caller, and what only the caller that led
+/// may have.
+pub(crate) async fn complete<B: OriginBody, E>(
+    route: &Route,
+    fill: Fill,
+    origin: Called<B, E>,
+    asked: Arc<Request<()>>,
+    lead: &Lead,
+) -> (Landed, Option<Own<B, E>>) {
+    match origin {
+        Called::TimedOut => {
+            fill.end(Ending::Error).await;
+            (Landed::Failed(Failure::Timeout), None)
+        }
+        Called::Error(error) => {
+            route.stats.record(Event::OriginError);
+            fill.end(Ending::Error).await;
+            (Landed::Failed(Failure::Error), Some(Err(error)))
+        }
+        Called::Answered(response) => read(route, fill, response, asked, lead).await,
+    }
+}
+
+/// Who may have an answer, judged at its head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sharing {
+    /// Every caller of the fill, as its body streams.
+    Shared,
+    /// Stored, but given only to the caller that led (`no-cache`): read whole first.
+    StoredOnly,
+    /// Its caller's alone, not stored: streamed to it from the origin.
+    Own(NotStored),
+}
+
+/// Who may have `head` (see the [module docs](self)).
+fn sharing(route: &Route, head: &Response<()>) -> Sharing {
+    let policy = &route.policy;
+    let never = response::reuse(head.headers()) == Reuse::Never;
+    match response::storable(policy, head) {
+        Ok(()) if never => Sharing::StoredOnly,
+        Ok(()) => Sharing::Shared,
+        Err(why) if why.is_private() => Sharing::Own(why),
+        // With credentials in fill requests, whatever is not stored (a 401 for the
+        // leader's token, say) is the leader's alone.
+        Err(why) if policy.allow_authorization || policy.allow_cookies => Sharing::Own(why),
+        Err(_) if never => Sharing::Own(NotStored::NoCache),
+        // A failure is shared, so that a crowd does not each ask a failing origin.
+        Err(_) if response::is_failure(head.status()) => Sharing::Shared,
+        // On a route that follows the origin, an answer that it may not keep and that
+        // says nothing of caching is each caller's own, as in Varnish and Fastly.
+        Err(why) if policy.follow_origin => Sharing::Own(why),
+        // On a route the user declared cacheable: a 404 where 200s are stored, say.
+        Err(_) => Sharing::Shared,
+    }
+}
+
+/// How the reading of a body ended.
+enum Read<E> {
+    Whole,
+    /// Its last frame was trailers: the body is whole, but not stored (trailers are
+    /// not kept, nor passed on to the callers that share it).
+    Trailers,
+    Failed(E),
+    /// No frame for the refresh timeout.
+    Stalled,
+    /// The watchdog stopped the fill.
+    Stopped(LeaseLost),
+}
+
+/// Reads the answer whose head came, and lands the fill (see the [module docs](self)).
+async fn read<B: OriginBody, E>(
+    route: &Route,
+    mut fill: Fill,
+    response: Response<B>,
+    asked: Arc<Request<()>>,
+    lead: &Lead,
+) -> (Landed, Option<Own<B, E>>) {
+    let (parts, body) = response.into_parts();
+    let head = Response::from_parts(parts, ());
+    let failure = response::is_failure(head.status());
+    let sharing = sharing(route, &head);
+    if let Sharing::Own(why) = sharing {
+        // Streamed to its caller as it comes; the others ask the origin themselves.
+        not_stored(route, why);
+        if failure {
+            fill.end(Ending::Error).await;
+        } else {
+            fill.end_private().await;
+        }
+        let (parts, ()) = head.into_parts();
+        let own = Response::from_parts(parts, ResponseBody::stream(body));
+        let others = if failure {
+            // A failure the others may not be given: they are not sent to an origin
+            // that just failed, each on its own, but get what may stand in, or `502`.
+            Landed::Failed(Failure::Error)
+        } else {
+            Landed::Pass
+        };
+        return (others, Some(Ok(own)));
+    }
+    let mut writer = Stream::writer();
+    let stream = writer.stream().clone();
+    let max = route.policy.max_body as u64;
+    let too_large = |len: u64| len > max || head.headers().len() > crate::cache::entry::MAX_HEADERS;
+    let storable = response::storable(&route.policy, &head).is_ok();
+    let declared = declared_length(head.headers());
+    // The answer as every caller of the fill gets it, its body as far as it came (of
+    // `len` bytes): stored, if it may be and can still fit.
+    let publish = |len: u64| Landed::Shared {
+        response: Arc::new(SharedAnswer {
+            status: head.status(),
+            headers: head.headers().clone(),
+            body: stream.clone(),
+            storing: storable && !too_large(declared.unwrap_or(0).max(len)),
+        }),
+        failure,
+        origin_saw: asked.clone(),
+    };
+    // Held until it is this long, or known not to be stored.
+    let stream_from = STREAM_FROM.min(max);
+    let mut published = false;
+    if sharing == Sharing::Shared && declared.is_some_and(|d| d > stream_from) {
+        lead.publish(publish(0));
+        published = true;
+    }
+    let idle = route.policy.refresh_timeout;
+    let reading = async {
+        let mut body = std::pin::pin!(body);
+        loop {
+            let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+                return Read::Stalled;
+            };
+            let data = match frame {
+                None => return Read::Whole,
+                Some(Err(error)) => return Read::Failed(error),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => data,
+                    // Trailers end a body.
+                    Err(_) => return Read::Trailers,
+                },
+            };
+            writer.push(data);
+            if !published && sharing == Sharing::Shared && stream.len() > stream_from {
+                lead.publish(publish(stream.len()));
+                published = true;
+            }
+        }
+    };
+    let read = match fill.hold(reading).await {
+        Ok(read) => read,
+        Err(lost) => Read::Stopped(lost),
+    };
+    match read {
+        Read::Whole | Read::Trailers => {
+            let body = writer.gathered();
+            let why = match read {
+                Read::Trailers => Some(NotStored::Trailers),
+                _ if too_large(body.len() as u64) => Some(NotStored::TooLarge),
+                _ => None,
+            };
+            if why == Some(NotStored::TooLarge) {
+                route.said_too_large(body.len() as u64);
+            }
+            let landed = whole(route, fill, head, body, &stream, asked, why, published).await;
+            // Ended only now: a caller whose answer ended finds the entry when it asks
+            // again.
+            writer.finish();
+            if let (Landed::Entry { stored, .. }, _) = &landed {
+                stream.settle(&stored.response.body);
+            }
+            landed
+        }
+        Read::Failed(error) => {
+            writer.cut();
+            route.stats.record(Event::OriginError);
+            let error: BoxError = error.into();
+            tracing::debug!(%error, "the origin's body failed mid-way: cut for every reader");
+            fill.end(Ending::Error).await;
+            cut(published, &stream, head)
+        }
+        Read::Stalled => {
+            writer.cut();
+            route.stats.record(Event::OriginTimeout);
+            fill.end(Ending::Error).await;
+            (Landed::Failed(Failure::Timeout), None)
+        }
+        Read::Stopped(lost) => {
+            writer.cut();
+            let failure = match fill.stopped(lost).await {
+                super::fill::Stopped::AtMaximum => Failure::Timeout,
+                super::fill::Stopped::LeaseLost => Failure::LeaseLost,
+            };
+            (Landed::Failed(failure), None)
+        }
+    }
+}
+
+/// A body that failed mid-way: every caller that shares the stream gets it cut; one
+/// that looks only now, what may stand in, or `502`; the caller that led, if nothing
+/// was published yet, the answer as far as it came, then cut.
+fn cut<B: Body, E>(
+    published: bool,
+    stream: &Arc<Stream>,
+    head: Response<()>,
+) -> (Landed, Option<Own<B, E>>) {
+    let own = (!published).then(|| {
+        let (parts, ()) = head.into_parts();
+        Ok(Response::from_parts(
+            parts,
+            ResponseBody::shared(stream.reader()),
+        ))
+    });
+    (Landed::Failed(Failure::Error), own)
+}
+
+/// How a whole body lands: stored when it may be (`why` says why not, when that is
+/// known already), else given to its callers as an answer that was not stored.
+#[allow(clippy::too_many_arguments)]
+async fn whole<B: Body, E>(
+    route: &Route,
+    fill: Fill,
+    head: Response<()>,
+    body: Bytes,
+    stream: &Arc<Stream>,
+    asked: Arc<Request<()>>,
+    why: Option<NotStored>,
+    published: bool,
+) -> (Landed, Option<Own<B, E>>) {
+    let why = match why.map_or_else(|| response::storable(&route.policy, &head), Err) {
+        Ok(()) => {
+            return match fill.keep(&asked, head, body).await {
+                Kept::Stored { put, rekeyed } => {
+                    let stored = put.entry().clone();
+                    // Whenever the answer varies: its waiters may have asked for another
+                    // variant (sent a header the URL learned only from this answer), and
+                    // are checked against it.
+                    let varies = stored.has_header(&http::header::VARY);
+                    let variant_of = (rekeyed || varies).then_some(asked);
+                    let kept = put.is_kept();
+                    (
+                        Landed::Entry {
+                            stored,
+                            kept,
+                            variant_of,
+                        },
+                        None,
+                    )
+                }
+                Kept::NotStored { head, why, .. } => {
+                    not_kept(route, head, stream, why, false, asked, published)
+                }
+                // Another variant's, which someone else fills or filled: its caller has
+                // it; the others look again under their own keys.
+                Kept::Elsewhere { head, body } => {
+                    let (parts, ()) = head.into_parts();
+                    let response = Response::from_parts(parts, ResponseBody::full(body));
+                    (Landed::Rekey, Some(Ok(response)))
+                }
+            };
+        }
+        Err(why) => why,
+    };
+    not_stored(route, why);
+    let failure = response::is_failure(head.status());
+    if failure {
+        fill.end(Ending::Error).await;
+    } else if is_own(route, why, head.headers()) && !published {
+        fill.end_private().await;
+    } else {
+        fill.end(Ending::Pass).await;
+    }
+    not_kept(route, head, stream, why, failure, asked, published)
+}
+
+/// Whether an answer that was not stored (for `why`) is its caller's alone: private,
+/// `no-cache`, or on a route that forwards credentials.
+fn is_own(route: &Route, why: NotStored, headers: &http::HeaderMap) -> bool {
+    let policy = &route.policy;
+    why.is_private()
+        || policy.allow_authorization
+        || policy.allow_cookies
+        || response::reuse(headers) == Reuse::Never
+}
+
+/// How a whole answer that was not stored lands: for its caller alone when it is
+/// private, says `no-cache` (or the route sends credentials), for every caller of its
+/// variant otherwise (without the fields a qualified `no-cache` names). `published`:
+/// its callers share its stream already.
+pub(crate) fn not_kept<B: Body, E>(
+    route: &Route,
+    head: Response<()>,
+    stream: &Arc<Stream>,
+    why: NotStored,
+    failure: bool,
+    origin_saw: Arc<Request<()>>,
+    published: bool,
+) -> (Landed, Option<Own<B, E>>) {
+    let own = is_own(route, why, head.headers());
+    let (mut parts, ()) = head.into_parts();
+    response::strip_no_cache_fields(&mut parts.headers);
+    if own && !published {
+        let response = Response::from_parts(parts, ResponseBody::shared(stream.reader()));
+        let others = if failure {
+            Landed::Failed(Failure::Error)
+        } else {
+            Landed::Pass
+        };
+        return (others, Some(Ok(response)));
+    }
+    let shared = Landed::Shared {
+        response: Arc::new(SharedAnswer {
+            status: parts.status,
+            headers: parts.headers,
+            body: stream.clone(),
+            storing: false,
+        }),
+        failure,
+        origin_saw,
+    };
+    (shared, None)
+}

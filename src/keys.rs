@@ -465,6 +465,12 @@ impl CacheKeys {
         &self.entry
     }
 
+    /// The key of part `index` of the body of the entry written under token `generation`,
+    /// when the body is kept in parts: in the entry's hash slot.
+    pub(crate) fn part(&self, generation: u64, index: u32) -> String {
+        format!("{}:p:{generation}:{index}", self.entry)
+    }
+
     /// The key that remembers the last invalidation of the response (its token), longer
     /// than the tombstone at the entry key does. One for the response and all its
     /// variants.

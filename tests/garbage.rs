@@ -347,3 +347,133 @@ async fn garbage_at_an_entry_key_is_a_counted_miss() {
     }
     assert_eq!(origin.calls(), cases.len() as u64);
 }
+
+/// The length of the large body: four parts of 512 KiB and 10 bytes more.
+const PARTED: usize = 4 * 512 * 1024 + 10;
+
+/// A body kept in parts beside its entry: a part that is missing, short, long, of
+/// another fill (its generation) or out of place, or garbage, makes the read a miss and
+/// a refill (one more origin call, its whole body), never a panic and never a wrong
+/// byte. Each read is made by a new instance (nothing in its L1), from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_in_parts_that_is_not_whole_is_a_miss_and_a_refill() {
+    let server = RedisServer::start();
+    // Call n answers PARTED bytes of n.
+    let origin = Origin::new(Duration::ZERO, |n, _| {
+        http::Response::new(support::web::full(vec![n as u8; PARTED]))
+    });
+    let policy = || policy("items").max_body(4 << 20).build().unwrap();
+    let first = app::instance(&server, policy(), origin.service()).await;
+    let got = send(&first.service, get("/items/1")).await;
+    assert_eq!((got.x_cache(), got.body.len()), ("miss", PARTED));
+    let keys = first.layer.cache_keys(&get("/items/1")).unwrap();
+    let mut conn = server.conn().await;
+    // What the entry names: its generation and 5 parts, each a key of its own.
+    let part_key =
+        |generation: &str, index: u32| format!("{}:p:{generation}:{index}", keys.entry());
+    let generation = |mut conn: redis::aio::MultiplexedConnection| {
+        let entry = keys.entry().to_owned();
+        async move {
+            let (generation, parts): (String, u32) = redis::cmd("HMGET")
+                .arg(&entry)
+                .arg("g")
+                .arg("p")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(parts, 5);
+            generation
+        }
+    };
+    let read = || async {
+        let i = app::instance(&server, policy(), origin.service()).await;
+        send(&i.service, get("/items/1")).await
+    };
+    // Whole: another instance reads it from Redis, with no origin call.
+    let got = read().await;
+    assert_eq!((got.x_cache(), got.body.len()), ("hit", PARTED));
+    assert!(got.body.bytes().all(|b| b == 1));
+    assert_eq!(origin.calls(), 1);
+    type Plant = Box<dyn Fn(&str, &str, Vec<u8>) -> redis::Cmd>;
+    let cases: Vec<(&str, u32, Plant)> = vec![
+        (
+            "missing",
+            3,
+            Box::new(|key, _, _| redis::cmd("DEL").arg(key).clone()),
+        ),
+        (
+            "short",
+            1,
+            Box::new(|key, _, mut part| {
+                part.truncate(part.len() - 1);
+                redis::cmd("SET").arg(key).arg(part).clone()
+            }),
+        ),
+        (
+            "long",
+            4,
+            Box::new(|key, _, mut part| {
+                part.push(0);
+                redis::cmd("SET").arg(key).arg(part).clone()
+            }),
+        ),
+        (
+            "of another generation",
+            0,
+            Box::new(|key, _, mut part| {
+                part[2] ^= 1;
+                redis::cmd("SET").arg(key).arg(part).clone()
+            }),
+        ),
+        (
+            "out of place",
+            2,
+            Box::new(|key, generation, _| {
+                // Part 1's bytes at part 2's key.
+                let one = format!("{}1", &key[..key.len() - 1]);
+                let _ = generation;
+                redis::cmd("COPY").arg(one).arg(key).arg("REPLACE").clone()
+            }),
+        ),
+        (
+            "garbage",
+            2,
+            Box::new(|key, _, _| redis::cmd("SET").arg(key).arg("garbage").clone()),
+        ),
+        (
+            "of another type",
+            0,
+            Box::new(|key, _, _| redis::cmd("DEL").arg(key).clone()),
+        ),
+    ];
+    for (what, index, plant) in cases {
+        let generation = generation(conn.clone()).await;
+        let key = part_key(&generation, index);
+        let part: Vec<u8> = conn.get(&key).await.unwrap();
+        let calls = origin.calls();
+        let _: () = plant(&key, &generation, part)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if what == "of another type" {
+            let _: () = conn.rpush(&key, "x").await.unwrap();
+        }
+        let got = read().await;
+        assert_eq!(got.x_cache(), "miss", "{what}");
+        assert_eq!(origin.calls(), calls + 1, "{what}: refilled once");
+        let n = (calls + 1) as u8;
+        assert_eq!(got.body.len(), PARTED, "{what}");
+        assert!(got.body.bytes().all(|b| b == n), "{what}: a wrong byte");
+        // And whole again for the next reader.
+        let got = read().await;
+        assert_eq!((got.x_cache(), got.body.len()), ("hit", PARTED), "{what}");
+    }
+    // An invalidation takes the parts with the entry.
+    let generation = generation(conn.clone()).await;
+    first.layer.invalidate(&get("/items/1")).await.unwrap();
+    for index in 0..5 {
+        let exists: bool = conn.exists(part_key(&generation, index)).await.unwrap();
+        assert!(!exists, "part {index} outlived its invalidated entry");
+    }
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0);
+}

@@ -5,6 +5,11 @@
 //! value, another version, a value of another program) is a [`DecodeError`], never a
 //! panic; the cache counts it and treats it as a miss.
 //!
+//! A body larger than [`PART`] is not in the entry: it is kept beside it in parts of
+//! [`PART`] bytes (see `cache::l2`), and the entry says how many and how long the body
+//! is; each part starts with its entry's token (its generation) and its index, so that
+//! a part of another fill, or out of place, is refused when read.
+//!
 //! An entry holds no absolute time: only how long it is fresh, how long it may be served
 //! stale and how long it is kept, all counted from its write. Its age is read from Redis's
 //! remaining TTL and then kept on the local monotonic clock, so that no two machines'
@@ -25,7 +30,68 @@ use crate::store::millis;
 const MAGIC: [u8; 2] = *b"SG";
 /// The encoding's version. Bump it on any change of the encoded fields; old entries then decode as
 /// [`DecodeError::Version`] and are refilled.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
+
+/// The size of a part of a body kept in parts (see the [module docs](self)): 512 KiB,
+/// so that no Redis command moves more (one command runs alone on Redis's main thread,
+/// and a reader's output buffer holds its reply), while a 16 MiB body is 32 commands.
+pub(crate) const PART: usize = 512 * 1024;
+
+/// What opens every part, before its generation and index.
+const PART_MAGIC: [u8; 2] = *b"SP";
+
+/// A part's own header: [`PART_MAGIC`], its entry's token, its index.
+pub(crate) const PART_HEADER: usize = 2 + 8 + 4;
+
+/// A body kept in parts: how many, and its whole length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Parted {
+    pub(crate) count: u32,
+    pub(crate) len: u64,
+}
+
+impl Parted {
+    /// The parts of a body of `len` bytes: `None` when it is kept whole in its entry.
+    pub(crate) fn of(len: usize) -> Option<Self> {
+        (len > PART).then(|| Self {
+            count: len.div_ceil(PART) as u32,
+            len: len as u64,
+        })
+    }
+
+    /// How long part `index` is.
+    pub(crate) fn part_len(&self, index: u32) -> usize {
+        let start = index as u64 * PART as u64;
+        (self.len - start).min(PART as u64) as usize
+    }
+}
+
+/// Part `index` of a body of the entry written under `token`, with its header.
+pub(crate) fn part(token: FencingToken, index: u32, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PART_HEADER + data.len());
+    out.extend_from_slice(&PART_MAGIC);
+    out.extend_from_slice(&token.get().to_le_bytes());
+    out.extend_from_slice(&index.to_le_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// The data of part `index` of the entry written under `token`, which must be `len`
+/// bytes: `None` for anything else (another generation's part, another index, short,
+/// long, garbage).
+pub(crate) fn part_data(
+    bytes: &[u8],
+    token: FencingToken,
+    index: u32,
+    len: usize,
+) -> Option<&[u8]> {
+    let (header, data) = bytes.split_at_checked(PART_HEADER)?;
+    let mut expected = [0u8; PART_HEADER];
+    expected[..2].copy_from_slice(&PART_MAGIC);
+    expected[2..10].copy_from_slice(&token.get().to_le_bytes());
+    expected[10..].copy_from_slice(&index.to_le_bytes());
+    (header == expected && data.len() == len).then_some(data)
+}
 
 /// The most header values an entry accepted by [`decode`] may hold: far more than any
 /// response has (servers refuse a few hundred), and far from what `http`'s header map
@@ -91,6 +157,10 @@ struct Wire<'a> {
     grace_ms: u64,
     keep_ms: u64,
     token: u64,
+    /// How many parts the body is kept in beside the entry (then `body` is empty), or 0.
+    parts: u32,
+    /// The body's whole length.
+    len: u64,
 }
 
 impl CachedResponse {
@@ -98,17 +168,17 @@ impl CachedResponse {
     /// cache writes [`encode_for_l2`](Self::encode_for_l2)).
     #[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
     pub fn encode(&self) -> Vec<u8> {
-        self.encode_where(|_| true)
+        self.encode_where(|_| true, None)
     }
 
     /// Encodes the entry without `age`, `x-cache` and `cache-status`: what L2 keeps of
     /// an entry of L1, whose headers hold placeholders for the three (the layer sets
-    /// them on every answer).
-    pub(crate) fn encode_for_l2(&self) -> Vec<u8> {
-        self.encode_where(|name| !crate::http::is_set_by_the_layer(name))
+    /// them on every answer); without its body when `parted` says it is kept in parts.
+    pub(crate) fn encode_for_l2(&self, parted: Option<Parted>) -> Vec<u8> {
+        self.encode_where(|name| !crate::http::is_set_by_the_layer(name), parted)
     }
 
-    fn encode_where(&self, keep: impl Fn(&HeaderName) -> bool) -> Vec<u8> {
+    fn encode_where(&self, keep: impl Fn(&HeaderName) -> bool, parted: Option<Parted>) -> Vec<u8> {
         let headers: Vec<(&str, &serde_bytes::Bytes)> = self
             .headers
             .iter()
@@ -118,11 +188,13 @@ impl CachedResponse {
         let wire = Wire {
             status: self.status.as_u16(),
             headers,
-            body: &self.body,
+            body: if parted.is_some() { &[] } else { &self.body },
             fresh_ms: millis(self.fresh_for),
             grace_ms: millis(self.grace),
             keep_ms: millis(self.keep),
             token: self.token.get(),
+            parts: parted.map_or(0, |p| p.count),
+            len: self.body.len() as u64,
         };
         let mut out = Vec::with_capacity(self.body.len() + 256);
         out.extend_from_slice(&MAGIC);
@@ -179,8 +251,15 @@ fn compact_from<'a>(
 }
 
 /// Decodes an entry: garbage, a truncated value, another version or out-of-range times
-/// are a [`DecodeError`], never a panic.
+/// are a [`DecodeError`], never a panic. An entry whose body is kept in parts comes
+/// without it (see [`decode_head`]).
 pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
+    decode_head(bytes).map(|(response, _)| response)
+}
+
+/// Decodes an entry, and whether its body is kept in parts beside it (then its `body`
+/// is empty).
+pub(crate) fn decode_head(bytes: &[u8]) -> Result<(CachedResponse, Option<Parted>), DecodeError> {
     if bytes.len() > MAX_ENCODED_LEN {
         return Err(DecodeError::TooLarge);
     }
@@ -207,8 +286,8 @@ pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
     )
     .ok_or(DecodeError::Invalid("header"))?;
     let day_ms = 24 * 3600 * 1000;
-    if wire.fresh_ms == 0
-        || wire.fresh_ms > day_ms
+    // (Fresh for none: a `no-cache` answer, revalidated on every use.)
+    if wire.fresh_ms > day_ms
         || wire.grace_ms > day_ms
         || wire.keep_ms > 3 * day_ms
         || wire.keep_ms < wire.fresh_ms + wire.grace_ms
@@ -218,7 +297,20 @@ pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
     if wire.token == 0 {
         return Err(DecodeError::Invalid("token"));
     }
-    Ok(CachedResponse {
+    let parted = match wire.parts {
+        0 if wire.len == wire.body.len() as u64 => None,
+        parts => match Parted::of(wire.len as usize) {
+            Some(parted)
+                if parted.count == parts
+                    && wire.body.is_empty()
+                    && wire.len <= crate::policy::defaults::MAX_BODY_LIMIT as u64 =>
+            {
+                Some(parted)
+            }
+            _ => return Err(DecodeError::Invalid("parts")),
+        },
+    };
+    let response = CachedResponse {
         status,
         headers,
         body: Bytes::copy_from_slice(wire.body),
@@ -226,7 +318,8 @@ pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
         grace: Duration::from_millis(wire.grace_ms),
         keep: Duration::from_millis(wire.keep_ms),
         token: FencingToken::new(wire.token),
-    })
+    };
+    Ok((response, parted))
 }
 
 #[cfg(test)]
@@ -249,6 +342,35 @@ mod tests {
             keep: Duration::from_secs(60),
             token: FencingToken::new(42),
         }
+    }
+
+    #[test]
+    fn a_body_in_parts_is_said_in_the_entry_and_each_part_is_checked() {
+        let mut entry = sample();
+        entry.body = Bytes::from(vec![7u8; PART * 2 + 10]);
+        let parted = Parted::of(entry.body.len()).unwrap();
+        assert_eq!(
+            parted,
+            Parted {
+                count: 3,
+                len: (PART * 2 + 10) as u64
+            }
+        );
+        assert_eq!((parted.part_len(0), parted.part_len(2)), (PART, 10));
+        assert_eq!(Parted::of(PART), None, "a body of one part is kept whole");
+        let encoded = entry.encode_for_l2(Some(parted));
+        assert!(encoded.len() < 1024, "the body is not in the entry");
+        let (head, read) = decode_head(&encoded).unwrap();
+        assert_eq!((head.body.len(), read), (0, Some(parted)));
+        let token = entry.token;
+        let part = part(token, 2, &entry.body[..10]);
+        assert_eq!(part_data(&part, token, 2, 10), Some(&entry.body[..10]));
+        // Another generation's, another index's, short or long: refused.
+        assert_eq!(part_data(&part, FencingToken::new(43), 2, 10), None);
+        assert_eq!(part_data(&part, token, 1, 10), None);
+        assert_eq!(part_data(&part, token, 2, 11), None);
+        assert_eq!(part_data(&part[..part.len() - 1], token, 2, 10), None);
+        assert_eq!(part_data(b"SP", token, 0, 0), None);
     }
 
     #[test]
@@ -305,7 +427,7 @@ mod tests {
             .headers
             .insert(crate::X_CACHE, HeaderValue::from_static("hit"));
         assert_eq!(decode(&entry.encode()).unwrap(), entry);
-        let kept = decode(&entry.encode_for_l2()).unwrap();
+        let kept = decode(&entry.encode_for_l2(None)).unwrap();
         assert!(!kept.headers.contains_key(http::header::AGE));
         assert!(!kept.headers.contains_key(crate::X_CACHE));
         entry.headers.remove(http::header::AGE);
@@ -346,7 +468,7 @@ mod tests {
         #[test]
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = decode(&bytes);
-            let mut framed = b"SG\x01".to_vec();
+            let mut framed = b"SG\x02".to_vec();
             framed.extend_from_slice(&bytes);
             let _ = decode(&framed);
         }

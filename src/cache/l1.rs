@@ -33,6 +33,8 @@ pub(crate) struct L1 {
     /// values in tests.
     busy_at: u64,
     sample: u32,
+    /// The most one entry may weigh: an eighth of the capacity ([`ENTRY_SHARE`]).
+    max_entry: u64,
     /// Variants dropped past the cap of one response's (see [`Front::put`]), so far.
     variants_dropped: AtomicU64,
     /// Run once by the next put, under the entry's lock (and for a variant, its list's
@@ -41,6 +43,11 @@ pub(crate) struct L1 {
     #[cfg(test)]
     pub(crate) before_insert: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
+
+/// One entry weighs at most this part of L1's capacity (an eighth: 8 MiB of the default
+/// 64 MiB): a heavier one is not kept in L1 (its callers read it from Redis, in parts),
+/// so that one large answer never pushes out the many small ones.
+pub(crate) const ENTRY_SHARE: u64 = 8;
 
 struct UntilKept;
 
@@ -97,6 +104,7 @@ impl L1 {
             listed: Listed::new(),
             busy_at,
             sample,
+            max_entry: capacity / ENTRY_SHARE,
             variants_dropped: AtomicU64::new(0),
             #[cfg(test)]
             before_insert: std::sync::Mutex::new(None),
@@ -167,6 +175,11 @@ impl L1 {
         epoch: u64,
     ) -> bool {
         stored.epoch.fetch_max(epoch, Ordering::Relaxed);
+        if weigh(&key, &stored) as u64 > self.max_entry {
+            // Not kept; nor is what it replaces, which is older.
+            self.moka.invalidate(&key);
+            return false;
+        }
         let refused = |tombstones: &Tombstones| invalidated(tombstones, key.response, &stored);
         if refused(tombstones) {
             return false;

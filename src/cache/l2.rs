@@ -1,13 +1,25 @@
 //! The shared tier: Redis, one hash per entry (its writer's fencing token, its encoding,
-//! and the newer metadata a `304` renewed it with) with the keep time as its TTL; read, written under a lease and invalidated
-//! by the scripts beside it.
+//! and the newer metadata a `304` renewed it with) with the keep time as its TTL; read,
+//! written under a lease and invalidated by the scripts beside it.
+//!
+//! A body larger than one part (`entry::PART`, 512 KiB) is kept beside its entry, in
+//! parts of that size in the entry's hash slot, so that no command moves more than a
+//! part: each part is written fenced by the writer's token (as the entry is), named by
+//! that token (its generation), and the entry is written last, naming how many there
+//! are. A reader takes the parts of the generation its entry names, one at a time; a
+//! part that is missing (evicted, or deleted by a newer write or an invalidation), short,
+//! of another generation or garbage makes the read a miss ([`L2Read::Garbage`]), never a
+//! wrong body. Parts expire a second after their entry, and go with it when a newer
+//! entry replaces it or an invalidation removes it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
+
 use super::scripts::{self, Channels, Invalidated, Lasting, ReadReply, Renewal, WriteReply};
 use super::stored::Stored;
-use crate::cache::entry::{self, CachedResponse};
+use crate::cache::entry::{self, CachedResponse, PART, Parted};
 use crate::keys::CacheKeys;
 use crate::lease::{FencingToken, Lease};
 use crate::store::{RedisStore, StoreError};
@@ -54,7 +66,13 @@ pub(crate) async fn l2_read_with_names(
             meta,
             names,
         } => match decode(&data, meta.as_deref()) {
-            Ok(response) => {
+            Ok((mut response, parted)) => {
+                if let Some((parted, generation)) = parted {
+                    match read_parts(store, keys, parted, generation).await? {
+                        Some(body) => response.body = body,
+                        None => return Ok((L2Read::Garbage("a part"), names)),
+                    }
+                }
                 let left = Duration::from_millis(pttl as u64);
                 let age = response.keep.saturating_sub(left);
                 (L2Read::Found(Arc::new(Stored::aged(response, age))), names)
@@ -62,6 +80,29 @@ pub(crate) async fn l2_read_with_names(
             Err(error) => (L2Read::Garbage(decode_reason(error)), names),
         },
     })
+}
+
+/// The body kept in `parted` parts of `generation`, read one part at a time; `None`
+/// when a part is missing, or is not the one the entry names (see the module docs).
+async fn read_parts(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    parted: Parted,
+    generation: FencingToken,
+) -> Result<Option<bytes::Bytes>, StoreError> {
+    let mut body = BytesMut::with_capacity(parted.len as usize);
+    for index in 0..parted.count {
+        let key = keys.part(generation.get(), index);
+        let Some(part) = scripts::read_part(store, &key).await? else {
+            return Ok(None);
+        };
+        let len = parted.part_len(index);
+        let Some(data) = entry::part_data(&part, generation, index, len) else {
+            return Ok(None);
+        };
+        body.extend_from_slice(data);
+    }
+    Ok(Some(body.freeze()))
 }
 
 /// Keeps `names` as what the response of `keys` varies on, with what was kept already
@@ -77,15 +118,24 @@ pub(crate) async fn l2_keep_names(
 }
 
 /// An entry from its encoding, and the metadata a `304` renewed it with if any: that
-/// metadata (status, headers, times, token) with the body of the entry.
-fn decode(data: &[u8], meta: Option<&[u8]>) -> Result<CachedResponse, entry::DecodeError> {
-    let whole = entry::decode(data)?;
+/// metadata (status, headers, times, token) with the body of the entry; and, when that
+/// body is kept in parts, how many and their generation (the token it was written
+/// under).
+fn decode(
+    data: &[u8],
+    meta: Option<&[u8]>,
+) -> Result<(CachedResponse, Option<(Parted, FencingToken)>), entry::DecodeError> {
+    let (whole, parted) = entry::decode_head(data)?;
+    let parted = parted.map(|parted| (parted, whole.token));
     match meta {
-        None => Ok(whole),
-        Some(meta) => Ok(CachedResponse {
-            body: whole.body,
-            ..entry::decode(meta)?
-        }),
+        None => Ok((whole, parted)),
+        Some(meta) => Ok((
+            CachedResponse {
+                body: whole.body,
+                ..entry::decode(meta)?
+            },
+            parted,
+        )),
     }
 }
 
@@ -112,16 +162,35 @@ pub(crate) async fn l2_write(
     // from the origin) is read back as old as it is (its age is its keep time less
     // the key's TTL).
     let keep_left = stored.keep_left().max(Duration::from_millis(1));
+    let parted = Parted::of(response.body.len());
+    if let Some(parted) = parted {
+        // The parts first, each fenced; a refused one means the entry's write is
+        // refused too (it is fenced the same way), and says so.
+        let token = lease.fencing_token();
+        for index in 0..parted.count {
+            let start = index as usize * PART;
+            let data = &response.body[start..start + parted.part_len(index)];
+            let part = entry::part(token, index, data);
+            let keep = keep_left + PARTS_OUTLIVE;
+            if !scripts::write_part(store, keys, lease, index, part, keep).await? {
+                break;
+            }
+        }
+    }
     scripts::write(
         store,
         keys,
         lease,
-        response.encode_for_l2(),
+        response.encode_for_l2(parted),
+        parted.map_or(0, |p| p.count),
         keep_left,
         channels,
     )
     .await
 }
+
+/// How much longer than their entry its parts are kept: an entry never outlives them.
+const PARTS_OUTLIVE: Duration = Duration::from_secs(1);
 
 /// Renews the entry that `revalidated` was written under with `response`'s metadata,
 /// under `lease`, without writing its body again (see `scripts/revalidate.lua`).
@@ -142,7 +211,7 @@ pub(crate) async fn l2_revalidate(
         keys,
         lease,
         revalidated,
-        meta.encode_for_l2(),
+        meta.encode_for_l2(None),
         response.keep,
         channels,
     )

@@ -19,6 +19,10 @@ static READ: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/read.lua"))));
 static WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_variants(include_str!("scripts/write.lua"))));
+static READ_PART: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/read_part.lua")));
+static PART: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/part.lua"))));
 static REVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_variants(include_str!("scripts/revalidate.lua"))));
 static PURGE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/purge.lua")));
@@ -158,14 +162,65 @@ pub(crate) struct WriteReply {
     pub(crate) released: bool,
 }
 
+/// Writes part `index` of the body of the entry `keys` is about to get under `lease`
+/// (see `part.lua`): `false` when a higher token was stored or issued.
+pub(crate) async fn write_part(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    lease: &Lease,
+    index: u32,
+    part: Vec<u8>,
+    keep: Duration,
+) -> Result<bool, StoreError> {
+    let size = part.len();
+    let token = lease.fencing_token().get();
+    let mut invocation = PART.prepare_invoke();
+    invocation
+        .key(keys.entry())
+        .key(keys.invalidated_key())
+        .key(keys.lease().fence_key())
+        .key(keys.part(token, index))
+        .arg(token)
+        .arg(part)
+        .arg(millis(keep));
+    let written: i64 = store
+        .run_sized(Operation::Write, Request::Script(&invocation), size)
+        .await?;
+    Ok(written == 1)
+}
+
+/// Reads the part at `key` (see `cache::entry::part` and `read_part.lua`); `None` when
+/// there is none (or the key holds something else than a string).
+pub(crate) async fn read_part(
+    store: &RedisStore,
+    key: &str,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let mut invocation = READ_PART.prepare_invoke();
+    invocation.key(key);
+    let value: Value = store
+        .run_sized(
+            Operation::Read,
+            Request::Script(&invocation),
+            crate::cache::entry::PART + crate::cache::entry::PART_HEADER,
+        )
+        .await?;
+    Ok(match value {
+        Value::BulkString(bytes) => Some(bytes),
+        _ => None,
+    })
+}
+
 /// The fenced write of an `encoded` entry under `lease`, kept `keep`, with the release
 /// of the lease and the notice of the write, on the key's interest channel (or of a
-/// lease that ended without one, on the broadcast channel).
+/// lease that ended without one, on the broadcast channel); `parts`, how many parts of
+/// its body were written beside it under the same lease (0: the body is in it).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn write(
     store: &RedisStore,
     keys: &CacheKeys,
     lease: &Lease,
     encoded: Vec<u8>,
+    parts: u32,
     keep: Duration,
     channels: Channels<'_>,
 ) -> Result<WriteReply, StoreError> {
@@ -183,7 +238,8 @@ pub(crate) async fn write(
         .arg(channels.filled)
         .arg(Notice::Filled(keys.entry(), Some(keys.local)).to_string())
         .arg(channels.broadcast)
-        .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
+        .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string())
+        .arg(parts);
     list_variant(&mut invocation, keys);
     let (written, released, _measured_against): (i64, i64, i64) = store
         .run_sized(Operation::Write, Request::Script(&invocation), size)

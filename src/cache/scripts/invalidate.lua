@@ -16,8 +16,9 @@
 -- loaded): a refresher that took its lease before the
 -- invalidation, and so read the origin before it, has a lower token and its write is
 -- refused; anyone who takes the lease afterwards gets a higher one. Readers see the
--- tombstone as a miss. The variants the list names are deleted (drop_variants, from
--- variants.lua, prepended too): a write of one that began before the invalidation
+-- tombstone as a miss. The entry's parts, if its body is kept in parts, go with it
+-- (drop_parts). The variants the list names are deleted (drop_variants, from
+-- variants.lua, prepended too, with their parts): a write of one that began before the invalidation
 -- meets its token, kept at KEYS[3], and is refused just the same. Every instance is
 -- told to drop its local copies.
 --
@@ -41,6 +42,7 @@ local base = string.sub(KEYS[1], 1, #KEYS[1] - #':entry')
 removed = removed + drop_variants(KEYS[4], base, hidden_below)
 local token, token_s = next_token(KEYS[2], ARGV[3])
 redis.call('SET', KEYS[3], token_s, 'PX', ARGV[4])
+drop_parts(KEYS[1], nil)
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 't', token_s, 'x', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -47,6 +47,8 @@ if current == nil or current ~= tonumber(ARGV[3]) then
 end
 redis.call('HSET', KEYS[1], 't', ARGV[1], 'm', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
+-- A body kept in parts lives as long as its entry (keep_parts: variants.lua).
+keep_parts(KEYS[1], ARGV[5])
 -- The list lasts as long as the entry now does (see write.lua).
 if KEYS[5] then
   list_variant(KEYS[5], ARGV[10], ARGV[5])

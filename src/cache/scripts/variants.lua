@@ -2,7 +2,8 @@
 -- part of each variant's entry key (`v_` and a keyed hash), in the hash slot of the
 -- response's entries, kept at least as long as every entry it lists. Shared by the
 -- scripts that write variants and by the invalidation that deletes them (prepended to
--- them when they are loaded, after tokens.lua).
+-- them when they are loaded, after tokens.lua); and the parts of a body kept in parts,
+-- which go with their entry.
 
 -- At most this many variants are listed per response: the list (and the invalidation
 -- that walks it, in one script) stays bounded whatever values clients send in a keyed
@@ -36,6 +37,37 @@ local function holds_entry(key, hidden_below)
   return sane_token(tonumber(redis.call('HGET', key, 't'))) >= hidden_below
 end
 
+-- Deletes the parts of the body of the entry at `key` (a body kept in parts: the
+-- entry's fields g, its generation, and p, how many), unless they are of generation
+-- `keep` (the parts a write is about to name).
+local function drop_parts(key, keep)
+  if redis.call('TYPE', key).ok ~= 'hash' then
+    return
+  end
+  local generation = redis.call('HGET', key, 'g')
+  local count = tonumber(redis.call('HGET', key, 'p'))
+  if not generation or not count or generation == keep then
+    return
+  end
+  -- (At most a body limit's worth: 64 MiB in parts of 512 KiB.)
+  for i = 0, math.min(count, 128) - 1 do
+    redis.call('DEL', key .. ':p:' .. generation .. ':' .. i)
+  end
+end
+
+-- Keeps the parts of the body of the entry at `key` (if it is kept in parts) `ms`
+-- milliseconds and a second more, as long as a renewal keeps the entry.
+local function keep_parts(key, ms)
+  local generation = redis.call('HGET', key, 'g')
+  local count = tonumber(redis.call('HGET', key, 'p'))
+  if not generation or not count then
+    return
+  end
+  for i = 0, math.min(count, 128) - 1 do
+    redis.call('PEXPIRE', key .. ':p:' .. generation .. ':' .. i, tonumber(ms) + 1000)
+  end
+end
+
 -- Deletes every variant `list` names (the entry keys `{base}:{part}:entry`, in the
 -- list's hash slot), and the list. Returns how many of them held an entry (see
 -- holds_entry).
@@ -55,6 +87,7 @@ local function drop_variants(list, base, hidden_below)
       if holds_entry(key, hidden_below) then
         dropped = dropped + 1
       end
+      drop_parts(key, nil)
       redis.call('DEL', key)
     end
   end

@@ -9,10 +9,13 @@
 -- ARGV[5]  the key's interest channel    ARGV[6]  the notice of a write (on it)
 -- ARGV[7]  the broadcast channel    ARGV[8]  the notice of a lease that ended without
 --          one (on it)
--- ARGV[9]  (with KEYS[5]) the variant's part of its entry key, as the list holds it
+-- ARGV[9]  how many parts the body is kept in beside the entry, written already under
+--          this token (0: the body is in the entry)
+-- ARGV[10] (with KEYS[5]) the variant's part of its entry key, as the list holds it
 --
 -- A variant that is written is listed (see list_variant), so that an invalidation of
--- its response deletes it and counts it (see invalidate.lua).
+-- its response deletes it and counts it (see invalidate.lua). The entry it replaces
+-- takes its parts with it (drop_parts), unless they are this write's own.
 --
 -- The entry is written only if no higher token was stored or issued: a writer whose
 -- lease expired while it worked, and who was overtaken, cannot replace the newer entry,
@@ -38,13 +41,17 @@ stored = math.max(stored, token_at(KEYS[3]))
 stored = math.max(stored, token_at(KEYS[4]))
 local written = 0
 if token >= stored then
+  drop_parts(KEYS[1], ARGV[1])
   -- DEL first: the key may hold garbage of another type.
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 't', ARGV[1], 'd', ARGV[3])
+  if tonumber(ARGV[9]) > 0 then
+    redis.call('HSET', KEYS[1], 'g', ARGV[1], 'p', ARGV[9])
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   written = 1
   if KEYS[5] then
-    list_variant(KEYS[5], ARGV[9], ARGV[4])
+    list_variant(KEYS[5], ARGV[10], ARGV[4])
   end
 end
 local released = 0

@@ -202,6 +202,35 @@ fn counter(scraped: &str, name: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
+/// A guard for the large answers, ready: an 8 MiB answer streamed to 200 callers loads
+/// both cores, so Redis's replies get a command timeout of a second (and the leases
+/// room for it); its L1 holds 256 MiB, so that one 8 MiB entry is kept (an entry may
+/// weigh an eighth of L1).
+async fn large_guard(server: &RedisServer) -> stampede_guard::StampedeGuard {
+    let store = stampede_guard::RedisStore::builder(server.url())
+        .command_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let guard = stampede_guard::StampedeGuard::builder(store, support::web::keys())
+        .l1_capacity(256 << 20)
+        .build()
+        .unwrap();
+    within(HANG, guard.ready(), "the guard's readiness")
+        .await
+        .unwrap();
+    guard
+}
+
+/// The route of the large answers: stored up to 16 MiB, fresh for a minute.
+fn large_policy() -> stampede_guard::policy::PolicyBuilder {
+    Policy::builder("catalog")
+        .fresh_ttl(Duration::from_secs(60))
+        .max_body(16 * 1024 * 1024)
+        .lease_ttl(Duration::from_secs(8))
+        .error_backoff(Duration::from_secs(4))
+        .cold_wait(Duration::from_secs(30))
+}
+
 /// The size of the large answer: 8 MiB.
 const LARGE: usize = 8 * 1024 * 1024;
 
@@ -350,16 +379,8 @@ async fn stream_get(
 async fn a_crowd_streams_one_fill_of_a_large_answer_through_axum() {
     const CALLERS: u64 = 200;
     let server = RedisServer::start();
-    let guard = ready_guard(&server).await;
-    let layer = guard
-        .layer(
-            Policy::builder("catalog")
-                .fresh_ttl(Duration::from_secs(60))
-                .max_body(16 * 1024 * 1024)
-                .build()
-                .unwrap(),
-        )
-        .unwrap();
+    let guard = large_guard(&server).await;
+    let layer = guard.layer(large_policy().build().unwrap()).unwrap();
     let (origin, route) = Streaming::route(None, StatusCode::OK);
     let addr = serve(Router::new().route("/catalog", route.layer(layer.clone()))).await;
     let body = large_body();
@@ -422,16 +443,8 @@ async fn a_crowd_streams_one_fill_of_a_large_answer_through_axum() {
 async fn a_cut_fill_is_cut_for_every_caller_and_nothing_is_stored() {
     const CALLERS: u64 = 50;
     let server = RedisServer::start();
-    let guard = ready_guard(&server).await;
-    let layer = guard
-        .layer(
-            Policy::builder("catalog")
-                .fresh_ttl(Duration::from_secs(60))
-                .max_body(16 * 1024 * 1024)
-                .build()
-                .unwrap(),
-        )
-        .unwrap();
+    let guard = large_guard(&server).await;
+    let layer = guard.layer(large_policy().build().unwrap()).unwrap();
     let (origin, route) = Streaming::route(Some(LARGE), StatusCode::OK);
     let addr = serve(Router::new().route("/catalog", route.layer(layer.clone()))).await;
     let body = large_body();
@@ -564,30 +577,8 @@ async fn two_instances_make_one_origin_call_for_a_large_answer() {
     let (origin, route) = Streaming::route(None, StatusCode::OK);
     let mut apps = Vec::new();
     for _ in 0..2 {
-        // An 8 MiB entry is one Redis value (until entries are stored in parts): a
-        // command timeout that leaves it time on a machine whose cores are busy.
-        let store = stampede_guard::RedisStore::builder(server.url())
-            .command_timeout(Duration::from_secs(1))
-            .build()
-            .unwrap();
-        let guard = stampede_guard::StampedeGuard::builder(store, support::web::keys())
-            .build()
-            .unwrap();
-        within(HANG, guard.ready(), "the guard's readiness")
-            .await
-            .unwrap();
-        let layer = guard
-            .layer(
-                Policy::builder("catalog")
-                    .fresh_ttl(Duration::from_secs(60))
-                    .max_body(16 * 1024 * 1024)
-                    .cold_wait(Duration::from_secs(30))
-                    .lease_ttl(Duration::from_secs(8))
-                    .error_backoff(Duration::from_secs(4))
-                    .build()
-                    .unwrap(),
-            )
-            .unwrap();
+        let guard = large_guard(&server).await;
+        let layer = guard.layer(large_policy().build().unwrap()).unwrap();
         let app = Router::new().route("/catalog", route.clone().layer(layer.clone()));
         apps.push((serve(app).await, layer, guard));
     }

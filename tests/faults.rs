@@ -879,7 +879,8 @@ async fn large_entries_are_read_within_a_size_scaled_deadline() {
         assert_eq!(
             (got.body.len(), got.x_cache()),
             (2 * 1024 * 1024, "hit"),
-            "read {n}"
+            "read {n}: {:?}",
+            reader.layer.stats()
         );
     }
     assert!(!reader.guard.store().circuit_open());

@@ -68,7 +68,7 @@ pub(crate) async fn l2_read_with_names(
         } => match decode(&data, meta.as_deref()) {
             Ok((mut response, parted)) => {
                 if let Some((parted, generation)) = parted {
-                    match read_parts(store, keys, parted, generation).await? {
+                    match read_parts(store, keys, parted, generation, max_size).await? {
                         Some(body) => response.body = body,
                         None => return Ok((L2Read::Garbage("a part"), names)),
                     }
@@ -82,18 +82,20 @@ pub(crate) async fn l2_read_with_names(
     })
 }
 
-/// The body kept in `parted` parts of `generation`, read one part at a time; `None`
-/// when a part is missing, or is not the one the entry names (see the module docs).
+/// The body kept in `parted` parts of `generation`, read one part at a time, each
+/// within the deadline of a read of the whole entry (`max_size`); `None` when a part is
+/// missing, or is not the one the entry names (see the module docs).
 async fn read_parts(
     store: &RedisStore,
     keys: &CacheKeys,
     parted: Parted,
     generation: FencingToken,
+    max_size: usize,
 ) -> Result<Option<bytes::Bytes>, StoreError> {
     let mut body = BytesMut::with_capacity(parted.len as usize);
     for index in 0..parted.count {
         let key = keys.part(generation.get(), index);
-        let Some(part) = scripts::read_part(store, &key).await? else {
+        let Some(part) = scripts::read_part(store, &key, max_size).await? else {
             return Ok(None);
         };
         let len = parted.part_len(index);
@@ -172,7 +174,8 @@ pub(crate) async fn l2_write(
             let data = &response.body[start..start + parted.part_len(index)];
             let part = entry::part(token, index, data);
             let keep = keep_left + PARTS_OUTLIVE;
-            if !scripts::write_part(store, keys, lease, index, part, keep).await? {
+            let whole = response.body.len();
+            if !scripts::write_part(store, keys, lease, (index, part), keep, whole).await? {
                 break;
             }
         }

@@ -163,16 +163,18 @@ pub(crate) struct WriteReply {
 }
 
 /// Writes part `index` of the body of the entry `keys` is about to get under `lease`
-/// (see `part.lua`): `false` when a higher token was stored or issued.
+/// (see `part.lua`), within the deadline of a write of the `whole` body: `false` when a
+/// higher token was stored or issued.
 pub(crate) async fn write_part(
     store: &RedisStore,
     keys: &CacheKeys,
     lease: &Lease,
-    index: u32,
-    part: Vec<u8>,
+    (index, part): (u32, Vec<u8>),
     keep: Duration,
+    whole: usize,
 ) -> Result<bool, StoreError> {
-    let size = part.len();
+    // Within the deadline of a write of the whole entry, as each of its commands.
+    let size = whole;
     let token = lease.fencing_token().get();
     let mut invocation = PART.prepare_invoke();
     invocation
@@ -189,20 +191,18 @@ pub(crate) async fn write_part(
     Ok(written == 1)
 }
 
-/// Reads the part at `key` (see `cache::entry::part` and `read_part.lua`); `None` when
-/// there is none (or the key holds something else than a string).
+/// Reads the part at `key` (see `cache::entry::part` and `read_part.lua`), within the
+/// deadline of a read of `max_size` bytes, as the entry's own read; `None` when there is
+/// none (or the key holds something else than a string).
 pub(crate) async fn read_part(
     store: &RedisStore,
     key: &str,
+    max_size: usize,
 ) -> Result<Option<Vec<u8>>, StoreError> {
     let mut invocation = READ_PART.prepare_invoke();
     invocation.key(key);
     let value: Value = store
-        .run_sized(
-            Operation::Read,
-            Request::Script(&invocation),
-            crate::cache::entry::PART + crate::cache::entry::PART_HEADER,
-        )
+        .run_sized(Operation::Read, Request::Script(&invocation), max_size)
         .await?;
     Ok(match value {
         Value::BulkString(bytes) => Some(bytes),

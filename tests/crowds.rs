@@ -619,3 +619,91 @@ async fn two_instances_make_one_origin_call_for_a_large_answer() {
     }
     assert_eq!(origin.calls(), 1, "one origin call for the fleet");
 }
+
+/// The parts of a large answer's body kept in Redis, by their keys (see `cache::l2`).
+async fn parts_in_redis(server: &RedisServer, entry: &str) -> Vec<String> {
+    let mut conn = server.conn().await;
+    let mut found: Vec<String> = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{entry}:p:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        found.extend(keys);
+        if next == 0 {
+            return found;
+        }
+        cursor = next;
+    }
+}
+
+/// The parts of a large answer are written to Redis as its body streams (the entry
+/// last); an invalidation that comes halfway refuses the rest, and the entry: the parts
+/// written are deleted, no entry names them, and the next caller fills again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parts_are_written_as_the_body_streams_and_none_outlive_a_refused_fill() {
+    let server = RedisServer::start();
+    let guard = large_guard(&server).await;
+    let layer = guard.layer(large_policy().build().unwrap()).unwrap();
+    let (origin, route) = Streaming::route(None, StatusCode::OK);
+    let addr = serve(Router::new().route("/catalog", route.layer(layer.clone()))).await;
+    let entry = layer
+        .cache_keys(&support::web::get("/catalog"))
+        .unwrap()
+        .entry()
+        .to_owned();
+    let body = large_body();
+    let mib = 1 << 20;
+    for invalidated in [false, true] {
+        let caller = tokio::spawn(stream_get(addr, "/catalog", body.clone(), Arc::default()));
+        let frames = origin.called().await;
+        frames.send(Ok(body.slice(..2 * mib))).unwrap();
+        // Four parts of 512 KiB, before the body's end.
+        let written = eventually(Duration::from_secs(20), || async {
+            parts_in_redis(&server, &entry).await.len() == 4
+        });
+        assert!(written.await, "{:?}", parts_in_redis(&server, &entry).await);
+        if invalidated {
+            layer
+                .invalidate(&support::web::get("/catalog"))
+                .await
+                .unwrap();
+        }
+        for at in (2 * mib..LARGE).step_by(mib) {
+            frames.send(Ok(body.slice(at..at + mib))).unwrap();
+        }
+        drop(frames);
+        let got = joined(caller, HANG, "the caller").await;
+        assert_eq!((got.len, got.same, got.ended), (LARGE, true, Ok(())));
+        let parts = parts_in_redis(&server, &entry).await;
+        if invalidated {
+            assert!(parts.is_empty(), "a refused fill left {parts:?}");
+        } else {
+            assert_eq!(parts.len(), 16, "{parts:?}");
+            // Served from Redis to an instance of its own.
+            let other = large_guard(&server).await;
+            let other_layer = other.layer(large_policy().build().unwrap()).unwrap();
+            let (unused, route) = Streaming::route(None, StatusCode::OK);
+            let other_addr = serve(Router::new().route("/catalog", route.layer(other_layer))).await;
+            let hit = stream_get(other_addr, "/catalog", body.clone(), Arc::default()).await;
+            assert_eq!(
+                (hit.x_cache.as_str(), hit.len, hit.same),
+                ("hit", LARGE, true)
+            );
+            assert_eq!(unused.calls(), 0);
+            // Invalidated: the entry and its parts go.
+            layer
+                .invalidate(&support::web::get("/catalog"))
+                .await
+                .unwrap();
+            assert!(parts_in_redis(&server, &entry).await.is_empty());
+        }
+    }
+    assert_eq!(origin.calls(), 2);
+}

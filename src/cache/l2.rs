@@ -5,8 +5,10 @@
 //! A body larger than one part (`entry::PART`, 512 KiB) is kept beside its entry, in
 //! parts of that size in the entry's hash slot, so that no command moves more than a
 //! part: each part is written fenced by the writer's token (as the entry is), named by
-//! that token (its generation), and the entry is written last, naming how many there
-//! are. A reader takes the parts of the generation its entry names, one at a time; a
+//! that token (its generation), as soon as its bytes came from the origin (a cold fill
+//! writes them while the body streams, `guard::complete`), and the entry is written
+//! last, naming how many there are; parts of a fill that writes no entry after all are
+//! deleted. A reader takes the parts of the generation its entry names, one at a time; a
 //! part that is missing (evicted, or deleted by a newer write or an invalidation), short,
 //! of another generation or garbage makes the read a miss ([`L2Read::Garbage`]), never a
 //! wrong body. Parts expire a second after their entry, and go with it when a newer
@@ -151,13 +153,16 @@ fn decode_reason(error: entry::DecodeError) -> &'static str {
     }
 }
 
-/// The fenced write of an entry under `lease` (see `scripts/write.lua`).
+/// The fenced write of an entry under `lease` (see `scripts/write.lua`): its body's
+/// parts first, if it is kept in parts (but the first `written`, which were written as
+/// it streamed: [`l2_write_part`]), then the entry.
 pub(crate) async fn l2_write(
     store: &RedisStore,
     keys: &CacheKeys,
     lease: &Lease,
     stored: &Stored,
     channels: Channels<'_>,
+    written: u32,
 ) -> Result<WriteReply, StoreError> {
     let response = stored.to_response();
     // Kept for what is left of its keep time: an entry that came already aged (`Age`
@@ -169,13 +174,11 @@ pub(crate) async fn l2_write(
         // The parts first, each fenced; a refused one means the entry's write is
         // refused too (it is fenced the same way), and says so.
         let token = lease.fencing_token();
-        for index in 0..parted.count {
+        for index in written.min(parted.count)..parted.count {
             let start = index as usize * PART;
             let data = &response.body[start..start + parted.part_len(index)];
-            let part = entry::part(token, index, data);
-            let keep = keep_left + PARTS_OUTLIVE;
             let whole = response.body.len();
-            if !scripts::write_part(store, keys, lease, (index, part), keep, whole).await? {
+            if !l2_write_part(store, keys, token, (index, data), keep_left, whole).await? {
                 break;
             }
         }
@@ -190,6 +193,55 @@ pub(crate) async fn l2_write(
         channels,
     )
     .await
+}
+
+/// Writes part `index` (its `data`) of the body of the entry about to be written under
+/// `token`, kept `keep` (and a second more: [`PARTS_OUTLIVE`]), within the deadline of a
+/// write of the `whole` body: `false` when a higher token was stored or issued (see
+/// `scripts/part.lua`).
+pub(crate) async fn l2_write_part(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    token: FencingToken,
+    (index, data): (u32, &[u8]),
+    keep: Duration,
+    whole: usize,
+) -> Result<bool, StoreError> {
+    let part = entry::part(token, index, data);
+    scripts::write_part(
+        store,
+        keys,
+        token,
+        (index, part),
+        keep + PARTS_OUTLIVE,
+        whole,
+    )
+    .await
+}
+
+/// Deletes the first `count` parts written under `token` for an entry that was not
+/// written after all (its answer was cut, not stored, or its write refused), so that
+/// they do not wait out their keep time.
+pub(crate) async fn l2_drop_parts(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    token: FencingToken,
+    count: u32,
+) -> Result<(), StoreError> {
+    if count == 0 {
+        return Ok(());
+    }
+    let mut del = redis::cmd("DEL");
+    for index in 0..count {
+        del.arg(keys.part(token.get(), index));
+    }
+    store
+        .run(
+            crate::store::Operation::Write,
+            crate::store::Request::Command(&del),
+        )
+        .await
+        .map(|_: i64| ())
 }
 
 /// How much longer than their entry its parts are kept: an entry never outlives them.

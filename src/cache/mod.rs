@@ -18,9 +18,11 @@ mod listed;
 mod scripts;
 mod stored;
 
+pub(crate) use self::entry::PART;
 pub(crate) use self::l1::{L1, Tombstones, bury, bury_local, invalidated, new_tombstones};
 pub(crate) use self::l2::{
-    L2Read, l2_invalidate, l2_keep_names, l2_read, l2_read_with_names, l2_revalidate, l2_write,
+    L2Read, l2_drop_parts, l2_invalidate, l2_keep_names, l2_read, l2_read_with_names,
+    l2_revalidate, l2_write, l2_write_part,
 };
 pub(crate) use self::scripts::{Channels, Renewal, purge};
 pub(crate) use self::stored::{Freshness, Instant, Stored};

@@ -162,20 +162,20 @@ pub(crate) struct WriteReply {
     pub(crate) released: bool,
 }
 
-/// Writes part `index` of the body of the entry `keys` is about to get under `lease`
+/// Writes part `index` of the body of the entry `keys` is about to get under `token`
 /// (see `part.lua`), within the deadline of a write of the `whole` body: `false` when a
 /// higher token was stored or issued.
 pub(crate) async fn write_part(
     store: &RedisStore,
     keys: &CacheKeys,
-    lease: &Lease,
+    token: FencingToken,
     (index, part): (u32, Vec<u8>),
     keep: Duration,
     whole: usize,
 ) -> Result<bool, StoreError> {
     // Within the deadline of a write of the whole entry, as each of its commands.
     let size = whole;
-    let token = lease.fencing_token().get();
+    let token = token.get();
     let mut invocation = PART.prepare_invoke();
     invocation
         .key(keys.entry())

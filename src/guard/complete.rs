@@ -28,6 +28,7 @@
 //! stored, but handed only to the caller that led: it is revalidated on every use.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -36,12 +37,15 @@ use http_body_util::BodyExt;
 
 use super::body::BoxError;
 use super::body::ResponseBody;
-use super::fill::{Fill, Kept, not_stored};
+use super::fill::{Fill, Kept, Put, not_stored};
 use super::inflight::{Failure, Landed, Lead, Own, SharedAnswer};
 use super::origin::{Called, OriginBody};
 use super::route::Route;
-use super::stream::Stream;
+use super::stream::{Stream, Writer};
+use crate::cache::{PART, l2_drop_parts, l2_write_part};
+use crate::http::directives::lifetimes;
 use crate::http::response::{self, NotStored, Reuse, declared_length};
+use crate::lease::FencingToken;
 use crate::lease::LeaseLost;
 use crate::metrics::Event;
 use crate::notify::Ending;
@@ -178,6 +182,12 @@ async fn read<B: OriginBody, E>(
         lead.publish(publish(0));
         published = true;
     }
+    let mut parts = Parts::of(
+        route,
+        &fill,
+        &head,
+        storable && !too_large(declared.unwrap_or(0)),
+    );
     let idle = route.policy.refresh_timeout;
     let reading = async {
         let mut body = std::pin::pin!(body);
@@ -199,13 +209,36 @@ async fn read<B: OriginBody, E>(
                 lead.publish(publish(stream.len()));
                 published = true;
             }
+            if let Some(parts) = &mut parts {
+                parts.write_ready(route, &stream).await;
+            }
         }
     };
     let read = match fill.hold(reading).await {
         Ok(read) => read,
         Err(lost) => Read::Stopped(lost),
     };
-    match read {
+    fill.parts_written(parts.as_ref().map_or(0, Parts::usable));
+    ended(route, fill, read, (head, writer, published, parts), asked).await
+}
+
+/// How the fill lands after its body `read` ended: stored, shared, or cut. The parts
+/// written while it streamed are deleted unless the entry written names them, before
+/// its readers' bodies end.
+async fn ended<B: Body, E>(
+    route: &Route,
+    fill: Fill,
+    read: Read<B::Error>,
+    (head, writer, published, parts): (Response<()>, Writer, bool, Option<Parts>),
+    asked: Arc<Request<()>>,
+) -> (Landed, Option<Own<B, E>>)
+where
+    B::Error: Into<BoxError>,
+{
+    let stream = writer.stream().clone();
+    let max = route.policy.max_body as u64;
+    let too_large = |len: u64| len > max || head.headers().len() > crate::cache::entry::MAX_HEADERS;
+    let landed = match read {
         Read::Whole | Read::Trailers => {
             let body = writer.gathered();
             let why = match read {
@@ -216,14 +249,18 @@ async fn read<B: OriginBody, E>(
             if why == Some(NotStored::TooLarge) {
                 route.said_too_large(body.len() as u64);
             }
-            let landed = whole(route, fill, head, body, &stream, asked, why, published).await;
+            let (landed, kept) =
+                whole(route, fill, head, body, &stream, asked, why, published).await;
+            if !kept && let Some(parts) = parts {
+                parts.drop(route).await;
+            }
             // Ended only now: a caller whose answer ended finds the entry when it asks
             // again.
             writer.finish();
             if let (Landed::Entry { stored, .. }, _) = &landed {
                 stream.settle(&stored.response.body);
             }
-            landed
+            return landed;
         }
         Read::Failed(error) => {
             writer.cut();
@@ -246,6 +283,82 @@ async fn read<B: OriginBody, E>(
                 super::fill::Stopped::LeaseLost => Failure::LeaseLost,
             };
             (Landed::Failed(failure), None)
+        }
+    };
+    if let Some(parts) = parts {
+        parts.drop(route).await;
+    }
+    landed
+}
+
+/// The parts of a body written to Redis as it streams, under the fill's lease (see
+/// `cache::l2`): each as soon as its bytes came, while the answer may be stored. The
+/// fill's write then writes only those left, and the entry; when the answer is not
+/// written after all, they are deleted.
+struct Parts {
+    keys: crate::keys::CacheKeys,
+    token: FencingToken,
+    /// What is left of the entry's keep time, as its head says.
+    keep: Duration,
+    written: u32,
+    /// A part was refused (a newer token: the entry's write will be too) or failed:
+    /// the fill's write writes them all again, or nothing.
+    stopped: bool,
+}
+
+impl Parts {
+    /// The parts of `head`'s body, for a fill under the lease of an answer that may be
+    /// stored.
+    fn of(route: &Route, fill: &Fill, head: &Response<()>, storing: bool) -> Option<Self> {
+        let token = fill.lease_token().filter(|_| storing)?;
+        let policy = &route.policy;
+        let life = lifetimes(policy, head.headers(), policy.fresh_ttl);
+        Some(Self {
+            keys: fill.keys().clone(),
+            token,
+            keep: life.keep.saturating_sub(life.age),
+            written: 0,
+            stopped: false,
+        })
+    }
+
+    /// Writes every part whose bytes came, while the body fits the route's limit.
+    async fn write_ready(&mut self, route: &Route, stream: &Stream) {
+        let max = route.policy.max_body;
+        while !self.stopped {
+            let end = (self.written as u64 + 1) * PART as u64;
+            let len = stream.len();
+            if len < end || len > max as u64 {
+                return;
+            }
+            let data = stream.slice(end - PART as u64, end);
+            let part = (self.written, &data[..]);
+            let store = &route.shared.store;
+            match l2_write_part(store, &self.keys, self.token, part, self.keep, max).await {
+                Ok(true) => self.written += 1,
+                Ok(false) => self.stopped = true,
+                Err(_) => {
+                    route.stats.record(Event::RedisError);
+                    self.stopped = true;
+                }
+            }
+        }
+    }
+
+    /// How many parts the fill's write may take as written: none once one was refused
+    /// or failed (it then writes them all again, or nothing).
+    fn usable(&self) -> u32 {
+        if self.stopped { 0 } else { self.written }
+    }
+
+    /// Deletes the parts written: the answer was not written under this fill's keys.
+    async fn drop(self, route: &Route) {
+        let store = &route.shared.store;
+        if l2_drop_parts(store, &self.keys, self.token, self.written)
+            .await
+            .is_err()
+        {
+            route.stats.record(Event::RedisError);
         }
     }
 }
@@ -280,10 +393,19 @@ async fn whole<B: Body, E>(
     asked: Arc<Request<()>>,
     why: Option<NotStored>,
     published: bool,
-) -> (Landed, Option<Own<B, E>>) {
+) -> ((Landed, Option<Own<B, E>>), bool) {
     let why = match why.map_or_else(|| response::storable(&route.policy, &head), Err) {
         Ok(()) => {
-            return match fill.keep(&asked, head, body).await {
+            let kept = fill.keep(&asked, head, body).await;
+            // Whether the entry written is the one the fill's parts are of.
+            let parts_kept = matches!(
+                &kept,
+                Kept::Stored {
+                    put: Put::Written { to_l2: true, .. },
+                    rekeyed: false
+                }
+            );
+            let landed = match kept {
                 Kept::Stored { put, rekeyed } => {
                     let stored = put.entry().clone();
                     // Whenever the answer varies: its waiters may have asked for another
@@ -312,6 +434,7 @@ async fn whole<B: Body, E>(
                     (Landed::Rekey, Some(Ok(response)))
                 }
             };
+            return (landed, parts_kept);
         }
         Err(why) => why,
     };
@@ -324,7 +447,10 @@ async fn whole<B: Body, E>(
     } else {
         fill.end(Ending::Pass).await;
     }
-    not_kept(route, head, stream, why, failure, asked, published)
+    (
+        not_kept(route, head, stream, why, failure, asked, published),
+        false,
+    )
 }
 
 /// Whether an answer that was not stored (for `why`) is its caller's alone: private,

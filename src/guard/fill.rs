@@ -63,6 +63,9 @@ pub(crate) struct Fill {
     /// The slot of the refresh budget it calls the origin under, if it has one: given
     /// back once the origin has answered.
     slot: Option<budget::Slot>,
+    /// How many parts of the answer's body were written to Redis while it streamed,
+    /// under the fill's lease (see `cache::l2`): its write writes only the others.
+    parts_written: u32,
 }
 
 /// What a call to the origin came to.
@@ -135,6 +138,7 @@ impl Fill {
             keys,
             claim: Some(Claim::Leased(lease)),
             slot,
+            parts_written: 0,
         }
     }
 
@@ -157,6 +161,7 @@ impl Fill {
             keys,
             claim: Some(Claim::Local(token)),
             slot,
+            parts_written: 0,
         }
     }
 
@@ -172,6 +177,7 @@ impl Fill {
             keys,
             claim: Some(Claim::Local(token)),
             slot: None,
+            parts_written: 0,
         }
     }
 
@@ -319,6 +325,7 @@ impl Fill {
             keys: own,
             claim: Some(Claim::Local(token)),
             slot: None,
+            parts_written: 0,
         }
     }
 
@@ -328,6 +335,26 @@ impl Fill {
             Some(Claim::Local(token)) => Some(*token),
             _ => None,
         }
+    }
+
+    /// The token of the fill's lease, when it holds one: what the parts of a body
+    /// written while it streams are fenced by, and named by.
+    pub(crate) fn lease_token(&self) -> Option<FencingToken> {
+        match &self.claim {
+            Some(Claim::Leased(lease)) => Some(lease.fencing_token()),
+            _ => None,
+        }
+    }
+
+    /// The keys the fill writes under.
+    pub(crate) fn keys(&self) -> &CacheKeys {
+        &self.keys
+    }
+
+    /// Says that the first `parts` parts of the answer's body were written under the
+    /// fill's lease while it streamed: its write writes only the others.
+    pub(crate) fn parts_written(&mut self, parts: u32) {
+        self.parts_written = parts;
     }
 
     /// Whether the fill holds the key's lease.
@@ -483,9 +510,16 @@ impl Fill {
         };
         let written = match renewed {
             Some(written) => written,
-            None => l2_write(&shared.store, keys, &lease, &stored, channels)
-                .await
-                .map(|outcome| (outcome.written, outcome.released)),
+            None => l2_write(
+                &shared.store,
+                keys,
+                &lease,
+                &stored,
+                channels,
+                self.parts_written,
+            )
+            .await
+            .map(|outcome| (outcome.written, outcome.released)),
         };
         match written {
             Ok((true, released)) => {

@@ -115,6 +115,32 @@ impl Stream {
         }
     }
 
+    /// The bytes from `start` up to `end` (which came already): a slice of one frame,
+    /// or a copy of the frames they span.
+    pub(crate) fn slice(&self, start: u64, end: u64) -> Bytes {
+        let state = self.lock();
+        let end = end.min(state.len);
+        if start >= end {
+            return Bytes::new();
+        }
+        let first = state.starts.partition_point(|s| *s <= start) - 1;
+        let frame_start = state.starts[first];
+        let frame = &state.frames[first];
+        if end <= frame_start + frame.len() as u64 {
+            return frame.slice((start - frame_start) as usize..(end - frame_start) as usize);
+        }
+        let mut out = BytesMut::with_capacity((end - start) as usize);
+        for (frame, frame_start) in state.frames[first..].iter().zip(&state.starts[first..]) {
+            if *frame_start >= end {
+                break;
+            }
+            let from = start.saturating_sub(*frame_start) as usize;
+            let to = ((end - frame_start) as usize).min(frame.len());
+            out.extend_from_slice(&frame[from..to]);
+        }
+        out.freeze()
+    }
+
     /// How many bytes came so far.
     pub(crate) fn len(&self) -> u64 {
         self.lock().len
@@ -298,6 +324,10 @@ mod tests {
         assert_eq!(early.await.unwrap(), (b"hello world".to_vec(), true));
         assert_eq!(late.await.unwrap(), (b"hello world".to_vec(), true));
         assert_eq!(ranged.await.unwrap(), (b"lo wo".to_vec(), true));
+        assert_eq!(stream.slice(3, 8), "lo wo");
+        assert_eq!(stream.slice(6, 9), "wor");
+        assert_eq!(stream.slice(0, 100), "hello world");
+        assert_eq!(stream.slice(11, 12), "");
         // After the end too.
         assert_eq!(
             read_all(stream.reader()).await,

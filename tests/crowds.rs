@@ -707,3 +707,99 @@ async fn parts_are_written_as_the_body_streams_and_none_outlive_a_refused_fill()
     }
     assert_eq!(origin.calls(), 2);
 }
+
+/// Black-box, on the sidecar binary: 100 concurrent cold requests, each on its own
+/// connection, for an 8 MiB answer that its origin sends after 300 ms, in 1 MiB frames
+/// 50 ms apart. With its defaults (the answer is larger than the 1 MiB it stores): one
+/// origin call for the crowd, every body whole, and the answer not stored. With
+/// `--max-body 16MiB` on Redis: one origin call, every body whole, and once the fill has
+/// stored it, 20 requests are hits, from the entry kept in parts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sidecar_makes_one_origin_call_for_a_crowd_of_a_large_answer() {
+    use support::sidecar::Sidecar;
+    let calls = Arc::new(AtomicU64::new(0));
+    let body = large_body();
+    let app = Router::new().fallback(routing::get({
+        let (calls, body) = (calls.clone(), body.clone());
+        move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let body = body.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let frames = futures_util::stream::unfold(0, move |at| {
+                    let body = body.clone();
+                    async move {
+                        if at >= LARGE {
+                            return None;
+                        }
+                        if at > 0 {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        let frame = http_body::Frame::data(body.slice(at..at + (1 << 20)));
+                        Some((Ok::<_, std::io::Error>(frame), at + (1 << 20)))
+                    }
+                });
+                let mut response = http::Response::new(axum::body::Body::new(
+                    http_body_util::StreamBody::new(frames),
+                ));
+                let headers = response.headers_mut();
+                headers.insert("cache-control", "max-age=60".parse().unwrap());
+                headers.insert("content-length", LARGE.into());
+                response
+            }
+        }
+    }));
+    let origin = serve(app).await;
+    let redis = RedisServer::start();
+    let upstream = format!("http://{origin}");
+    let redis_url = redis.url();
+    for stored in [false, true] {
+        let mut args = vec!["--upstream", &upstream];
+        if stored {
+            args.extend(["--redis", &redis_url, "--max-body", "16MiB"]);
+        }
+        let sidecar = Sidecar::start(&args);
+        let path = if stored { "/stored" } else { "/not-stored" };
+        let before = calls.load(Ordering::SeqCst);
+        let listen = sidecar.listen;
+        let crowd: Vec<_> = (0..100)
+            .map(|_| tokio::spawn(stream_get(listen, path, body.clone(), Arc::default())))
+            .collect();
+        let what = format!("the crowd (stored: {stored})");
+        for got in all_within(crowd, Duration::from_secs(120), &what).await {
+            assert_eq!(
+                (got.status, &got.ended),
+                (StatusCode::OK, &Ok(())),
+                "{what}"
+            );
+            assert_eq!((got.len, got.same), (LARGE, true), "{what}");
+        }
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            before + 1,
+            "{what}: one origin call"
+        );
+        if stored {
+            // (A client has all 8 MiB, as declared, before the fill has written its
+            // last parts and its entry: a request that comes meanwhile shares the fill.)
+            let stored_now = eventually(Duration::from_secs(20), || async {
+                let got = stream_get(listen, path, body.clone(), Arc::default()).await;
+                assert_eq!((got.len, got.same), (LARGE, true));
+                got.x_cache == "hit"
+            });
+            assert!(stored_now.await, "the entry was stored");
+            for _ in 0..20 {
+                let hit = stream_get(listen, path, body.clone(), Arc::default()).await;
+                assert_eq!(
+                    (hit.x_cache.as_str(), hit.len, hit.same),
+                    ("hit", LARGE, true)
+                );
+            }
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                before + 1,
+                "the next 20 are hits"
+            );
+        }
+    }
+}

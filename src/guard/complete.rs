@@ -219,7 +219,15 @@ async fn read<B: OriginBody, E>(
         Err(lost) => Read::Stopped(lost),
     };
     fill.parts_written(parts.as_ref().map_or(0, Parts::usable));
-    ended(route, fill, read, (head, writer, published, parts), asked).await
+    ended(
+        route,
+        fill,
+        read,
+        (head, writer, published, parts),
+        asked,
+        lead,
+    )
+    .await
 }
 
 /// How the fill lands after its body `read` ended: stored, shared, or cut. The parts
@@ -231,6 +239,7 @@ async fn ended<B: Body, E>(
     read: Read<B::Error>,
     (head, writer, published, parts): (Response<()>, Writer, bool, Option<Parts>),
     asked: Arc<Request<()>>,
+    lead: &Lead,
 ) -> (Landed, Option<Own<B, E>>)
 where
     B::Error: Into<BoxError>,
@@ -254,8 +263,11 @@ where
             if !kept && let Some(parts) = parts {
                 parts.drop(route).await;
             }
-            // Ended only now: a caller whose answer ended finds the entry when it asks
-            // again.
+            // Ended only now, and once stored, the flight closed to newcomers: a caller
+            // whose answer ended finds the entry when it asks again.
+            if let (Landed::Entry { kept: true, .. }, _) = &landed {
+                lead.retire();
+            }
             writer.finish();
             if let (Landed::Entry { stored, .. }, _) = &landed {
                 stream.settle(&stored.response.body);

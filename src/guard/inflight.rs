@@ -182,8 +182,15 @@ impl Lead {
     }
 }
 
-impl Drop for Lead {
-    fn drop(&mut self) {
+impl Lead {
+    /// Lets the callers that come from now on start a flight of their own (they find
+    /// the entry the fill stored, or fill again), while those that joined still get
+    /// this one's outcome: the fill has stored what it will, and ends.
+    pub(crate) fn retire(&self) {
+        self.remove();
+    }
+
+    fn remove(&self) {
         let mut map = self
             .flights
             .map
@@ -195,6 +202,12 @@ impl Drop for Lead {
         {
             map.remove(&self.key);
         }
+    }
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
 

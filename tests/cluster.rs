@@ -743,3 +743,58 @@ async fn resharding_under_load_is_followed_without_errors() {
         "the move became Redis errors ({answered} requests)"
     );
 }
+
+/// How many keys of the cluster's primaries match `pattern` (scanned on each).
+fn keys_matching(cluster: &RedisCluster, pattern: &str) -> usize {
+    cluster
+        .primaries()
+        .into_iter()
+        .map(|port| {
+            support::cluster::cli(port, &["--scan", "--pattern", pattern])
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .count()
+        })
+        .sum()
+}
+
+/// A body over 512 KiB is kept in parts beside its entry, in the entry's hash slot: on
+/// a cluster, as the least-privileged user, the parts and the entry are written (no
+/// `CROSSSLOT`), another instance reads the body whole from them, and an invalidation
+/// takes them with the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_in_parts_lives_in_its_entrys_slot() {
+    const LEN: usize = 2 * 1024 * 1024 + 7;
+    let cluster = RedisCluster::start();
+    let origin = Origin::new(Duration::ZERO, |n, _| {
+        http::Response::new(support::web::full(vec![n as u8; LEN]))
+    });
+    let policy = || {
+        Policy::builder("items")
+            .fresh_ttl(Duration::from_secs(60))
+            .max_body(4 << 20)
+            .build()
+            .unwrap()
+    };
+    let guard = || {
+        StampedeGuard::builder(least_privileged_store(&cluster), keys())
+            .build()
+            .unwrap()
+    };
+    let a = web::instance(guard(), policy(), origin.service()).await;
+    let b = web::instance(guard(), policy(), origin.service()).await;
+    let filled = send(&a.service, get("/items/large")).await;
+    assert_eq!((filled.x_cache(), filled.body.len()), ("miss", LEN));
+    let entry = a.layer.cache_keys(&get("/items/large")).unwrap();
+    let parts = format!("{}:p:*", entry.entry());
+    assert_eq!(keys_matching(&cluster, &parts), 5);
+    let read = send(&b.service, get("/items/large")).await;
+    assert_eq!((read.x_cache(), read.body.len()), ("hit", LEN));
+    assert!(read.body.bytes().all(|b| b == 1));
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(a.layer.stats().get(Event::RedisError), 0);
+    assert_eq!(b.layer.stats().get(Event::RedisError), 0);
+    assert!(a.layer.invalidate(&get("/items/large")).await.unwrap());
+    assert_eq!(keys_matching(&cluster, &parts), 0);
+}

@@ -139,23 +139,7 @@ async fn read<B: OriginBody, E>(
     let failure = response::is_failure(head.status());
     let sharing = sharing(route, &head);
     if let Sharing::Own(why) = sharing {
-        // Streamed to its caller as it comes; the others ask the origin themselves.
-        not_stored(route, why);
-        if failure {
-            fill.end(Ending::Error).await;
-        } else {
-            fill.end_private().await;
-        }
-        let (parts, ()) = head.into_parts();
-        let own = Response::from_parts(parts, ResponseBody::stream(body));
-        let others = if failure {
-            // A failure the others may not be given: they are not sent to an origin
-            // that just failed, each on its own, but get what may stand in, or `502`.
-            Landed::Failed(Failure::Error)
-        } else {
-            Landed::Pass
-        };
-        return (others, Some(Ok(own)));
+        return own(route, fill, head, body, why).await;
     }
     let mut writer = Stream::writer();
     let stream = writer.stream().clone();
@@ -228,6 +212,35 @@ async fn read<B: OriginBody, E>(
         lead,
     )
     .await
+}
+
+/// An answer that is its caller's alone (`why` it is not stored): streamed to it as it
+/// comes; the others ask the origin themselves (after a failure, what may stand in, or
+/// `502`).
+async fn own<B: OriginBody, E>(
+    route: &Route,
+    fill: Fill,
+    head: Response<()>,
+    body: B,
+    why: NotStored,
+) -> (Landed, Option<Own<B, E>>) {
+    not_stored(route, why);
+    let failure = response::is_failure(head.status());
+    if failure {
+        fill.end(Ending::Error).await;
+    } else {
+        fill.end_private().await;
+    }
+    let (parts, ()) = head.into_parts();
+    let own = Response::from_parts(parts, ResponseBody::stream(body));
+    let others = if failure {
+        // A failure the others may not be given: they are not sent to an origin that
+        // just failed, each on its own, but get what may stand in, or `502`.
+        Landed::Failed(Failure::Error)
+    } else {
+        Landed::Pass
+    };
+    (others, Some(Ok(own)))
 }
 
 /// How the fill lands after its body `read` ended: stored, shared, or cut. The parts

@@ -252,7 +252,7 @@ fn compact_from<'a>(
 
 /// Decodes an entry: garbage, a truncated value, another version or out-of-range times
 /// are a [`DecodeError`], never a panic. An entry whose body is kept in parts comes
-/// without it (see [`decode_head`]).
+/// without it (its parts are read beside it, in `cache::l2`).
 pub fn decode(bytes: &[u8]) -> Result<CachedResponse, DecodeError> {
     decode_head(bytes).map(|(response, _)| response)
 }

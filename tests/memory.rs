@@ -270,6 +270,10 @@ async fn a_crowd_of_a_large_answer_holds_it_once() {
         .layer(
             Policy::builder("downloads")
                 .fresh_ttl(Duration::from_secs(600))
+                // The origin is held until every reader waits.
+                .lease_ttl(Duration::from_secs(30))
+                .refresh_timeout(Duration::from_secs(30))
+                .cold_wait(Duration::from_secs(30))
                 .max_body(MIB as usize)
                 .build()
                 .unwrap(),

@@ -218,6 +218,9 @@ pub(crate) async fn landed<B: OriginBody, E>(
             if *failure && let Some(stale) = usable_on_error(route, fallback, kind) {
                 return Next::Answer(stale);
             }
+            if !is_leader && response.leader_only {
+                return Next::PassThrough;
+            }
             if !is_leader
                 && !response::same_variant(&response.headers, origin_saw.headers(), headers)
             {

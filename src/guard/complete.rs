@@ -24,8 +24,9 @@
 //! timeout between two frames, or is stopped by the watchdog is cut for every reader
 //! (never ended as if whole), and nothing is stored.
 //!
-//! A `no-cache` answer that a route stores (it follows the origin) is read whole and
-//! stored, but handed only to the caller that led: it is revalidated on every use.
+//! A `no-cache` answer that a route stores (it follows the origin) streams and is
+//! stored, but only to the caller that led: every other caller asks the origin itself
+//! (it is revalidated on every use).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,7 +86,7 @@ pub(crate) async fn complete<B: OriginBody, E>(
 enum Sharing {
     /// Every caller of the fill, as its body streams.
     Shared,
-    /// Stored, but given only to the caller that led (`no-cache`): read whole first.
+    /// Stored, but given only to the caller that led (`no-cache`), as it streams.
     StoredOnly,
     /// Its caller's alone, not stored: streamed to it from the origin.
     Own(NotStored),
@@ -120,6 +121,8 @@ enum Read<E> {
     /// not kept, nor passed on to the callers that share it).
     Trailers,
     Failed(E),
+    /// It ended before the length its `Content-Length` declared.
+    Short,
     /// No frame for the refresh timeout.
     Stalled,
     /// The watchdog stopped the fill.
@@ -135,12 +138,15 @@ async fn read<B: OriginBody, E>(
     lead: &Lead,
 ) -> (Landed, Option<Own<B, E>>) {
     let (parts, body) = response.into_parts();
-    let head = Response::from_parts(parts, ());
+    let mut head = Response::from_parts(parts, ());
     let failure = response::is_failure(head.status());
     let sharing = sharing(route, &head);
     if let Sharing::Own(why) = sharing {
         return own(route, fill, head, body, why).await;
     }
+    // What a qualified `no-cache` names is never stored nor shared: not even with the
+    // callers that join while the body streams.
+    response::strip_no_cache_fields(head.headers_mut());
     let mut writer = Stream::writer();
     let stream = writer.stream().clone();
     let max = route.policy.max_body as u64;
@@ -155,6 +161,7 @@ async fn read<B: OriginBody, E>(
             headers: head.headers().clone(),
             body: stream.clone(),
             storing: storable && !too_large(declared.unwrap_or(0).max(len)),
+            leader_only: sharing == Sharing::StoredOnly,
         }),
         failure,
         origin_saw: asked.clone(),
@@ -162,7 +169,7 @@ async fn read<B: OriginBody, E>(
     // Held until it is this long, or known not to be stored.
     let stream_from = STREAM_FROM.min(max);
     let mut published = false;
-    if sharing == Sharing::Shared && declared.is_some_and(|d| d > stream_from) {
+    if declared.is_some_and(|d| d > stream_from) {
         lead.publish(publish(0));
         published = true;
     }
@@ -180,6 +187,8 @@ async fn read<B: OriginBody, E>(
                 return Read::Stalled;
             };
             let data = match frame {
+                // Shorter than it said: cut, not whole.
+                None if declared.is_some_and(|d| d != stream.len()) => return Read::Short,
                 None => return Read::Whole,
                 Some(Err(error)) => return Read::Failed(error),
                 Some(Ok(frame)) => match frame.into_data() {
@@ -189,7 +198,7 @@ async fn read<B: OriginBody, E>(
                 },
             };
             writer.push(data);
-            if !published && sharing == Sharing::Shared && stream.len() > stream_from {
+            if !published && stream.len() > stream_from {
                 lead.publish(publish(stream.len()));
                 published = true;
             }
@@ -262,15 +271,22 @@ where
     let too_large = |len: u64| len > max || head.headers().len() > crate::cache::entry::MAX_HEADERS;
     let landed = match read {
         Read::Whole | Read::Trailers => {
-            let body = writer.gathered();
+            let len = stream.len();
             let why = match read {
                 Read::Trailers => Some(NotStored::Trailers),
-                _ if too_large(body.len() as u64) => Some(NotStored::TooLarge),
+                _ if too_large(len) => Some(NotStored::TooLarge),
                 _ => None,
             };
             if why == Some(NotStored::TooLarge) {
-                route.said_too_large(body.len() as u64);
+                route.said_too_large(len);
             }
+            // One buffer of its own only for what may be stored.
+            let body = if why.is_none() {
+                writer.gathered()
+            } else {
+                Bytes::new()
+            };
+            let gathered = body.clone();
             let (landed, kept) =
                 whole(route, fill, head, body, &stream, asked, why, published).await;
             if !kept && let Some(parts) = parts {
@@ -282,8 +298,12 @@ where
                 lead.retire();
             }
             writer.finish();
-            if let (Landed::Entry { stored, .. }, _) = &landed {
-                stream.settle(&stored.response.body);
+            // (Only with the body this fill read: a newer entry's is not its readers'.)
+            if let (Landed::Entry { stored, .. }, _) = &landed
+                && stored.response.body.as_ptr() == gathered.as_ptr()
+                && !gathered.is_empty()
+            {
+                stream.settle(&gathered);
             }
             return landed;
         }
@@ -292,6 +312,13 @@ where
             route.stats.record(Event::OriginError);
             let error: BoxError = error.into();
             tracing::debug!(%error, "the origin's body failed mid-way: cut for every reader");
+            fill.end(Ending::Error).await;
+            cut(published, &stream, head)
+        }
+        Read::Short => {
+            writer.cut();
+            route.stats.record(Event::OriginError);
+            tracing::debug!("the origin's body ended before its declared length: cut");
             fill.end(Ending::Error).await;
             cut(published, &stream, head)
         }
@@ -519,6 +546,8 @@ pub(crate) fn not_kept<B: Body, E>(
             headers: parts.headers,
             body: stream.clone(),
             storing: false,
+            // (Published already to its caller alone.)
+            leader_only: own,
         }),
         failure,
         origin_saw,

@@ -76,6 +76,9 @@ pub(crate) struct SharedAnswer {
     /// Whether the fill stores it if its body comes whole within the route's limit
     /// (said `miss`), or it is not stored whatever comes (said `pass`).
     pub(crate) storing: bool,
+    /// Only for the caller that led (a `no-cache` answer the route stores, to be
+    /// revalidated on every use): every other caller asks the origin itself.
+    pub(crate) leader_only: bool,
 }
 
 /// How the origin failed, when its callers have no answer of its to share.

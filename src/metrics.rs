@@ -62,7 +62,7 @@ names! {
     /// Fenced writes that Redis refused because a newer entry was stored.
     FENCED_WRITES_REFUSED: Counter = "stampede_guard_fenced_writes_refused_total", "Writes refused because a newer entry (or an invalidation) was stored.";
     /// Origin responses that were not stored (private, uncacheable status, too large).
-    NOT_STORED: Counter = "stampede_guard_not_stored_total", "Origin responses that were not stored, by reason (status, set_cookie, private, no_store, no_cache, vary_star, vary_unkeyed, too_large, trailers, no_freshness).";
+    NOT_STORED: Counter = "stampede_guard_not_stored_total", "Origin responses that were not stored, by reason (status, set_cookie, private, no_store, no_cache, vary_star, vary_unkeyed, too_large, trailers, no_freshness, event_stream).";
     /// Cold misses this process filled.
     COLD_FILLS: Counter = "stampede_guard_cold_fills_total", "Cold misses this process filled.";
     /// Waits for another instance's fill, by how they ended.
@@ -248,6 +248,7 @@ events! {
     NotStoredTooLarge => (NOT_STORED, "reason" => "too_large"), "An origin response was not stored: its body is larger than the route's `max_body` (its fill's callers still shared it).";
     NotStoredTrailers => (NOT_STORED, "reason" => "trailers"), "An origin response was not stored: its body ended with trailers.";
     NotStoredNoFreshness => (NOT_STORED, "reason" => "no_freshness"), "An origin response was not stored: on a route that follows the origin, it has neither a lifetime nor a validator.";
+    NotStoredEventStream => (NOT_STORED, "reason" => "event_stream"), "An origin response was not stored: an event stream (`text/event-stream`), its caller's alone.";
     ColdFill => (COLD_FILLS), "This process filled a cold miss.";
     ColdWaitStarted => (COLD_WAITS_STARTED), "A fill found another instance's lease and began to wait for its entry.";
     Coalesced => (COALESCED), "A caller joined a fill already in flight in this process, and waits for its result.";

@@ -816,3 +816,89 @@ async fn the_sidecar_makes_one_origin_call_for_a_crowd_of_a_large_answer() {
         }
     }
 }
+
+/// An event stream (`text/event-stream`) is one connection's: on a route the user
+/// declared cacheable, each caller gets its own from the origin, as it comes (its first
+/// event while the origin keeps the stream open), and none is stored or shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_stream_is_each_callers_own_and_streams_as_it_comes() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let layer = guard
+        .layer(
+            Policy::builder("events")
+                .fresh_ttl(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let (open, _) = tokio::sync::watch::channel(());
+    let handler = {
+        let (calls, open) = (calls.clone(), open.clone());
+        move || {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut closed = open.subscribe();
+            async move {
+                // One event, then nothing until the test ends.
+                let first = futures_util::stream::once(async move {
+                    Ok::<_, std::io::Error>(http_body::Frame::data(bytes::Bytes::from(format!(
+                        "data: {n}\n\n"
+                    ))))
+                });
+                let rest = futures_util::stream::once(async move {
+                    let _ = closed.changed().await;
+                    Ok::<_, std::io::Error>(http_body::Frame::data(bytes::Bytes::new()))
+                });
+                use futures_util::StreamExt;
+                let mut response = http::Response::new(axum::body::Body::new(
+                    http_body_util::StreamBody::new(first.chain(rest)),
+                ));
+                response
+                    .headers_mut()
+                    .insert("content-type", "text/event-stream".parse().unwrap());
+                response
+            }
+        }
+    };
+    let addr =
+        serve(Router::new().route("/events", routing::get(handler).layer(layer.clone()))).await;
+    let (mut firsts, mut open_streams) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let request = http::Request::get("/events")
+            .header("host", "shop.example")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let response = within(
+            HANG,
+            sender.send_request(request),
+            "the event stream's head",
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.headers()["x-cache"], "pass");
+        let mut body = response.into_body();
+        use http_body_util::BodyExt;
+        let frame = within(
+            HANG,
+            body.frame(),
+            "the first event, while the stream is open",
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        firsts.push(String::from_utf8(frame.into_data().unwrap().to_vec()).unwrap());
+        // Kept open: the next caller comes while this stream goes on.
+        open_streams.push((body, sender));
+    }
+    assert_eq!(firsts, ["data: 1\n\n", "data: 2\n\n", "data: 3\n\n"]);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(layer.stats().get(Event::NotStoredEventStream), 1);
+    drop((open, open_streams));
+}

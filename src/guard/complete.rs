@@ -7,8 +7,9 @@
 //!
 //! * **its caller's alone** (`private`, `no-store`, `Set-Cookie`, `Vary: *`, a
 //!   `no-cache` answer that is not stored, anything not stored on a route that forwards
-//!   credentials, or, on a route that follows the origin, an answer not stored that
-//!   says nothing of caching): the origin's body streams to the caller that led, and
+//!   credentials, an event stream, one declared longer than 64 MiB (and than the
+//!   route's `max_body`), or, on a route that follows the origin, an answer not stored
+//!   that says nothing of caching): the origin's body streams to the caller that led, and
 //!   every other caller asks the origin itself (after a 5xx: what may stand in, or
 //!   `502`);
 //! * **shared** (anything else): the fill reads the body frame by frame into a
@@ -92,10 +93,32 @@ enum Sharing {
     Own(NotStored),
 }
 
+/// The largest answer a crowd shares that is not stored, by its declared length: its
+/// stream holds it whole while the fill lasts (one copy for the crowd). 64 MiB, the
+/// largest body a route may store; a longer one streams to each caller from the origin.
+const SHARED_AT_MOST: u64 = crate::policy::defaults::MAX_BODY_LIMIT as u64;
+
 /// Who may have `head` (see the [module docs](self)).
 fn sharing(route: &Route, head: &Response<()>) -> Sharing {
     let policy = &route.policy;
-    let never = response::reuse(head.headers()) == Reuse::Never;
+    let headers = head.headers();
+    // An event stream is one connection's: it may never end, and is never whole.
+    let events = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        });
+    if events {
+        return Sharing::Own(NotStored::EventStream);
+    }
+    if declared_length(headers).is_some_and(|len| len > SHARED_AT_MOST.max(policy.max_body as u64))
+    {
+        return Sharing::Own(NotStored::TooLarge);
+    }
+    let never = response::reuse(headers) == Reuse::Never;
     match response::storable(policy, head) {
         Ok(()) if never => Sharing::StoredOnly,
         Ok(()) => Sharing::Shared,

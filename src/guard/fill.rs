@@ -722,6 +722,7 @@ pub(crate) fn not_stored(route: &Route, why: NotStored) {
         NotStored::TooLarge => Event::NotStoredTooLarge,
         NotStored::Trailers => Event::NotStoredTrailers,
         NotStored::NoFreshness => Event::NotStoredNoFreshness,
+        NotStored::EventStream => Event::NotStoredEventStream,
     });
     tracing::debug!(
         route = route.policy.route,

@@ -112,6 +112,9 @@ impl Hears for Shared {
 
     fn ended(&self, key: &str, ending: Ending, lasting: Duration) {
         match ending {
+            // (Not over this process's own `Private`: the notice it hears may be its
+            // own fill's, which knew more.)
+            Ending::Pass if self.marks.get(key) == Some(Mark::Private) => {}
             Ending::Pass => self.marks.set(key, Mark::Pass, lasting),
             Ending::Error => self.marks.set(key, Mark::BackOff, lasting),
             Ending::Gone => {}

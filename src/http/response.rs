@@ -135,6 +135,8 @@ pub(crate) enum NotStored {
     Trailers,
     /// On a route that follows the origin: neither a lifetime nor a validator.
     NoFreshness,
+    /// An event stream (`text/event-stream`): one connection's, and never whole.
+    EventStream,
 }
 
 impl NotStored {
@@ -150,6 +152,7 @@ impl NotStored {
             Self::TooLarge => "too_large",
             Self::Trailers => "trailers",
             Self::NoFreshness => "no_freshness",
+            Self::EventStream => "event_stream",
         }
     }
 
@@ -163,7 +166,12 @@ impl NotStored {
     pub(crate) fn is_private(self) -> bool {
         matches!(
             self,
-            Self::SetCookie | Self::Private | Self::NoStore | Self::VaryStar | Self::VaryUnkeyed
+            Self::SetCookie
+                | Self::Private
+                | Self::NoStore
+                | Self::VaryStar
+                | Self::VaryUnkeyed
+                | Self::EventStream
         )
     }
 }

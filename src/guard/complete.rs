@@ -196,12 +196,8 @@ async fn read<B: OriginBody, E>(
         lead.publish(publish(0));
         published = true;
     }
-    let mut parts = Parts::of(
-        route,
-        &fill,
-        &head,
-        storable && !too_large(declared.unwrap_or(0)),
-    );
+    let storing = storable && !too_large(declared.unwrap_or(0));
+    let mut parts = Parts::of(route, &fill, &head, storing);
     let idle = route.policy.refresh_timeout;
     let reading = async {
         let mut body = std::pin::pin!(body);
@@ -230,9 +226,16 @@ async fn read<B: OriginBody, E>(
             }
         }
     };
-    let read = match fill.hold(reading).await {
-        Ok(read) => read,
-        Err(lost) => Read::Stopped(lost),
+    // Under the watchdog only what may be stored: an answer that will not be is not
+    // cut at the watchdog's maximum for its readers (its lease, no longer renewed, runs
+    // out by its TTL; the fill ends when the body does).
+    let read = if storing {
+        match fill.hold(reading).await {
+            Ok(read) => read,
+            Err(lost) => Read::Stopped(lost),
+        }
+    } else {
+        reading.await
     };
     fill.parts_written(parts.as_ref().map_or(0, Parts::usable));
     ended(

@@ -378,6 +378,33 @@ async fn stream_get(
     }
 }
 
+/// `callers` concurrent streaming clients of `/catalog` on `addr` (see [`stream_get`]).
+fn crowd(
+    addr: std::net::SocketAddr,
+    callers: u64,
+    body: &bytes::Bytes,
+    first_bytes: &Arc<AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<Streamed>> {
+    (0..callers)
+        .map(|_| {
+            tokio::spawn(stream_get(
+                addr,
+                "/catalog",
+                body.clone(),
+                first_bytes.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// Waits until all `callers` but the first joined the first one's fill.
+async fn all_joined(layer: &stampede_guard::GuardLayer, callers: u64) {
+    let joined = eventually(Duration::from_secs(20), || async {
+        layer.stats().get(Event::Coalesced) == callers - 1
+    });
+    assert!(joined.await, "{:?}", layer.stats());
+}
+
 /// 200 concurrent cold callers, each on its own connection, of an 8 MiB answer whose
 /// body the origin sends in 1 MiB frames as the test lets it: one origin call. Every
 /// caller's first byte comes while the origin still holds back the other 7 MiB (the
@@ -393,21 +420,9 @@ async fn a_crowd_streams_one_fill_of_a_large_answer_through_axum() {
     let addr = serve(Router::new().route("/catalog", route.layer(layer.clone()))).await;
     let body = large_body();
     let first_bytes = Arc::new(AtomicU64::new(0));
-    let callers: Vec<_> = (0..CALLERS)
-        .map(|_| {
-            tokio::spawn(stream_get(
-                addr,
-                "/catalog",
-                body.clone(),
-                first_bytes.clone(),
-            ))
-        })
-        .collect();
+    let callers = crowd(addr, CALLERS, &body, &first_bytes);
     let frames = origin.called().await;
-    let everyone_waits = eventually(Duration::from_secs(20), || async {
-        layer.stats().get(Event::Coalesced) == CALLERS - 1
-    });
-    assert!(everyone_waits.await, "{:?}", layer.stats());
+    all_joined(&layer, CALLERS).await;
     let mib = 1 << 20;
     frames.send(Ok(body.slice(..mib))).unwrap();
     let everyone_reads = eventually(Duration::from_secs(20), || async {
@@ -457,21 +472,9 @@ async fn a_cut_fill_is_cut_for_every_caller_and_nothing_is_stored() {
     let addr = serve(Router::new().route("/catalog", route.layer(layer.clone()))).await;
     let body = large_body();
     let first_bytes = Arc::new(AtomicU64::new(0));
-    let callers: Vec<_> = (0..CALLERS)
-        .map(|_| {
-            tokio::spawn(stream_get(
-                addr,
-                "/catalog",
-                body.clone(),
-                first_bytes.clone(),
-            ))
-        })
-        .collect();
+    let callers = crowd(addr, CALLERS, &body, &first_bytes);
     let frames = origin.called().await;
-    let everyone_waits = eventually(Duration::from_secs(20), || async {
-        layer.stats().get(Event::Coalesced) == CALLERS - 1
-    });
-    assert!(everyone_waits.await, "{:?}", layer.stats());
+    all_joined(&layer, CALLERS).await;
     let mib = 1 << 20;
     for at in (0..3 * mib).step_by(mib) {
         frames.send(Ok(body.slice(at..at + mib))).unwrap();

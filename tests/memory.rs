@@ -85,6 +85,16 @@ async fn origin() -> SocketAddr {
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
+/// The tests' key space.
+fn space() -> KeySpace {
+    KeySpace::builder()
+        .env("test")
+        .service("memory")
+        .secret(b"a test secret of more than sixteen bytes".to_vec())
+        .build()
+        .unwrap()
+}
+
 /// Fills `keys` distinct keys into an L1 of `capacity` bytes, each read again right
 /// after its fill, and checks what the process holds.
 async fn holds_what_it_weighs(capacity: u64, keys: u64) {
@@ -103,12 +113,7 @@ async fn holds_what_it_weighs(capacity: u64, keys: u64) {
             Ok::<_, Infallible>(response.map(|b| -> Body { b.boxed() }))
         }
     });
-    let space = KeySpace::builder()
-        .env("test")
-        .service("memory")
-        .secret(b"a test secret of more than sixteen bytes".to_vec())
-        .build()
-        .unwrap();
+    let space = space();
     let guard = StampedeGuard::builder(RedisStore::local_only(), space)
         .l1_capacity(capacity)
         .build()
@@ -257,12 +262,7 @@ async fn a_crowd_of_a_large_answer_holds_it_once() {
             }
         })
     };
-    let space = KeySpace::builder()
-        .env("test")
-        .service("memory")
-        .secret(b"a test secret of more than sixteen bytes".to_vec())
-        .build()
-        .unwrap();
+    let space = space();
     let guard = StampedeGuard::builder(RedisStore::local_only(), space)
         .build()
         .unwrap();

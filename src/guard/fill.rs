@@ -153,16 +153,9 @@ impl Fill {
         slot: Option<budget::Slot>,
     ) -> Self {
         route.stats.record(Event::LocalOnly);
-        let token = route
-            .tombstone(&keys)
-            .map_or(replaces, |tomb| tomb.max(replaces));
-        Self {
-            route: route.clone(),
-            keys,
-            claim: Some(Claim::Local(token)),
-            slot,
-            parts_written: 0,
-        }
+        let mut fill = Self::passing(route, keys, replaces);
+        fill.slot = slot;
+        fill
     }
 
     /// A fill without the lease for the callers of a key whose last answer could not

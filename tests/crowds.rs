@@ -905,3 +905,159 @@ async fn an_event_stream_is_each_callers_own_and_streams_as_it_comes() {
     assert_eq!(layer.stats().get(Event::NotStoredEventStream), 1);
     drop((open, open_streams));
 }
+
+/// Bytes Redis has sent its clients so far (`INFO stats`).
+async fn redis_sent(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_net_output_bytes:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats says what it sent")
+}
+
+/// A 32 MiB entry, stored by one instance, read on another whose L1 does not keep it
+/// (the default 64 MiB L1 keeps an entry of 8 MiB at most): a range reads only the
+/// parts it spans from Redis (1 KiB from the middle of a part: one part; 1 KiB across
+/// two parts: two), and a crowd of whole readers streams it part by part, every body
+/// whole and right, with no origin call. An invalidation while a slow reader is halfway
+/// cuts that reader's body (the parts are gone): an error, never a wrong byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_entry_is_read_from_redis_part_by_part_and_a_range_reads_only_its_parts() {
+    const HUGE: usize = 32 << 20;
+    const PART: usize = 512 * 1024;
+    let server = RedisServer::start();
+    let body: bytes::Bytes = (0..HUGE)
+        .map(|i| ((i * 7 + i / PART) % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let (body, calls) = (body.clone(), calls.clone());
+        move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let body = body.clone();
+            async move { body }
+        }
+    };
+    let policy = || large_policy().max_body(64 << 20).build().unwrap();
+    let filler = large_guard(&server).await;
+    let filler_layer = filler.layer(policy()).unwrap();
+    let filling = serve(Router::new().route(
+        "/catalog",
+        routing::get(handler.clone()).layer(filler_layer.clone()),
+    ))
+    .await;
+    let got = fetch(filling, "/catalog", &[]).await;
+    assert_eq!((got.status, got.x_cache()), (StatusCode::OK, "miss"));
+    // Another instance, with the default L1.
+    let store = stampede_guard::RedisStore::builder(server.url())
+        .command_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let reader = stampede_guard::StampedeGuard::builder(store, support::web::keys())
+        .build()
+        .unwrap();
+    within(HANG, reader.ready(), "the guard's readiness")
+        .await
+        .unwrap();
+    let layer = reader.layer(policy()).unwrap();
+    let addr =
+        serve(Router::new().route("/catalog", routing::get(handler).layer(layer.clone()))).await;
+
+    let lossy = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    for (first, parts) in [(16 * PART + 1000, 1), (20 * PART - 512, 2)] {
+        let last = first + 1023;
+        let sent = redis_sent(&server).await;
+        let range = format!("bytes={first}-{last}");
+        let got = fetch(addr, "/catalog", &[("range", &range)]).await;
+        let read = redis_sent(&server).await - sent;
+        eprintln!("{range}: {read} bytes read from Redis");
+        assert_eq!(got.status, StatusCode::PARTIAL_CONTENT);
+        assert_eq!(got.x_cache(), "hit");
+        assert_eq!(got.body, lossy(&body[first..=last]), "{range}");
+        assert_eq!(
+            got.headers["content-range"],
+            format!("bytes {first}-{last}/{HUGE}").as_str()
+        );
+        // The parts it spans, and the entry's head and the check: far less than a
+        // part more.
+        assert!(
+            read >= (parts * PART) as u64 && read < (parts * PART + PART / 4) as u64,
+            "{range}: {read} bytes read from Redis for {parts} part(s)"
+        );
+    }
+
+    let first_bytes = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..20)
+        .map(|_| {
+            tokio::spawn(stream_get(
+                addr,
+                "/catalog",
+                body.clone(),
+                first_bytes.clone(),
+            ))
+        })
+        .collect();
+    for got in all_within(readers, Duration::from_secs(120), "the readers").await {
+        assert_eq!((got.status, &got.ended), (StatusCode::OK, &Ok(())));
+        assert_eq!(
+            (got.len, got.same, got.x_cache.as_str()),
+            (HUGE, true, "hit")
+        );
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the origin was called once"
+    );
+
+    // A slow reader: its first bytes, then an invalidation, then the rest.
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::get("/catalog")
+        .header("host", "shop.example")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let response = within(HANG, sender.send_request(request), "the slow reader's head")
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-cache"], "hit");
+    let mut slow = response.into_body();
+    let mut len = 0;
+    let frame = within(HANG, slow.frame(), "the first frame")
+        .await
+        .unwrap()
+        .unwrap();
+    let data = frame.into_data().unwrap();
+    assert_eq!(&data[..], &body[..data.len()]);
+    len += data.len();
+    let invalidate = http::Request::get("/catalog")
+        .header("host", "shop.example")
+        .body(())
+        .unwrap();
+    layer.invalidate(&invalidate).await.unwrap();
+    let ended = loop {
+        match within(HANG, slow.frame(), "the slow reader's body").await {
+            None => break Ok(()),
+            Some(Err(error)) => break Err(error),
+            Some(Ok(frame)) => {
+                let data = frame.into_data().unwrap();
+                assert_eq!(&data[..], &body[len..len + data.len()], "a wrong byte");
+                len += data.len();
+            }
+        }
+    };
+    assert!(
+        ended.is_err() && len < HUGE,
+        "cut after {len} bytes, not ended clean"
+    );
+}

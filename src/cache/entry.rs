@@ -69,11 +69,18 @@ impl Parted {
 /// Part `index` of a body of the entry written under `token`, with its header.
 pub(crate) fn part(token: FencingToken, index: u32, data: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(PART_HEADER + data.len());
-    out.extend_from_slice(&PART_MAGIC);
-    out.extend_from_slice(&token.get().to_le_bytes());
-    out.extend_from_slice(&index.to_le_bytes());
+    out.extend_from_slice(&part_header(token, index));
     out.extend_from_slice(data);
     out
+}
+
+/// The header that opens part `index` of the entry written under `token`.
+pub(crate) fn part_header(token: FencingToken, index: u32) -> [u8; PART_HEADER] {
+    let mut header = [0u8; PART_HEADER];
+    header[..2].copy_from_slice(&PART_MAGIC);
+    header[2..10].copy_from_slice(&token.get().to_le_bytes());
+    header[10..].copy_from_slice(&index.to_le_bytes());
+    header
 }
 
 /// The data of part `index` of the entry written under `token`, which must be `len`
@@ -86,11 +93,7 @@ pub(crate) fn part_data(
     len: usize,
 ) -> Option<&[u8]> {
     let (header, data) = bytes.split_at_checked(PART_HEADER)?;
-    let mut expected = [0u8; PART_HEADER];
-    expected[..2].copy_from_slice(&PART_MAGIC);
-    expected[2..10].copy_from_slice(&token.get().to_le_bytes());
-    expected[10..].copy_from_slice(&index.to_le_bytes());
-    (header == expected && data.len() == len).then_some(data)
+    (header == part_header(token, index) && data.len() == len).then_some(data)
 }
 
 /// The most header values an entry accepted by [`decode`] may hold: far more than any

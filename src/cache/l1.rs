@@ -111,6 +111,11 @@ impl L1 {
         }
     }
 
+    /// The most one entry may weigh (see [`ENTRY_SHARE`]): a body longer is not kept.
+    pub(crate) fn max_entry(&self) -> u64 {
+        self.max_entry
+    }
+
     /// The entry at `key`, unless it is past its keep time at `now`.
     ///
     /// While L1 is less than three quarters full, the front answers, and moka sees one
@@ -175,8 +180,9 @@ impl L1 {
         epoch: u64,
     ) -> bool {
         stored.epoch.fetch_max(epoch, Ordering::Relaxed);
-        if weigh(&key, &stored) as u64 > self.max_entry {
-            // Not kept; nor is what it replaces, which is older.
+        if stored.in_parts().is_some() || weigh(&key, &stored) as u64 > self.max_entry {
+            // Not kept (too heavy, or not held: read from Redis in parts); nor is what
+            // it replaces, which is older.
             self.moka.invalidate(&key);
             return false;
         }

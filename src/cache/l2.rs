@@ -8,17 +8,21 @@
 //! that token (its generation), as soon as its bytes came from the origin (a cold fill
 //! writes them while the body streams, `guard::complete`), and the entry is written
 //! last, naming how many there are; parts of a fill that writes no entry after all are
-//! deleted. A reader takes the parts of the generation its entry names, one at a time; a
-//! part that is missing (evicted, or deleted by a newer write or an invalidation), short,
-//! of another generation or garbage makes the read a miss ([`L2Read::Garbage`]), never a
-//! wrong body. Parts expire a second after their entry, and go with it when a newer
-//! entry replaces it or an invalidation removes it.
+//! deleted. A reader takes the parts of the generation its entry names, one at a time:
+//! whole, for a body L1 may keep, or part by part as the answer streams (`cache::parts`:
+//! a body L1 would not keep, or a range, which reads only the parts it spans). A part
+//! that is missing (evicted, or deleted by an invalidation), short, of another
+//! generation or garbage makes the read a miss ([`L2Read::Garbage`]), never a wrong
+//! body. Parts expire a second after their entry, go with it when an invalidation
+//! removes it, and outlive it by a minute at most when a newer entry replaces it (for
+//! the answers that are streaming them).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 
+use super::parts::InParts;
 use super::scripts::{self, Channels, Invalidated, Lasting, ReadReply, Renewal, WriteReply};
 use super::stored::Stored;
 use crate::cache::entry::{self, CachedResponse, PART, Parted};
@@ -36,26 +40,31 @@ pub(crate) enum L2Read {
 }
 
 /// Reads an entry, within the command timeout plus the time its largest possible size
-/// takes to move (`max_size`, the route's body limit: the same slack its write gets).
+/// takes to move (`max_size`, the route's body limit: the same slack its write gets);
+/// a body kept in parts is read whole.
 pub(crate) async fn l2_read(
     store: &RedisStore,
     keys: &CacheKeys,
     max_size: usize,
 ) -> Result<L2Read, StoreError> {
     Ok(
-        l2_read_with_names(store, keys, max_size, !keys.is_variant())
+        l2_read_with_names(store, keys, max_size, !keys.is_variant(), usize::MAX)
             .await?
             .0,
     )
 }
 
 /// [`l2_read`], and with `names` the names of the headers the response varies on, as
-/// kept beside its entries (see `guard::vary`), in the same round trip.
+/// kept beside its entries (see `guard::vary`), in the same round trip. A body kept in
+/// parts is read whole up to `whole_up_to` bytes; a longer one is checked (see
+/// [`InParts::check`]) and left in Redis, to be read part by part as it is answered
+/// ([`Stored::in_parts`]).
 pub(crate) async fn l2_read_with_names(
     store: &RedisStore,
     keys: &CacheKeys,
     max_size: usize,
     names: bool,
+    whole_up_to: usize,
 ) -> Result<(L2Read, Option<String>), StoreError> {
     let reply = scripts::read(store, keys, max_size, names).await?;
     Ok(match reply {
@@ -69,15 +78,27 @@ pub(crate) async fn l2_read_with_names(
             names,
         } => match decode(&data, meta.as_deref()) {
             Ok((mut response, parted)) => {
-                if let Some((parted, generation)) = parted {
-                    match read_parts(store, keys, parted, generation, max_size).await? {
-                        Some(body) => response.body = body,
-                        None => return Ok((L2Read::Garbage("a part"), names)),
-                    }
-                }
                 let left = Duration::from_millis(pttl as u64);
                 let age = response.keep.saturating_sub(left);
-                (L2Read::Found(Arc::new(Stored::aged(response, age))), names)
+                let stored = match parted {
+                    None => Stored::aged(response, age),
+                    Some((parted, generation)) if parted.len as usize <= whole_up_to => {
+                        match read_parts(store, keys, parted, generation, max_size).await? {
+                            Some(body) => response.body = body,
+                            None => return Ok((L2Read::Garbage("a part"), names)),
+                        }
+                        Stored::aged(response, age)
+                    }
+                    Some((parted, generation)) => {
+                        let in_parts =
+                            InParts::new(store.clone(), keys.clone(), parted, generation);
+                        if !in_parts.check().await? {
+                            return Ok((L2Read::Garbage("a part"), names));
+                        }
+                        Stored::aged(response, age).reading_parts(in_parts)
+                    }
+                };
+                (L2Read::Found(Arc::new(stored)), names)
             }
             Err(error) => (L2Read::Garbage(decode_reason(error)), names),
         },

@@ -15,6 +15,7 @@ mod l1;
 mod l2;
 mod layout;
 mod listed;
+mod parts;
 mod scripts;
 mod stored;
 
@@ -24,5 +25,6 @@ pub(crate) use self::l2::{
     L2Read, l2_drop_parts, l2_invalidate, l2_keep_names, l2_read, l2_read_with_names,
     l2_revalidate, l2_write, l2_write_part,
 };
+pub(crate) use self::parts::InParts;
 pub(crate) use self::scripts::{Channels, Renewal, purge};
 pub(crate) use self::stored::{Freshness, Instant, Stored};

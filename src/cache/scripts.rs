@@ -21,6 +21,8 @@ static WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_variants(include_str!("scripts/write.lua"))));
 static READ_PART: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/read_part.lua")));
+static PARTS_WHOLE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/parts_whole.lua")));
 static PART: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/part.lua"))));
 static REVALIDATE: LazyLock<Script> =
@@ -208,6 +210,23 @@ pub(crate) async fn read_part(
         Value::BulkString(bytes) => Some(bytes),
         _ => None,
     })
+}
+
+/// Whether each part at `keys` is whole: of the length `expected` gives it, opening
+/// with the header it gives (see `parts_whole.lua`).
+pub(crate) async fn parts_whole(
+    store: &RedisStore,
+    keys: &[String],
+    expected: &[([u8; super::entry::PART_HEADER], usize)],
+) -> Result<bool, StoreError> {
+    let mut invocation = PARTS_WHOLE.prepare_invoke();
+    for (key, (header, len)) in keys.iter().zip(expected) {
+        invocation.key(key).arg(&header[..]).arg(*len);
+    }
+    let whole: i64 = store
+        .run(Operation::Read, Request::Script(&invocation))
+        .await?;
+    Ok(whole == 1)
 }
 
 /// The fenced write of an `encoded` entry under `lease`, kept `keep`, with the release

@@ -10,6 +10,7 @@ use std::time::Duration;
 pub(crate) type Instant = quanta::Instant;
 
 use super::layout::{FIXED, Headers};
+use super::parts::InParts;
 use crate::cache::entry::CachedResponse;
 use crate::http::response::tags;
 use crate::http::{CACHE_STATUS_NAME, X_CACHE_NAME, is_set_by_the_layer};
@@ -46,6 +47,10 @@ pub(crate) struct Stored {
     /// Filled without Redis: its token is borrowed (the entry it replaced had it), so
     /// Redis may hold another body under that token.
     local: bool,
+    /// Its body, when it is not in `response.body` (left empty) but read from Redis part
+    /// by part as it is answered (see `cache::parts`): such an entry is never kept in
+    /// L1, nor written.
+    in_parts: Option<std::sync::Arc<InParts>>,
 }
 
 /// A [`CachedResponse`] but for its headers, which an entry keeps apart.
@@ -129,7 +134,20 @@ impl Stored {
             tag_ids: std::sync::OnceLock::new(),
             vary: std::sync::OnceLock::new(),
             local: false,
+            in_parts: None,
         }
+    }
+
+    /// The entry, its body left in Redis in parts (`in_parts`), read as it is answered.
+    pub(crate) fn reading_parts(mut self, in_parts: InParts) -> Self {
+        self.in_parts = Some(std::sync::Arc::new(in_parts));
+        self
+    }
+
+    /// Where its body is kept in parts, when it is not held (see
+    /// [`Stored::reading_parts`]).
+    pub(crate) fn in_parts(&self) -> Option<&std::sync::Arc<InParts>> {
+        self.in_parts.as_ref()
     }
 
     /// Its headers, with placeholders of the three the layer sets on every answer
@@ -142,6 +160,10 @@ impl Stored {
     /// The entry as a whole response (its headers with the placeholders of the three:
     /// see [`Stored::headers`]).
     pub(crate) fn to_response(&self) -> CachedResponse {
+        debug_assert!(
+            self.in_parts.is_none(),
+            "an entry read in parts is not held"
+        );
         let r = &self.response;
         CachedResponse {
             status: r.status,

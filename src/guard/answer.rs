@@ -141,7 +141,7 @@ pub(crate) fn serve_filled<B: Body>(
     kind: Kind,
 ) -> Response<ResponseBody<B>> {
     let age = stored.age();
-    let mut response = Response::new(body_for(kind, &stored.response.body));
+    let mut response = Response::new(body_for(kind, stored));
     *response.status_mut() = stored.response.status;
     *response.headers_mut() = stored.answer_headers(
         age_value(age.as_secs()),
@@ -159,7 +159,7 @@ pub(crate) fn serve_aged<B: Body>(
     x_cache: XCache,
 ) -> Response<ResponseBody<B>> {
     let cached = &stored.response;
-    let mut response = Response::new(body_for(kind, &cached.body));
+    let mut response = Response::new(body_for(kind, stored));
     *response.status_mut() = cached.status;
     *response.headers_mut() = stored.answer_headers(
         age_value(age.as_secs()),
@@ -217,10 +217,11 @@ fn ttl(stored: &Stored, age: Duration) -> i64 {
 }
 
 /// The body of an answer of `kind` from a whole `body`: none for a HEAD.
-fn body_for<B: Body>(kind: Kind, body: &bytes::Bytes) -> ResponseBody<B> {
-    match kind {
-        Kind::Get => ResponseBody::full(body.clone()),
-        Kind::Head => ResponseBody::empty(),
+fn body_for<B: Body>(kind: Kind, stored: &Stored) -> ResponseBody<B> {
+    match (kind, stored.in_parts()) {
+        (Kind::Get, None) => ResponseBody::full(stored.response.body.clone()),
+        (Kind::Get, Some(parts)) => ResponseBody::parts(parts.clone(), 0, parts.len()),
+        (Kind::Head, _) => ResponseBody::empty(),
     }
 }
 

@@ -4,13 +4,16 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::stream::{self, Reader};
+use crate::cache::InParts;
 
 /// An error of a boxed kind, as the origin's body errors are kept.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -28,6 +31,10 @@ pub enum BodyError {
     /// ended before its declared end, for every caller that shared it; nothing was
     /// stored.
     FillCut,
+    /// A stored body read from Redis part by part could not be read on: Redis failed,
+    /// or the part was gone (evicted, or deleted by an invalidation) since the answer
+    /// began.
+    Stored,
 }
 
 impl fmt::Display for BodyError {
@@ -35,6 +42,7 @@ impl fmt::Display for BodyError {
         match self {
             Self::Origin(_) => f.write_str("the origin's body failed"),
             Self::FillCut => f.write_str("the shared fill's body was cut by its origin"),
+            Self::Stored => f.write_str("the stored body could not be read on from Redis"),
         }
     }
 }
@@ -43,7 +51,7 @@ impl std::error::Error for BodyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Origin(error) => Some(error.as_ref()),
-            Self::FillCut => None,
+            Self::FillCut | Self::Stored => None,
         }
     }
 }
@@ -58,6 +66,7 @@ pub struct ResponseBody<B: Body> {
 enum Kind<B: Body> {
     Full(Option<Bytes>),
     Shared(Reader),
+    Parts(PartsReader),
     Stream {
         /// Frames read before the layer gave up on caching the response.
         prefix: VecDeque<Frame<Bytes>>,
@@ -76,6 +85,10 @@ impl<B: Body> fmt::Debug for ResponseBody<B> {
                 .finish(),
             Kind::Shared(_) => f
                 .debug_struct("ResponseBody::Shared")
+                .finish_non_exhaustive(),
+            Kind::Parts(reader) => f
+                .debug_struct("ResponseBody::Parts")
+                .field("left", &reader.left)
                 .finish_non_exhaustive(),
             Kind::Stream { prefix, .. } => f
                 .debug_struct("ResponseBody::Stream")
@@ -102,7 +115,15 @@ impl<B: Body> ResponseBody<B> {
     pub(crate) fn whole(&self) -> Option<Bytes> {
         match &self.kind {
             Kind::Full(data) => Some(data.clone().unwrap_or_default()),
-            Kind::Shared(_) | Kind::Stream { .. } => None,
+            Kind::Shared(_) | Kind::Parts(_) | Kind::Stream { .. } => None,
+        }
+    }
+
+    /// The length of a body read from Redis in parts.
+    pub(crate) fn parts_len(&self) -> Option<u64> {
+        match &self.kind {
+            Kind::Parts(reader) => Some(reader.parts.len()),
+            _ => None,
         }
     }
 
@@ -116,6 +137,7 @@ impl<B: Body> ResponseBody<B> {
                 Some(Self::full(data.slice(start as usize..end as usize)))
             }
             Kind::Shared(reader) => Some(Self::shared(reader.stream().range(start, end))),
+            Kind::Parts(reader) => Some(Self::parts(reader.parts.clone(), start, end)),
             Kind::Stream { .. } => None,
         }
     }
@@ -129,6 +151,22 @@ impl<B: Body> ResponseBody<B> {
     pub(crate) fn shared(reader: Reader) -> Self {
         Self {
             kind: Kind::Shared(reader),
+        }
+    }
+
+    /// The bytes from `start` up to `end` (exclusive, within the body) of a stored body
+    /// kept in Redis in parts, read one part at a time (the next while the client takes
+    /// the one before), from the part that holds `start`.
+    pub(crate) fn parts(parts: Arc<InParts>, start: u64, end: u64) -> Self {
+        let (next, skip) = InParts::part_of(start);
+        Self {
+            kind: Kind::Parts(PartsReader {
+                parts,
+                next,
+                skip,
+                left: end.saturating_sub(start),
+                reading: None,
+            }),
         }
     }
 
@@ -172,6 +210,7 @@ where
                 stream::Next::End => None,
                 stream::Next::Cut => Some(Err(BodyError::FillCut)),
             }),
+            Kind::Parts(reader) => reader.poll_next(cx),
             Kind::Stream {
                 prefix,
                 error,
@@ -203,6 +242,7 @@ where
         match &self.kind {
             Kind::Full(data) => data.is_none(),
             Kind::Shared(reader) => reader.is_end(),
+            Kind::Parts(reader) => reader.left == 0,
             Kind::Stream {
                 prefix,
                 error,
@@ -221,6 +261,7 @@ where
             Kind::Shared(reader) => reader
                 .left()
                 .map_or_else(SizeHint::new, SizeHint::with_exact),
+            Kind::Parts(reader) => SizeHint::with_exact(reader.left),
             Kind::Stream { prefix, rest, .. } => {
                 let buffered: u64 = prefix
                     .iter()
@@ -239,5 +280,64 @@ where
                 hint
             }
         }
+    }
+}
+
+/// A reader of a stored body kept in Redis in parts: its place, and the read of the
+/// part it takes next (in a task of its own, so that it goes on while the client takes
+/// the part before).
+struct PartsReader {
+    parts: Arc<InParts>,
+    /// The part read next, and how many of its first bytes are skipped (a range's
+    /// start).
+    next: u32,
+    skip: usize,
+    /// The bytes left to give.
+    left: u64,
+    reading: Option<tokio::task::JoinHandle<Result<Option<Bytes>, crate::store::StoreError>>>,
+}
+
+impl PartsReader {
+    fn read_next(&mut self) {
+        if self.left > 0 && self.next < self.parts.count() && self.reading.is_none() {
+            let (parts, index) = (self.parts.clone(), self.next);
+            self.reading = Some(tokio::spawn(async move { parts.read(index).await }));
+        }
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        self.read_next();
+        let Some(reading) = self.reading.as_mut() else {
+            // (Past the last part: the body is shorter than its entry said.)
+            self.left = 0;
+            return Poll::Ready(Some(Err(BodyError::Stored)));
+        };
+        let read = std::task::ready!(Pin::new(reading).poll(cx));
+        self.reading = None;
+        let data = match read {
+            Ok(Ok(Some(data))) if data.len() > self.skip => data,
+            read => {
+                if let Ok(Err(error)) = read {
+                    tracing::debug!(%error, "a part of a stored body could not be read");
+                } else {
+                    tracing::debug!("a part of a stored body was gone");
+                }
+                self.left = 0;
+                return Poll::Ready(Some(Err(BodyError::Stored)));
+            }
+        };
+        let end = data
+            .len()
+            .min(self.skip + usize::try_from(self.left).unwrap_or(usize::MAX));
+        let data = data.slice(self.skip..end);
+        self.skip = 0;
+        self.next += 1;
+        self.left -= data.len() as u64;
+        // The next part is read while the client takes this one.
+        self.read_next();
+        Poll::Ready(Some(Ok(Frame::data(data))))
     }
 }

@@ -117,7 +117,8 @@ where
                     .map_or(FencingToken::new(1), |f| f.response.token),
                 stand_aside: fallback.as_ref().is_some_and(|f| route.serves_on_error(f))
                     || matches!(route.policy.cold_miss, ColdMiss::Reject { .. }),
-                revalidate: fallback.clone(),
+                // (An entry read in parts is not held: filled whole again.)
+                revalidate: fallback.clone().filter(|f| f.in_parts().is_none()),
                 redis,
             };
             // In a task of its own: a caller that goes away does not cancel the fill

@@ -24,6 +24,7 @@ pub(crate) fn cut<B: Body>(
 ) -> Response<ResponseBody<B>> {
     let len = match response.body().whole() {
         Some(whole) => whole.len() as u64,
+        None if response.body().parts_len().is_some() => response.body().parts_len().unwrap_or(0),
         None if response.body().is_shared() => match declared_length(response.headers()) {
             Some(len) => len,
             None => return response,

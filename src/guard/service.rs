@@ -355,7 +355,15 @@ where
         let wait = route.shared.notices.wait_for(keys.entry().into());
         let read = if redis == Redis::Usable {
             let names = route.reads_names(&keys);
-            l2_read_with_names(&route.shared.store, &keys, route.policy.max_body, names).await
+            // A body in parts that L1 would not keep, or asked for a range of, is read
+            // part by part as it is answered (a range: only the parts it spans).
+            let whole_up_to = if asked.ranged {
+                0
+            } else {
+                usize::try_from(route.shared.l1.max_entry()).unwrap_or(usize::MAX)
+            };
+            let (store, max) = (&route.shared.store, route.policy.max_body);
+            l2_read_with_names(store, &keys, max, names, whole_up_to).await
         } else {
             Ok((L2Read::Miss, None))
         };

@@ -39,8 +39,10 @@ end
 
 -- Deletes the parts of the body of the entry at `key` (a body kept in parts: the
 -- entry's fields g, its generation, and p, how many), unless they are of generation
--- `keep` (the parts a write is about to name).
-local function drop_parts(key, keep)
+-- `keep` (the parts a write is about to name). Given `linger` (ms: a newer entry
+-- replaces this one), they are kept that long at most instead, so that the answers
+-- that stream them part by part (cache/parts.rs) end whole.
+local function drop_parts(key, keep, linger)
   if redis.call('TYPE', key).ok ~= 'hash' then
     return
   end
@@ -51,7 +53,11 @@ local function drop_parts(key, keep)
   end
   -- (At most a body limit's worth: 64 MiB in parts of 512 KiB.)
   for i = 0, math.min(count, 128) - 1 do
-    redis.call('DEL', key .. ':p:' .. generation .. ':' .. i)
+    if linger then
+      redis.call('PEXPIRE', key .. ':p:' .. generation .. ':' .. i, linger, 'LT')
+    else
+      redis.call('DEL', key .. ':p:' .. generation .. ':' .. i)
+    end
   end
 end
 

@@ -70,9 +70,14 @@ names! {
     /// Waits for another instance's fill that began (those in progress: this minus
     /// [`COLD_WAITS`]).
     COLD_WAITS_STARTED: Counter = "stampede_guard_cold_waits_started_total", "Waits for another instance's fill that began.";
-    /// Callers that waited for a fill already in flight in this process (instead of
-    /// calling the origin themselves): what the local single-flight saved.
-    COALESCED: Counter = "stampede_guard_coalesced_total", "Callers that waited for a fill already in flight in this process instead of calling the origin.";
+    /// Callers that were answered by a fill already in flight in this process (its
+    /// entry, its answer as it streamed, or its failure) instead of calling the origin
+    /// themselves: what the local single-flight saved.
+    COALESCED: Counter = "stampede_guard_coalesced_total", "Callers answered by a fill already in flight in this process instead of calling the origin.";
+    /// Callers that joined a fill already in flight in this process and waited for it:
+    /// [`COALESCED`], and those it could not answer (an answer that was its own
+    /// caller's alone, or of another variant), which asked the origin after all.
+    FILL_JOINS: Counter = "stampede_guard_fill_joins_total", "Callers that joined a fill already in flight in this process and waited for it.";
     /// Stale responses served because the origin failed.
     STALE_IF_ERROR: Counter = "stampede_guard_stale_if_error_total", "Stale entries served because the origin failed.";
     /// Redis operations that failed, by operation and kind (counted by the store, for all
@@ -251,7 +256,8 @@ events! {
     NotStoredEventStream => (NOT_STORED, "reason" => "event_stream"), "An origin response was not stored: an event stream (`text/event-stream`), its caller's alone.";
     ColdFill => (COLD_FILLS), "This process filled a cold miss.";
     ColdWaitStarted => (COLD_WAITS_STARTED), "A fill found another instance's lease and began to wait for its entry.";
-    Coalesced => (COALESCED), "A caller joined a fill already in flight in this process, and waits for its result.";
+    Joined => (FILL_JOINS), "A caller joined a fill already in flight in this process, and waits for its result.";
+    Coalesced => (COALESCED), "A caller was answered by a fill already in flight in this process (it did not call the origin).";
     ColdWaitNotified => (COLD_WAITS, "result" => "notified"), "A wait for another instance's fill ended with the entry.";
     ColdWaitTimedOut => (COLD_WAITS, "result" => "timed_out"), "A wait for another instance's fill ran out.";
     ColdWaitEnded => (COLD_WAITS, "result" => "ended"), "A wait for another instance's fill ended early: its lease ended without a write.";

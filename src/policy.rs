@@ -173,8 +173,9 @@ pub mod defaults {
     pub const STALE_IF_ERROR: Duration = Duration::from_secs(300);
     /// How long the fleet leaves the origin alone after a failed refresh.
     pub const ERROR_BACKOFF: Duration = Duration::from_secs(1);
-    /// The largest body that is cached; larger ones stream through.
-    pub const MAX_BODY: usize = 1024 * 1024;
+    /// The largest body that is cached (16 MiB: 32 parts in Redis); larger ones are
+    /// shared by the callers of their fill as they stream, not stored.
+    pub const MAX_BODY: usize = 16 * 1024 * 1024;
     /// The largest body that may be configured.
     pub const MAX_BODY_LIMIT: usize = 64 * 1024 * 1024;
     /// How long callers of a key whose answer could not be stored go straight to the
@@ -458,7 +459,7 @@ impl PolicyBuilder {
         self
     }
 
-    /// The largest body that is stored (default 1 MiB, at most 64 MiB). A larger answer
+    /// The largest body that is stored (default 16 MiB, at most 64 MiB). A larger answer
     /// is not stored, but the callers that share its fill still share it, as it streams
     /// to them (one origin call); the first such answer of a route is logged, and each
     /// is counted (`stampede_guard_not_stored_total{reason="too_large"}`).

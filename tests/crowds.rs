@@ -103,7 +103,7 @@ async fn an_answer_for_one_caller_is_never_given_to_another_through_axum() {
         within(HANG, entered, "the first fill reaching the handler").await;
         // Everyone else waits for that fill.
         let joined_it = eventually(Duration::from_secs(10), || async {
-            layer.stats().get(Event::Coalesced) == 19
+            layer.stats().get(Event::Joined) == 19
         });
         assert!(joined_it.await, "{what}: {:?}", layer.stats());
         gate.open.notify_one();
@@ -112,6 +112,13 @@ async fn an_answer_for_one_caller_is_never_given_to_another_through_axum() {
             assert_eq!(got.body, format!("account of {user}"), "{what}");
         }
         assert_eq!(calls.load(Ordering::SeqCst), 20, "{what}");
+        // 19 joined the fill, and none was answered by it.
+        let stats = layer.stats();
+        assert_eq!(
+            (stats.get(Event::Joined), stats.get(Event::Coalesced)),
+            (19, 0),
+            "{what}"
+        );
     }
 }
 
@@ -187,7 +194,7 @@ async fn the_sidecar_never_gives_one_users_no_cache_answer_to_another() {
     within(HANG, entered, "the first fill reaching the origin").await;
     let joined_it = eventually(Duration::from_secs(10), || async {
         let scraped = fetch(metrics, "/metrics", &[]).await.body;
-        counter(&scraped, "stampede_guard_coalesced_total") == 19
+        counter(&scraped, "stampede_guard_fill_joins_total") == 19
     });
     assert!(joined_it.await, "the other 19 join the first fill");
     gate.open.notify_one();
@@ -196,6 +203,9 @@ async fn the_sidecar_never_gives_one_users_no_cache_answer_to_another() {
         assert_eq!(got.body, format!("account of {user}"));
     }
     assert_eq!(calls.load(Ordering::SeqCst), 20);
+    // None of them was answered by the fill it joined.
+    let scraped = fetch(metrics, "/metrics", &[]).await.body;
+    assert_eq!(counter(&scraped, "stampede_guard_coalesced_total"), 0);
 }
 
 /// The sum of a counter's series in a Prometheus scrape.
@@ -400,7 +410,7 @@ fn crowd(
 /// Waits until all `callers` but the first joined the first one's fill.
 async fn all_joined(layer: &stampede_guard::GuardLayer, callers: u64) {
     let joined = eventually(Duration::from_secs(20), || async {
-        layer.stats().get(Event::Coalesced) == callers - 1
+        layer.stats().get(Event::Joined) == callers - 1
     });
     assert!(joined.await, "{:?}", layer.stats());
 }
@@ -448,6 +458,7 @@ async fn a_crowd_streams_one_fill_of_a_large_answer_through_axum() {
         .filter(|g| g.cache_status.ends_with("collapsed"))
         .count();
     assert_eq!(collapsed as u64, CALLERS - 1, "all but the leader");
+    assert_eq!(layer.stats().get(Event::Coalesced), CALLERS - 1);
     assert_eq!(origin.calls(), 1);
     for _ in 0..20 {
         let hit = stream_get(addr, "/catalog", body.clone(), Arc::default()).await;
@@ -548,7 +559,10 @@ async fn callers_in_the_hit_for_pass_window_share_one_call() {
         (StatusCode::NOT_FOUND, "pass")
     );
     let hit_for_pass = layer.stats().get(Event::HitForPass);
-    let coalesced = layer.stats().get(Event::Coalesced);
+    let (joined, coalesced) = (
+        layer.stats().get(Event::Joined),
+        layer.stats().get(Event::Coalesced),
+    );
     let callers: Vec<_> = (0..CALLERS)
         .map(|_| {
             let missing = missing.clone();
@@ -560,7 +574,7 @@ async fn callers_in_the_hit_for_pass_window_share_one_call() {
     let everyone_waits = eventually(Duration::from_secs(20), || async {
         let stats = layer.stats();
         stats.get(Event::HitForPass) == hit_for_pass + CALLERS
-            && stats.get(Event::Coalesced) == coalesced + CALLERS - 1
+            && stats.get(Event::Joined) == joined + CALLERS - 1
     });
     assert!(everyone_waits.await, "{:?}", layer.stats());
     frames.send(Ok(missing.clone())).unwrap();
@@ -579,6 +593,11 @@ async fn callers_in_the_hit_for_pass_window_share_one_call() {
         origin.calls(),
         2,
         "one for the first wave, one for the second"
+    );
+    assert_eq!(
+        layer.stats().get(Event::Coalesced),
+        coalesced + CALLERS - 1,
+        "all but the first were answered by its call"
     );
 }
 
@@ -612,7 +631,7 @@ async fn two_instances_make_one_origin_call_for_a_large_answer() {
     // the lease holder's entry, and its other callers join that.
     let everyone_waits = eventually(Duration::from_secs(20), || async {
         let stats = |i: usize| apps[i].1.stats();
-        stats(0).get(Event::Coalesced) + stats(1).get(Event::Coalesced) == 2 * (CALLERS - 1)
+        stats(0).get(Event::Joined) + stats(1).get(Event::Joined) == 2 * (CALLERS - 1)
             && stats(0).get(Event::ColdWaitStarted) + stats(1).get(Event::ColdWaitStarted) == 1
     });
     assert!(
@@ -726,10 +745,10 @@ async fn parts_are_written_as_the_body_streams_and_none_outlive_a_refused_fill()
 
 /// Black-box, on the sidecar binary: 100 concurrent cold requests, each on its own
 /// connection, for an 8 MiB answer that its origin sends after 300 ms, in 1 MiB frames
-/// 50 ms apart. With its defaults (the answer is larger than the 1 MiB it stores): one
-/// origin call for the crowd, every body whole, and the answer not stored. With
-/// `--max-body 16MiB` on Redis: one origin call, every body whole, and once the fill has
-/// stored it, 20 requests are hits, from the entry kept in parts.
+/// 50 ms apart. With `--max-body 4MiB` (the answer is larger than what it stores): one
+/// origin call for the crowd, every body whole, and the answer not stored. With its
+/// defaults (it stores up to 16 MiB) on Redis: one origin call, every body whole, and
+/// once the fill has stored it, 20 requests are hits, from the entry kept in parts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_sidecar_makes_one_origin_call_for_a_crowd_of_a_large_answer() {
     use support::sidecar::Sidecar;
@@ -772,7 +791,9 @@ async fn the_sidecar_makes_one_origin_call_for_a_crowd_of_a_large_answer() {
     for stored in [false, true] {
         let mut args = vec!["--upstream", &upstream];
         if stored {
-            args.extend(["--redis", &redis_url, "--max-body", "16MiB"]);
+            args.extend(["--redis", &redis_url]);
+        } else {
+            args.extend(["--max-body", "4MiB"]);
         }
         let sidecar = Sidecar::start(&args);
         let path = if stored { "/stored" } else { "/not-stored" };

@@ -10,7 +10,8 @@
 //!
 //! A fill streamed to a crowd holds its body once, whatever the number of its readers
 //! and however slowly they read: 100 readers of a 32 MiB answer, 10 of them never
-//! reading, grow the process by about one copy of it.
+//! reading, grow the process by about one copy of it. Readers of an entry that L1 does
+//! not keep, read from Redis, hold a part or two each, not a copy each.
 //!
 //! Each test measures the whole process: they take turns ([`ONE_AT_A_TIME`]), and run
 //! them one at a time when you run them yourself. The one at 64 MiB runs with the suite (100,000 keys, L1 filled about twice over, or
@@ -308,7 +309,7 @@ async fn a_crowd_of_a_large_answer_holds_it_once() {
         })
         .collect();
     let joined = support::eventually(Duration::from_secs(30), || async {
-        layer.stats().get(Event::Coalesced) == 99
+        layer.stats().get(Event::Joined) == 99
     });
     assert!(joined.await, "{:?}", layer.stats());
     gate.notify_one();
@@ -330,6 +331,104 @@ async fn a_crowd_of_a_large_answer_holds_it_once() {
     assert!(
         grown <= LARGE + LARGE / 2 + 16 * MIB,
         "the process grew by {grown} bytes for one {LARGE}-byte answer"
+    );
+    drop(silent);
+}
+
+/// 24 readers, each on its own connection, of a 32 MiB entry another instance stored
+/// in Redis (in 64 parts), on an instance whose L1 does not keep it (the default 64 MiB
+/// L1 keeps entries of up to 8 MiB): each reads it part by part as its client takes
+/// it, so that the process grows by a few parts per reader, not a copy each (at most
+/// 2 MiB per reader and 32 MiB more). 4 of them never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_of_a_large_entry_in_redis_hold_a_part_each() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const READERS: u64 = 20;
+    const SILENT: u64 = 4;
+
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let server = support::RedisServer::start();
+    let origin = tower::service_fn(|_: Request<axum::body::Body>| async {
+        let body = Full::new(Bytes::from(vec![7u8; LARGE as usize]))
+            .map_err(|never| match never {})
+            .boxed();
+        Ok::<_, Infallible>(Response::new(body))
+    });
+    let policy = || {
+        Policy::builder("downloads")
+            .fresh_ttl(Duration::from_secs(600))
+            .lease_ttl(Duration::from_secs(10))
+            .error_backoff(Duration::from_secs(2))
+            .max_body(64 * MIB as usize)
+            .build()
+            .unwrap()
+    };
+    let instance = || async {
+        let store = RedisStore::builder(server.url())
+            .command_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        let guard = StampedeGuard::builder(store, space()).build().unwrap();
+        support::within(support::HANG, guard.ready(), "the guard's readiness")
+            .await
+            .unwrap();
+        let layer = guard.layer(policy()).unwrap();
+        let app = axum::Router::new().route_service("/large", layer.layer(origin));
+        (support::http::serve(app).await, layer, guard)
+    };
+    // Stored by one instance...
+    let (filler, _filler_layer, _filler_guard) = instance().await;
+    let got = support::http::fetch(filler, "/large", &[]).await;
+    assert_eq!(got.headers["x-cache"], "miss");
+    // ...read on another.
+    let (addr, layer, _guard) = instance().await;
+    let request = b"GET /large HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n";
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = resident();
+    let mut silent = Vec::new();
+    for _ in 0..SILENT {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        silent.push(stream);
+    }
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                stream.write_all(request).await.unwrap();
+                let mut buffer = vec![0; 64 * 1024];
+                let mut read = 0u64;
+                loop {
+                    match stream.read(&mut buffer).await.unwrap() {
+                        0 => return read,
+                        n => read += n as u64,
+                    }
+                }
+            })
+        })
+        .collect();
+    let read = support::web::all_within(readers, Duration::from_secs(120), "the readers").await;
+    let after = resident();
+    for read in read {
+        assert!(read > LARGE, "{read} bytes: not the whole answer");
+    }
+    let all_hits = support::eventually(Duration::from_secs(10), || async {
+        layer.stats().get(Event::L2Hit) == READERS + SILENT
+    });
+    assert!(all_hits.await, "{:?}", layer.stats());
+    let grown = after.saturating_sub(before);
+    eprintln!(
+        "{} readers of a {} MiB entry read from Redis part by part, {SILENT} never reading: \
+         the process grew by {:.1} MiB ({:.2} copies)",
+        READERS + SILENT,
+        LARGE / MIB,
+        grown as f64 / MIB as f64,
+        grown as f64 / LARGE as f64,
+    );
+    assert!(
+        grown <= (READERS + SILENT) * 2 * MIB + 32 * MIB,
+        "the process grew by {grown} bytes for {} readers",
+        READERS + SILENT
     );
     drop(silent);
 }

@@ -966,7 +966,7 @@ async fn callers_elsewhere_stop_waiting_when_the_holder_writes_nothing_through_a
     let waiting = support::eventually(Duration::from_secs(10), || async {
         let stats = apps[1].1.stats();
         stats.get(stampede_guard::metrics::Event::ColdWaitStarted) == 1
-            && stats.get(stampede_guard::metrics::Event::Coalesced) == 19
+            && stats.get(stampede_guard::metrics::Event::Joined) == 19
     });
     assert!(waiting.await, "{:?}", apps[1].1.stats());
     let opened = std::time::Instant::now();

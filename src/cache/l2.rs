@@ -90,8 +90,8 @@ pub(crate) async fn l2_read_with_names(
                         Stored::aged(response, age)
                     }
                     Some((parted, generation)) => {
-                        let in_parts =
-                            InParts::new(store.clone(), keys.clone(), parted, generation);
+                        let (store, keys) = (store.clone(), keys.clone());
+                        let in_parts = InParts::new(store, keys, parted, generation, max_size);
                         if !in_parts.check().await? {
                             return Ok((L2Read::Garbage("a part"), names));
                         }
@@ -106,8 +106,9 @@ pub(crate) async fn l2_read_with_names(
 }
 
 /// The body kept in `parted` parts of `generation`, read one part at a time, each
-/// within the deadline of a read of the whole entry (`max_size`); `None` when a part is
-/// missing, or is not the one the entry names (see the module docs).
+/// within the deadline of a read of `max_size` bytes (a slow link is not a timeout by
+/// nature); `None` when a part is missing, or is not the one the entry names (see the
+/// module docs).
 async fn read_parts(
     store: &RedisStore,
     keys: &CacheKeys,
@@ -198,8 +199,7 @@ pub(crate) async fn l2_write(
         for index in written.min(parted.count)..parted.count {
             let start = index as usize * PART;
             let data = &response.body[start..start + parted.part_len(index)];
-            let whole = response.body.len();
-            if !l2_write_part(store, keys, token, (index, data), keep_left, whole).await? {
+            if !l2_write_part(store, keys, token, (index, data), keep_left).await? {
                 break;
             }
         }
@@ -217,27 +217,17 @@ pub(crate) async fn l2_write(
 }
 
 /// Writes part `index` (its `data`) of the body of the entry about to be written under
-/// `token`, kept `keep` (and a second more: [`PARTS_OUTLIVE`]), within the deadline of a
-/// write of the `whole` body: `false` when a higher token was stored or issued (see
-/// `scripts/part.lua`).
+/// `token`, kept `keep` (and a second more: [`PARTS_OUTLIVE`]): `false` when a higher
+/// token was stored or issued (see `scripts/part.lua`).
 pub(crate) async fn l2_write_part(
     store: &RedisStore,
     keys: &CacheKeys,
     token: FencingToken,
     (index, data): (u32, &[u8]),
     keep: Duration,
-    whole: usize,
 ) -> Result<bool, StoreError> {
     let part = entry::part(token, index, data);
-    scripts::write_part(
-        store,
-        keys,
-        token,
-        (index, part),
-        keep + PARTS_OUTLIVE,
-        whole,
-    )
-    .await
+    scripts::write_part(store, keys, token, (index, part), keep + PARTS_OUTLIVE).await
 }
 
 /// Deletes the first `count` parts written under `token` for an entry that was not

@@ -25,6 +25,9 @@ pub(crate) struct InParts {
     keys: CacheKeys,
     parted: Parted,
     generation: FencingToken,
+    /// Each part is read within the deadline of a read of this many bytes (the route's
+    /// body limit, as when the body is read whole).
+    max_size: usize,
 }
 
 impl fmt::Debug for InParts {
@@ -42,12 +45,14 @@ impl InParts {
         keys: CacheKeys,
         parted: Parted,
         generation: FencingToken,
+        max_size: usize,
     ) -> Self {
         Self {
             store,
             keys,
             parted,
             generation,
+            max_size,
         }
     }
 
@@ -83,7 +88,7 @@ impl InParts {
     /// not there, or is not the part this body names.
     pub(crate) async fn read(&self, index: u32) -> Result<Option<Bytes>, StoreError> {
         let key = self.keys.part(self.generation.get(), index);
-        let Some(part) = scripts::read_part(&self.store, &key, PART).await? else {
+        let Some(part) = scripts::read_part(&self.store, &key, self.max_size).await? else {
             return Ok(None);
         };
         let len = self.parted.part_len(index);

@@ -58,8 +58,12 @@ pub(crate) enum ReadReply {
     },
 }
 
+/// The most an entry moves in one read: a body of one part, and room for its headers.
+const ENTRY_AT_MOST: usize = super::entry::PART + 64 * 1024;
+
 /// Reads an entry (and with `names` the names its response varies on); the deadline
-/// grows with `max_size`, what the entry may weigh.
+/// grows with `max_size`, what the entry may weigh, up to what an entry holds at most
+/// (a body longer than a part is kept in parts beside it: [`ENTRY_AT_MOST`]).
 pub(crate) async fn read(
     store: &RedisStore,
     keys: &CacheKeys,
@@ -72,7 +76,11 @@ pub(crate) async fn read(
         invocation.key(keys.vary_key());
     }
     let value: Value = store
-        .run_sized(Operation::Read, Request::Script(&invocation), max_size)
+        .run_sized(
+            Operation::Read,
+            Request::Script(&invocation),
+            max_size.min(ENTRY_AT_MOST),
+        )
         .await?;
     let text = |bytes: Vec<u8>| String::from_utf8(bytes).ok();
     Ok(match value {
@@ -165,18 +173,16 @@ pub(crate) struct WriteReply {
 }
 
 /// Writes part `index` of the body of the entry `keys` is about to get under `token`
-/// (see `part.lua`), within the deadline of a write of the `whole` body: `false` when a
-/// higher token was stored or issued.
+/// (see `part.lua`), within the deadline of a write of its size: `false` when a higher
+/// token was stored or issued.
 pub(crate) async fn write_part(
     store: &RedisStore,
     keys: &CacheKeys,
     token: FencingToken,
     (index, part): (u32, Vec<u8>),
     keep: Duration,
-    whole: usize,
 ) -> Result<bool, StoreError> {
-    // Within the deadline of a write of the whole entry, as each of its commands.
-    let size = whole;
+    let size = part.len();
     let token = token.get();
     let mut invocation = PART.prepare_invoke();
     invocation

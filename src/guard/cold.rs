@@ -131,7 +131,7 @@ where
             }
         }
         Joined::Follow(waiting) => {
-            route.stats.record(Event::Coalesced);
+            route.stats.record(Event::Joined);
             Flight { waiting, own: None }
         }
     }
@@ -171,8 +171,32 @@ pub(crate) async fn landed<B: OriginBody, E>(
         },
     };
     // What only this caller may have, if it led: sent before the flight ended.
-    let mut own = own.and_then(|mut own| own.try_recv().ok());
-    match &*landed {
+    let own = own.and_then(|mut own| own.try_recv().ok());
+    let next = answer_landed(
+        route, &landed, own, is_leader, keys, headers, asked, fallback,
+    );
+    if !is_leader && matches!(next, Next::Answer(_)) {
+        // Answered by another caller's fill: its entry, its answer, or its failure.
+        route.stats.record(Event::Coalesced);
+    }
+    next
+}
+
+/// What a caller (the fill's leader, with its `own` answer, or not) does with how the
+/// fill `landed` (see [`landed`]).
+#[allow(clippy::too_many_arguments)]
+fn answer_landed<B: OriginBody, E>(
+    route: &Arc<Route>,
+    landed: &Landed,
+    mut own: Option<Own<B, E>>,
+    is_leader: bool,
+    keys: &CacheKeys,
+    headers: &http::HeaderMap,
+    asked: Asked,
+    fallback: &Option<Arc<Stored>>,
+) -> Next<B, E> {
+    let kind = asked.kind;
+    match landed {
         Landed::Entry {
             stored,
             kept,

@@ -412,7 +412,7 @@ impl Parts {
             let data = stream.slice(end - PART as u64, end);
             let part = (self.written, &data[..]);
             let store = &route.shared.store;
-            match l2_write_part(store, &self.keys, self.token, part, self.keep, max).await {
+            match l2_write_part(store, &self.keys, self.token, part, self.keep).await {
                 Ok(true) => self.written += 1,
                 Ok(false) => self.stopped = true,
                 Err(_) => {

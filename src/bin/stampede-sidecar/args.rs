@@ -104,7 +104,7 @@ pub(crate) struct Args {
 
     /// The largest answer that is stored, for requests matching no route and routes
     /// that do not set it: bytes, or a size with its unit (`512KiB`, `16MiB`, `8MB`)
-    /// [default: 1MiB, at most 64MiB]. A larger answer is not stored: the callers that
+    /// [default: 16MiB, at most 64MiB]. A larger answer is not stored: the callers that
     /// share its fill still get it as it streams (one origin call), and later callers
     /// ask the origin again. Logged once per route, counted in
     /// `stampede_guard_not_stored_total{reason="too_large"}`.

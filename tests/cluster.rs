@@ -6,6 +6,7 @@ mod support;
 
 use std::time::Duration;
 
+use http::StatusCode;
 use stampede_guard::keys::{KeySpace, LeaseName, Scope};
 use stampede_guard::lease::{AcquireOutcome, LeaseClient, ReleaseOutcome, RenewOutcome};
 use stampede_guard::metrics::Event;
@@ -795,6 +796,35 @@ async fn a_body_in_parts_lives_in_its_entrys_slot() {
     assert_eq!(origin.calls(), 1);
     assert_eq!(a.layer.stats().get(Event::RedisError), 0);
     assert_eq!(b.layer.stats().get(Event::RedisError), 0);
+    // A range is read part by part, checked whole first (one script over the parts'
+    // keys, in the entry's slot).
+    let mut ranged = get("/items/large");
+    let range = http::HeaderValue::from_static("bytes=600000-600099");
+    ranged.headers_mut().insert("range", range);
+    let part = send(&b.service, ranged).await;
+    assert_eq!(
+        (part.status, part.x_cache()),
+        (StatusCode::PARTIAL_CONTENT, "hit")
+    );
+    assert_eq!(part.body, "\u{1}".repeat(100));
     assert!(a.layer.invalidate(&get("/items/large")).await.unwrap());
     assert_eq!(keys_matching(&cluster, &parts), 0);
+    // A crowd on both instances, of an answer its origin takes 300 ms to give: one
+    // origin call for the fleet, every body whole on both.
+    let slow = Origin::new(Duration::from_millis(300), |n, _| {
+        http::Response::new(support::web::full(vec![n as u8; LEN]))
+    });
+    let a = web::instance(guard(), policy(), slow.service()).await;
+    let b = web::instance(guard(), policy(), slow.service()).await;
+    let crowd: Vec<_> = (0..40)
+        .map(|i| {
+            let service = if i % 2 == 0 { &a.service } else { &b.service }.clone();
+            tokio::spawn(async move { send(&service, get("/items/crowd")).await })
+        })
+        .collect();
+    for got in web::all_within(crowd, Duration::from_secs(60), "the crowd").await {
+        assert_eq!((got.status, got.body.len()), (StatusCode::OK, LEN));
+        assert!(got.body.bytes().all(|b| b == 1), "a wrong byte");
+    }
+    assert_eq!(slow.calls(), 1, "one origin call for the fleet");
 }

@@ -220,7 +220,7 @@ fn counter(scraped: &str, name: &str) -> u64 {
 /// A guard for the large answers, ready: an 8 MiB answer streamed to 200 callers loads
 /// both cores, so Redis's replies get a command timeout of a second (and the leases
 /// room for it); its L1 holds 256 MiB, so that one 8 MiB entry is kept (an entry may
-/// weigh an eighth of L1).
+/// weigh a quarter of L1).
 async fn large_guard(server: &RedisServer) -> stampede_guard::StampedeGuard {
     let store = stampede_guard::RedisStore::builder(server.url())
         .command_timeout(Duration::from_secs(1))
@@ -307,9 +307,8 @@ impl Streaming {
 
     /// The body sender of the origin's next call, once it is called.
     async fn called(&self) -> BodySender {
-        within(HANG, self.bodies.lock(), "the origin's calls")
-            .await
-            .recv()
+        let next = async { self.bodies.lock().await.recv().await };
+        within(HANG, next, "the origin's next call")
             .await
             .expect("the origin is there")
     }
@@ -941,7 +940,7 @@ async fn redis_sent(server: &RedisServer) -> u64 {
 }
 
 /// A 32 MiB entry, stored by one instance, read on another whose L1 does not keep it
-/// (the default 64 MiB L1 keeps an entry of 8 MiB at most): a range reads only the
+/// (the default 64 MiB L1 keeps an entry of 16 MiB at most): a range reads only the
 /// parts it spans from Redis (1 KiB from the middle of a part: one part; 1 KiB across
 /// two parts: two), and a crowd of whole readers streams it part by part, every body
 /// whole and right, with no origin call. An invalidation while a slow reader is halfway
@@ -1081,4 +1080,106 @@ async fn a_large_entry_is_read_from_redis_part_by_part_and_a_range_reads_only_it
         ended.is_err() && len < HUGE,
         "cut after {len} bytes, not ended clean"
     );
+}
+
+/// A refresh reads its answer as a cold fill does (one path from the origin's body to
+/// the entry): its parts are written to Redis while the body streams, the entry last,
+/// naming the new generation; the entry it replaced keeps its parts a minute at most,
+/// for the answers that are streaming them. Another instance then reads the new body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refresh_writes_its_parts_as_its_body_streams() {
+    let server = RedisServer::start();
+    let guard = large_guard(&server).await;
+    let policy = || {
+        large_policy()
+            .fresh_ttl(Duration::from_secs(1))
+            .grace(Duration::from_secs(120))
+            .build()
+            .unwrap()
+    };
+    let layer = guard.layer(policy()).unwrap();
+    let (origin, route) = Streaming::route(None, StatusCode::OK);
+    let addr = serve(Router::new().route("/catalog", route.layer(layer.clone()))).await;
+    let entry = layer
+        .cache_keys(&support::web::get("/catalog"))
+        .unwrap()
+        .entry()
+        .to_owned();
+    let old = large_body();
+    let new: bytes::Bytes = old.iter().map(|b| b ^ 0x5a).collect::<Vec<u8>>().into();
+    let mib = 1 << 20;
+    let send_from = |frames: &BodySender, body: &bytes::Bytes, from: usize, to: usize| {
+        for at in (from..to).step_by(mib) {
+            frames.send(Ok(body.slice(at..at + mib))).unwrap();
+        }
+    };
+    let caller = tokio::spawn(stream_get(addr, "/catalog", old.clone(), Arc::default()));
+    let frames = origin.called().await;
+    send_from(&frames, &old, 0, LARGE);
+    drop(frames);
+    let got = joined(caller, HANG, "the first caller").await;
+    assert_eq!(
+        (got.len, got.same, got.x_cache.as_str()),
+        (LARGE, true, "miss")
+    );
+    let generation = || async {
+        let g: String = redis::cmd("HGET")
+            .arg(&entry)
+            .arg("g")
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+        g
+    };
+    let first = generation().await;
+    // Stale: served at once, and refreshed.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let stale = stream_get(addr, "/catalog", old.clone(), Arc::default()).await;
+    assert_eq!(
+        (stale.len, stale.same, stale.x_cache.as_str()),
+        (LARGE, true, "stale")
+    );
+    let frames = origin.called().await;
+    send_from(&frames, &new, 0, 2 * mib);
+    // The refresh's first four parts, beside the old entry's 16, before its body ends.
+    let written = eventually(Duration::from_secs(20), || async {
+        parts_in_redis(&server, &entry).await.len() == 20
+    });
+    assert!(
+        written.await,
+        "{:?}",
+        parts_in_redis(&server, &entry).await.len()
+    );
+    assert_eq!(generation().await, first, "the entry is written last");
+    send_from(&frames, &new, 2 * mib, LARGE);
+    drop(frames);
+    let replaced = eventually(Duration::from_secs(20), || async {
+        generation().await != first
+    });
+    assert!(replaced.await, "the refresh wrote its entry");
+    // The old generation's parts linger a minute at most.
+    let mut conn = server.conn().await;
+    for key in parts_in_redis(&server, &entry).await {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if key.contains(&format!(":p:{first}:")) {
+            assert!((0..=60_000).contains(&pttl), "{key}: {pttl} ms");
+        } else {
+            assert!(pttl > 60_000, "{key}: {pttl} ms");
+        }
+    }
+    // Another instance reads the new body.
+    let other = large_guard(&server).await;
+    let other_layer = other.layer(policy()).unwrap();
+    let (unused, route) = Streaming::route(None, StatusCode::OK);
+    let other_addr = serve(Router::new().route("/catalog", route.layer(other_layer))).await;
+    let hit = stream_get(other_addr, "/catalog", new.clone(), Arc::default()).await;
+    assert_eq!(
+        (hit.x_cache.as_str(), hit.len, hit.same),
+        ("hit", LARGE, true)
+    );
+    assert_eq!((unused.calls(), origin.calls()), (0, 2));
 }

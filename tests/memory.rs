@@ -337,7 +337,7 @@ async fn a_crowd_of_a_large_answer_holds_it_once() {
 
 /// 24 readers, each on its own connection, of a 32 MiB entry another instance stored
 /// in Redis (in 64 parts), on an instance whose L1 does not keep it (the default 64 MiB
-/// L1 keeps entries of up to 8 MiB): each reads it part by part as its client takes
+/// L1 keeps entries of up to 16 MiB): each reads it part by part as its client takes
 /// it, so that the process grows by a few parts per reader, not a copy each (at most
 /// 2 MiB per reader and 32 MiB more). 4 of them never read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

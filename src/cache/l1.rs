@@ -33,7 +33,7 @@ pub(crate) struct L1 {
     /// values in tests.
     busy_at: u64,
     sample: u32,
-    /// The most one entry may weigh: an eighth of the capacity ([`ENTRY_SHARE`]).
+    /// The most one entry may weigh: a quarter of the capacity ([`ENTRY_SHARE`]).
     max_entry: u64,
     /// Variants dropped past the cap of one response's (see [`Front::put`]), so far.
     variants_dropped: AtomicU64,
@@ -44,10 +44,11 @@ pub(crate) struct L1 {
     pub(crate) before_insert: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
-/// One entry weighs at most this part of L1's capacity (an eighth: 8 MiB of the default
-/// 64 MiB): a heavier one is not kept in L1 (its callers read it from Redis, in parts),
-/// so that one large answer never pushes out the many small ones.
-pub(crate) const ENTRY_SHARE: u64 = 8;
+/// One entry weighs at most this part of L1's capacity (a quarter: 16 MiB of the
+/// default 64 MiB, so that an 8 MiB answer is kept): a heavier one is not kept in L1
+/// (its callers read it from Redis, part by part), so that one large answer never
+/// pushes out more than a quarter of the many small ones.
+pub(crate) const ENTRY_SHARE: u64 = 4;
 
 struct UntilKept;
 

@@ -30,25 +30,20 @@
 //! (it is revalidated on every use).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::BodyExt;
 
 use super::body::BoxError;
 use super::body::ResponseBody;
-use super::fill::{Fill, Kept, Put, not_stored};
+use super::fill::{Fill, Kept, not_stored};
 use super::inflight::{Failure, Landed, Lead, Own, SharedAnswer};
 use super::origin::{Called, OriginBody};
+use super::read::{Parts, Read, parts_kept, read_body};
 use super::route::Route;
 use super::stream::{Stream, Writer};
-use crate::cache::{PART, l2_drop_parts, l2_write_part};
-use crate::http::directives::lifetimes;
 use crate::http::response::{self, NotStored, Reuse, declared_length};
-use crate::lease::FencingToken;
-use crate::lease::LeaseLost;
 use crate::metrics::Event;
 use crate::notify::Ending;
 
@@ -137,21 +132,6 @@ fn sharing(route: &Route, head: &Response<()>) -> Sharing {
     }
 }
 
-/// How the reading of a body ended.
-enum Read<E> {
-    Whole,
-    /// Its last frame was trailers: the body is whole, but not stored (trailers are
-    /// not kept, nor passed on to the callers that share it).
-    Trailers,
-    Failed(E),
-    /// It ended before the length its `Content-Length` declared.
-    Short,
-    /// No frame for the refresh timeout.
-    Stalled,
-    /// The watchdog stopped the fill.
-    Stopped(LeaseLost),
-}
-
 /// Reads the answer whose head came, and lands the fill (see the [module docs](self)).
 async fn read<B: OriginBody, E>(
     route: &Route,
@@ -198,34 +178,14 @@ async fn read<B: OriginBody, E>(
     }
     let storing = storable && !too_large(declared.unwrap_or(0));
     let mut parts = Parts::of(route, &fill, &head, storing);
-    let idle = route.policy.refresh_timeout;
-    let reading = async {
-        let mut body = std::pin::pin!(body);
-        loop {
-            let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
-                return Read::Stalled;
-            };
-            let data = match frame {
-                // Shorter than it said: cut, not whole.
-                None if declared.is_some_and(|d| d != stream.len()) => return Read::Short,
-                None => return Read::Whole,
-                Some(Err(error)) => return Read::Failed(error),
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => data,
-                    // Trailers end a body.
-                    Err(_) => return Read::Trailers,
-                },
-            };
-            writer.push(data);
-            if !published && stream.len() > stream_from {
-                lead.publish(publish(stream.len()));
-                published = true;
-            }
-            if let Some(parts) = &mut parts {
-                parts.write_ready(route, &stream).await;
-            }
+    let reading = read_body(route, body, declared, &mut writer, &mut parts, |len| {
+        if !published && len > stream_from {
+            lead.publish(publish(len));
+            published = true;
         }
-    };
+        // (Read whole, stored or not: the callers that share it get all of it.)
+        true
+    });
     // Under the watchdog only what may be stored: an answer that will not be is not
     // cut at the watchdog's maximum for its readers (its lease, no longer renewed, runs
     // out by its TTL; the fill ends when the body does).
@@ -333,33 +293,42 @@ where
             }
             return landed;
         }
+        // The fill ends (and the fleet backs off) first, then the flight closes to
+        // newcomers, and only then do its readers see the cut: a caller that comes
+        // after a reader saw it starts a fill of its own, not this one's failure.
         Read::Failed(error) => {
-            writer.cut();
             route.stats.record(Event::OriginError);
             let error: BoxError = error.into();
             tracing::debug!(%error, "the origin's body failed mid-way: cut for every reader");
             fill.end(Ending::Error).await;
+            retire_and_cut(lead, writer);
             cut(published, &stream, head)
         }
         Read::Short => {
-            writer.cut();
             route.stats.record(Event::OriginError);
             tracing::debug!("the origin's body ended before its declared length: cut");
             fill.end(Ending::Error).await;
+            retire_and_cut(lead, writer);
             cut(published, &stream, head)
         }
+        // (A cold fill reads every body to its end: it never abandons one.)
+        Read::Abandoned => {
+            fill.end(Ending::Error).await;
+            retire_and_cut(lead, writer);
+            (Landed::Failed(Failure::Error), None)
+        }
         Read::Stalled => {
-            writer.cut();
             route.stats.record(Event::OriginTimeout);
             fill.end(Ending::Error).await;
+            retire_and_cut(lead, writer);
             (Landed::Failed(Failure::Timeout), None)
         }
         Read::Stopped(lost) => {
-            writer.cut();
             let failure = match fill.stopped(lost).await {
                 super::fill::Stopped::AtMaximum => Failure::Timeout,
                 super::fill::Stopped::LeaseLost => Failure::LeaseLost,
             };
+            retire_and_cut(lead, writer);
             (Landed::Failed(failure), None)
         }
     };
@@ -369,76 +338,10 @@ where
     landed
 }
 
-/// The parts of a body written to Redis as it streams, under the fill's lease (see
-/// `cache::l2`): each as soon as its bytes came, while the answer may be stored. The
-/// fill's write then writes only those left, and the entry; when the answer is not
-/// written after all, they are deleted.
-struct Parts {
-    keys: crate::keys::CacheKeys,
-    token: FencingToken,
-    /// What is left of the entry's keep time, as its head says.
-    keep: Duration,
-    written: u32,
-    /// A part was refused (a newer token: the entry's write will be too) or failed:
-    /// the fill's write writes them all again, or nothing.
-    stopped: bool,
-}
-
-impl Parts {
-    /// The parts of `head`'s body, for a fill under the lease of an answer that may be
-    /// stored.
-    fn of(route: &Route, fill: &Fill, head: &Response<()>, storing: bool) -> Option<Self> {
-        let token = fill.lease_token().filter(|_| storing)?;
-        let policy = &route.policy;
-        let life = lifetimes(policy, head.headers(), policy.fresh_ttl);
-        Some(Self {
-            keys: fill.keys().clone(),
-            token,
-            keep: life.keep.saturating_sub(life.age),
-            written: 0,
-            stopped: false,
-        })
-    }
-
-    /// Writes every part whose bytes came, while the body fits the route's limit.
-    async fn write_ready(&mut self, route: &Route, stream: &Stream) {
-        let max = route.policy.max_body;
-        while !self.stopped {
-            let end = (self.written as u64 + 1) * PART as u64;
-            let len = stream.len();
-            if len < end || len > max as u64 {
-                return;
-            }
-            let data = stream.slice(end - PART as u64, end);
-            let part = (self.written, &data[..]);
-            let store = &route.shared.store;
-            match l2_write_part(store, &self.keys, self.token, part, self.keep).await {
-                Ok(true) => self.written += 1,
-                Ok(false) => self.stopped = true,
-                Err(_) => {
-                    route.stats.record(Event::RedisError);
-                    self.stopped = true;
-                }
-            }
-        }
-    }
-
-    /// How many parts the fill's write may take as written: none once one was refused
-    /// or failed (it then writes them all again, or nothing).
-    fn usable(&self) -> u32 {
-        if self.stopped { 0 } else { self.written }
-    }
-
-    /// Deletes the parts written: the answer was not written under this fill's keys.
-    async fn drop(self, route: &Route) {
-        let store = &route.shared.store;
-        if l2_drop_parts(store, &self.keys, self.token, self.written)
-            .await
-            .is_err()
-        {
-            route.stats.record(Event::RedisError);
-        }
-    }
+/// Closes the fill's flight to newcomers, then cuts its stream for every reader.
+fn retire_and_cut(lead: &Lead, writer: Writer) {
+    lead.retire();
+    writer.cut();
 }
 
 /// A body that failed mid-way: every caller that shares the stream gets it cut; one
@@ -476,13 +379,7 @@ async fn whole<B: Body, E>(
         Ok(()) => {
             let kept = fill.keep(&asked, head, body).await;
             // Whether the entry written is the one the fill's parts are of.
-            let parts_kept = matches!(
-                &kept,
-                Kept::Stored {
-                    put: Put::Written { to_l2: true, .. },
-                    rekeyed: false
-                }
-            );
+            let parts_kept = parts_kept(&kept);
             let landed = match kept {
                 Kept::Stored { put, rekeyed } => {
                     let stored = put.entry().clone();

@@ -216,6 +216,7 @@ mod origin;
 mod outcome;
 mod purge;
 mod ranged;
+mod read;
 mod refresh;
 mod route;
 mod service;

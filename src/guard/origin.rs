@@ -8,15 +8,13 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::BoxError;
-use crate::http::response::{NotStored, declared_length};
 use crate::metrics::{Event, RouteStats};
 use crate::policy::Policy;
 
@@ -59,19 +57,6 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send + 'static,
 {
-}
-
-/// A response read from the origin, whole or not.
-pub(crate) enum Read {
-    Whole {
-        head: Response<()>,
-        body: Bytes,
-    },
-    /// Reading stopped: the body is too large, has trailers, or `failed`.
-    Partial {
-        why: NotStored,
-        failed: bool,
-    },
 }
 
 pub(crate) enum Called<B: Body, E> {
@@ -124,53 +109,6 @@ where
         Err(_) => {
             stats.record(Event::OriginTimeout);
             Ok(None)
-        }
-    }
-}
-
-/// Reads an answer whole, up to `max` bytes; `None` when no frame of its body came
-/// for `idle` (a long body over a slow link is not cut while it moves).
-pub(crate) async fn read_whole<B: Body<Data = Bytes>>(
-    response: Response<B>,
-    max: usize,
-    idle: std::time::Duration,
-) -> Option<Read> {
-    let (parts, body) = response.into_parts();
-    let head = Response::from_parts(parts, ());
-    let mut body = std::pin::pin!(body);
-    let too_large = |size: u64| size > max as u64;
-    // More header values than an entry may hold (`entry::MAX_HEADERS`) would make an
-    // entry that L2 could never give back.
-    if too_large(declared_length(head.headers()).unwrap_or(0))
-        || too_large(body.size_hint().lower())
-        || head.headers().len() > crate::cache::entry::MAX_HEADERS
-    {
-        return Some(Read::Partial {
-            why: NotStored::TooLarge,
-            failed: false,
-        });
-    }
-    let mut whole = BytesMut::new();
-    loop {
-        let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
-            return None;
-        };
-        let partial = |why, failed| Some(Read::Partial { why, failed });
-        match frame {
-            None => {
-                return Some(Read::Whole {
-                    head,
-                    body: whole.freeze(),
-                });
-            }
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) if too_large((whole.len() + data.len()) as u64) => {
-                    return partial(NotStored::TooLarge, false);
-                }
-                Ok(data) => whole.extend_from_slice(&data),
-                Err(_) => return partial(NotStored::Trailers, false),
-            },
-            Some(Err(_)) => return partial(NotStored::TooLarge, true),
         }
     }
 }

@@ -15,13 +15,13 @@ use tracing::Instrument;
 
 use super::fill::{Answered, Fill, Kept, Put, lease_unavailable, not_stored};
 use super::inflight::Refresh;
-use super::origin::{
-    Called, FillBody, Inner, OriginBody, Read, asked, counted_revalidation, read_whole,
-};
+use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
+use super::read::{Parts, Read, parts_kept, read_body};
 use super::route::Route;
-use crate::cache::{Freshness, L2Read, Stored, l2_read};
+use super::stream::Stream;
+use crate::cache::{Freshness, L2Read, Stored, entry, l2_read};
 use crate::http::conditional;
-use crate::http::response;
+use crate::http::response::{self, NotStored};
 use crate::interest::Interest;
 use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::{Acquire, AcquireOutcome};
@@ -289,78 +289,116 @@ where
     if conditional {
         counted_revalidation(&route.stats, &origin);
     }
-    // Its body, read whole (no caller awaits a refresh), under the watchdog as the call
-    // was; or why there is none.
-    let read = match origin {
-        Called::Answered(response) => {
-            let body = read_whole(response, policy.max_body, policy.refresh_timeout);
-            match fill.hold(body).await {
-                Ok(Some(read)) => Ok(read),
-                Ok(None) => {
-                    route.stats.record(Event::OriginTimeout);
-                    Err(Event::RefreshTimeout)
-                }
-                Err(lost) => {
-                    fill.stopped(lost).await;
-                    return failed();
-                }
-            }
-        }
-        Called::TimedOut => Err(Event::RefreshTimeout),
+    let response = match origin {
+        Called::Answered(response) => response,
+        Called::TimedOut => return given_up(&route, fill, Event::RefreshTimeout, None).await,
         Called::Error(_) => {
             route.stats.record(Event::OriginError);
-            Err(Event::RefreshOriginError)
+            return given_up(&route, fill, Event::RefreshOriginError, None).await;
         }
     };
-    let (event, why) = match read {
-        Err(event) => (event, None),
-        // Unchanged: the entry is renewed with the body it has.
-        Ok(Read::Whole { head, .. })
-            if conditional && head.status() == StatusCode::NOT_MODIFIED =>
-        {
-            if conditional::is_about(&current.headers(), head.headers()) {
-                if fill.renew(&current, head, &asked).await.is_err() {
-                    // Ended already.
-                    route.stats.record(Event::RefreshNotStored);
-                    return failed();
-                }
-                route.stats.record(Event::RefreshRevalidated);
-                return None;
-            }
+    let (parts, body) = response.into_parts();
+    let head = http::Response::from_parts(parts, ());
+    // Unchanged: the entry is renewed with the body it has.
+    if conditional && head.status() == StatusCode::NOT_MODIFIED {
+        if !conditional::is_about(&current.headers(), head.headers()) {
             // A 304 about another entry than the one asked about: nothing to renew.
-            (Event::RefreshOriginError, None)
+            return given_up(&route, fill, Event::RefreshOriginError, None).await;
         }
-        Ok(Read::Whole { head, body }) => match response::storable(policy, &head) {
-            Ok(()) => match fill.keep(&asked, head, body).await {
+        if fill.renew(&current, head, &asked).await.is_err() {
+            // Ended already.
+            route.stats.record(Event::RefreshNotStored);
+            return failed();
+        }
+        route.stats.record(Event::RefreshRevalidated);
+        return None;
+    }
+    // An answer that may not be stored is no better than a failure here (its body is
+    // not read): the stale entry stays, and the fleet leaves the origin alone for the
+    // back-off.
+    let declared = response::declared_length(head.headers());
+    let max = policy.max_body as u64;
+    let fits = |len: u64| len <= max && head.headers().len() <= entry::MAX_HEADERS;
+    match response::storable(policy, &head) {
+        Err(_) if response::is_failure(head.status()) => {
+            return given_up(&route, fill, Event::RefreshOriginError, None).await;
+        }
+        Err(why) => return given_up(&route, fill, Event::RefreshNotStored, Some(why)).await,
+        Ok(()) if !fits(declared.unwrap_or(0)) => {
+            let why = Some(NotStored::TooLarge);
+            return given_up(&route, fill, Event::RefreshNotStored, why).await;
+        }
+        Ok(()) => {}
+    }
+    // Its body, read as a cold fill's is (its parts written as they come), under the
+    // watchdog as the call was.
+    let mut writer = Stream::writer();
+    let mut parts = Parts::of(&route, &fill, &head, true);
+    let reading = read_body(&route, body, declared, &mut writer, &mut parts, fits);
+    let read = match fill.hold(reading).await {
+        Ok(read) => read,
+        Err(lost) => {
+            if let Some(parts) = parts {
+                parts.drop(&route).await;
+            }
+            fill.stopped(lost).await;
+            return failed();
+        }
+    };
+    fill.parts_written(parts.as_ref().map_or(0, Parts::usable));
+    let (event, why) = match read {
+        Read::Whole => {
+            let kept = fill.keep(&asked, head, writer.gathered()).await;
+            if !parts_kept(&kept)
+                && let Some(parts) = parts
+            {
+                parts.drop(&route).await;
+            }
+            return match kept {
                 Kept::Stored { put, .. } => {
                     if matches!(put, Put::Written { to_l2: true, .. }) {
                         route.stats.record(Event::RefreshWritten);
                     }
-                    return None;
+                    None
                 }
                 // Another variant's, filled by someone else: nothing failed.
-                Kept::Elsewhere { .. } => return None,
+                Kept::Elsewhere { .. } => None,
                 // Ended already.
                 Kept::NotStored { .. } => {
                     route.stats.record(Event::RefreshNotStored);
-                    return failed();
+                    failed()
                 }
-            },
-            Err(_) if response::is_failure(head.status()) => (Event::RefreshOriginError, None),
-            Err(why) => (Event::RefreshNotStored, Some(why)),
-        },
-        Ok(Read::Partial { failed: true, .. }) => {
+            };
+        }
+        Read::Trailers => (Event::RefreshNotStored, Some(NotStored::Trailers)),
+        Read::Abandoned => (Event::RefreshNotStored, Some(NotStored::TooLarge)),
+        Read::Failed(_) | Read::Short => {
             route.stats.record(Event::OriginError);
             (Event::RefreshOriginError, None)
         }
-        Ok(Read::Partial { why, .. }) => (Event::RefreshNotStored, Some(why)),
+        Read::Stalled | Read::Stopped(_) => {
+            route.stats.record(Event::OriginTimeout);
+            (Event::RefreshTimeout, None)
+        }
     };
-    if let Some(why) = why {
-        not_stored(&route, why);
+    if let Some(parts) = parts {
+        parts.drop(&route).await;
     }
-    // An answer that may not be stored is no better than a failure here: the stale entry
-    // stays, and the fleet leaves the origin alone for the back-off.
+    given_up(&route, fill, event, why).await
+}
+
+/// A refresh that stored nothing (`event`; `why` the answer was not stored, if it came):
+/// its fill ends, and the fleet leaves the origin alone for the back-off.
+async fn given_up(
+    route: &Route,
+    fill: Fill,
+    event: Event,
+    why: Option<NotStored>,
+) -> Option<HoldOff> {
+    if let Some(why) = why {
+        not_stored(route, why);
+    }
     fill.end(Ending::Error).await;
     route.stats.record(event);
-    failed()
+    HoldOff::of(route.policy.error_backoff)
 }

@@ -1,0 +1,169 @@
+//! An origin's answer that may be stored, read: its body frame by frame into a
+//! [`stream`](super::stream) (that the callers of a cold fill follow as it comes), each
+//! part of it written to Redis as soon as its bytes came (under the fill's lease), with
+//! an idle timeout between frames rather than a total; and how that reading ended
+//! ([`Read`]), which a cold fill (`complete`) and a refresh (`refresh`) each map to
+//! their endings. One path from the origin's body to the entry for both.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http_body_util::BodyExt;
+
+use super::fill::{Fill, Kept, Put};
+use super::origin::OriginBody;
+use super::route::Route;
+use super::stream::{Stream, Writer};
+use crate::cache::{PART, l2_drop_parts, l2_write_part};
+use crate::http::directives::lifetimes;
+use crate::lease::{FencingToken, LeaseLost};
+use crate::metrics::Event;
+
+/// How the reading of a body ended.
+pub(crate) enum Read<E> {
+    Whole,
+    /// Its last frame was trailers: the body is whole, but not stored (trailers are
+    /// not kept, nor passed on to the callers that share it).
+    Trailers,
+    Failed(E),
+    /// It ended before the length its `Content-Length` declared.
+    Short,
+    /// No frame for the refresh timeout.
+    Stalled,
+    /// The watchdog stopped the fill.
+    Stopped(LeaseLost),
+    /// The reader stopped reading: the body grew past what it wanted (see
+    /// [`read_body`]).
+    Abandoned,
+}
+
+/// Reads `body` into `writer`'s stream until it ends (`declared`: the length its head
+/// declared, if any: a body that ends short of it is cut), writing each part that came
+/// while the answer may be stored (`parts`), and telling `grew` the stream's length
+/// after each frame (when it answers `false`, the reading stops: [`Read::Abandoned`]).
+/// No frame for the route's refresh timeout is a stall.
+pub(crate) async fn read_body<B: OriginBody>(
+    route: &Route,
+    body: B,
+    declared: Option<u64>,
+    writer: &mut Writer,
+    parts: &mut Option<Parts>,
+    mut grew: impl FnMut(u64) -> bool,
+) -> Read<B::Error> {
+    let idle = route.policy.refresh_timeout;
+    let stream = writer.stream().clone();
+    let mut body = std::pin::pin!(body);
+    loop {
+        let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+            return Read::Stalled;
+        };
+        let data: Bytes = match frame {
+            // Shorter than it said: cut, not whole.
+            None if declared.is_some_and(|d| d != stream.len()) => return Read::Short,
+            None => return Read::Whole,
+            Some(Err(error)) => return Read::Failed(error),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                // Trailers end a body.
+                Err(_) => return Read::Trailers,
+            },
+        };
+        writer.push(data);
+        if !grew(stream.len()) {
+            return Read::Abandoned;
+        }
+        if let Some(parts) = parts {
+            parts.write_ready(route, &stream).await;
+        }
+    }
+}
+
+/// Whether the entry a fill kept is the one its parts (written as its body came) are
+/// of: written to Redis under the fill's own key. Else they are deleted.
+pub(crate) fn parts_kept(kept: &Kept) -> bool {
+    matches!(
+        kept,
+        Kept::Stored {
+            put: Put::Written { to_l2: true, .. },
+            rekeyed: false
+        }
+    )
+}
+
+/// The parts of a body written to Redis as it streams, under the fill's lease (see
+/// `cache::l2`): each as soon as its bytes came, while the answer may be stored. The
+/// fill's write then writes only those left, and the entry; when the answer is not
+/// written after all, they are deleted.
+pub(crate) struct Parts {
+    keys: crate::keys::CacheKeys,
+    token: FencingToken,
+    /// What is left of the entry's keep time, as its head says.
+    keep: Duration,
+    written: u32,
+    /// A part was refused (a newer token: the entry's write will be too) or failed:
+    /// the fill's write writes them all again, or nothing.
+    stopped: bool,
+}
+
+impl Parts {
+    /// The parts of `head`'s body, for a fill under the lease of an answer that may be
+    /// stored.
+    pub(crate) fn of(
+        route: &Route,
+        fill: &Fill,
+        head: &Response<()>,
+        storing: bool,
+    ) -> Option<Self> {
+        let token = fill.lease_token().filter(|_| storing)?;
+        let policy = &route.policy;
+        let life = lifetimes(policy, head.headers(), policy.fresh_ttl);
+        Some(Self {
+            keys: fill.keys().clone(),
+            token,
+            keep: life.keep.saturating_sub(life.age),
+            written: 0,
+            stopped: false,
+        })
+    }
+
+    /// Writes every part whose bytes came, while the body fits the route's limit.
+    pub(crate) async fn write_ready(&mut self, route: &Route, stream: &Stream) {
+        let max = route.policy.max_body;
+        while !self.stopped {
+            let end = (self.written as u64 + 1) * PART as u64;
+            let len = stream.len();
+            if len < end || len > max as u64 {
+                return;
+            }
+            let data = stream.slice(end - PART as u64, end);
+            let part = (self.written, &data[..]);
+            let store = &route.shared.store;
+            match l2_write_part(store, &self.keys, self.token, part, self.keep).await {
+                Ok(true) => self.written += 1,
+                Ok(false) => self.stopped = true,
+                Err(_) => {
+                    route.stats.record(Event::RedisError);
+                    self.stopped = true;
+                }
+            }
+        }
+    }
+
+    /// How many parts the fill's write may take as written: none once one was refused
+    /// or failed (it then writes them all again, or nothing).
+    pub(crate) fn usable(&self) -> u32 {
+        if self.stopped { 0 } else { self.written }
+    }
+
+    /// Deletes the parts written: the answer was not written under this fill's keys.
+    pub(crate) async fn drop(self, route: &Route) {
+        let store = &route.shared.store;
+        if l2_drop_parts(store, &self.keys, self.token, self.written)
+            .await
+            .is_err()
+        {
+            route.stats.record(Event::RedisError);
+        }
+    }
+}

@@ -16,7 +16,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use http::{StatusCode, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use support::http::{fetch, fetch_method, post_json, serve};
+use support::http::{fetch, fetch_from, fetch_method, post_json, serve};
 use support::sidecar::{BIN, SECRET, Sidecar, run, text, wait_output};
 use support::{HANG, Mode, Proxy, RedisServer, eventually, joined, within};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -404,10 +404,75 @@ async fn x_forwarded_for_is_the_peer_unless_the_peer_is_trusted() {
             }
         }
         assert_eq!(fill["x-forwarded-for"], want_for, "{trusted:?}");
-        // A fill never forwards the client's scheme (it would poison the entry for
-        // everyone): the sidecar's own.
-        assert_eq!(fill["x-forwarded-proto"], "http", "{trusted:?}");
+        // A fill forwards the scheme the client used, as vouched for (a trusted
+        // balancer's word, else the sidecar's own listener's), which keys the entry.
+        assert_eq!(fill["x-forwarded-proto"], want_proto, "{trusted:?}");
     }
+}
+
+/// No poisoning through forwarding headers: an untrusted client that says
+/// `X-Forwarded-Proto: https` (or `X-Forwarded-Host`) to an origin whose answer varies
+/// on it gets, and stores, the answer to its real scheme, under that scheme's key; the
+/// trusted balancer's `https` request (from another address) is a miss answered for
+/// https, then a hit on that, never on the untrusted client's entry. Before, the
+/// untrusted `https` was keyed and then replaced by `http` on its way to the origin:
+/// the balancer got a hit saying "origin saw proto=http".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_key_what_the_origin_sees() {
+    let app = Router::new().fallback(|headers: http::HeaderMap| async move {
+        let said = |name: &str| {
+            headers
+                .get(name)
+                .map_or("-", |v| v.to_str().unwrap())
+                .to_owned()
+        };
+        (
+            [
+                ("cache-control", "max-age=60".to_owned()),
+                ("vary", "X-Forwarded-Proto, X-Forwarded-Host".to_owned()),
+            ],
+            format!(
+                "origin saw proto={} host={}",
+                said("x-forwarded-proto"),
+                said("x-forwarded-host")
+            ),
+        )
+    });
+    let origin = serve(app).await;
+    let upstream = format!("http://{origin}");
+    let sidecar = Sidecar::start(&["--upstream", &upstream, "--trusted-proxy", "127.0.0.2"]);
+    let client: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let balancer: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let lies = [
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "admin.example"),
+    ];
+    for round in 0..2 {
+        let got = fetch_from(client, sidecar.listen, "/page", &lies).await;
+        assert_eq!(got.body, "origin saw proto=http host=-", "round {round}");
+        assert_eq!(got.x_cache(), if round == 0 { "miss" } else { "hit" });
+    }
+    let vouched = [
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "shop.example"),
+    ];
+    for round in 0..2 {
+        let got = fetch_from(balancer, sidecar.listen, "/page", &vouched).await;
+        assert_eq!(
+            got.body, "origin saw proto=https host=shop.example",
+            "round {round}"
+        );
+        assert_eq!(got.x_cache(), if round == 0 { "miss" } else { "hit" });
+    }
+    // The balancer's plain http requests are their own, too.
+    let got = fetch_from(
+        balancer,
+        sidecar.listen,
+        "/page",
+        &[("x-forwarded-proto", "http")],
+    )
+    .await;
+    assert_eq!(got.body, "origin saw proto=http host=-");
 }
 
 /// A listener that never accepts, its backlog full: a connection to it is never

@@ -32,6 +32,35 @@ pub(crate) async fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]
     exchange(addr, request.body(Empty::<Bytes>::new()).unwrap()).await
 }
 
+/// `GET path` with `headers`, on a connection of its own from the local address
+/// `from` (any of 127.0.0.0/8 on loopback: a peer the server tells apart by address),
+/// within [`HANG`](super::HANG).
+pub(crate) async fn fetch_from(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Got {
+    let mut request = Request::get(path).header("host", "shop.example");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Empty::<Bytes>::new()).unwrap();
+    let exchange = async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::new(from, 0)).unwrap();
+        let stream = socket.connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let response = sender.send_request(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        Got::new(parts, body.collect().await.unwrap().to_bytes())
+    };
+    super::within(super::HANG, exchange, format!("GET {path} from {from}")).await
+}
+
 /// `method path` on a connection of its own, without a body, within
 /// [`HANG`](super::HANG).
 pub(crate) async fn fetch_method(addr: SocketAddr, method: &str, path: &str) -> Got {

@@ -139,9 +139,10 @@ pub(crate) struct Args {
     #[arg(long, value_name = "NAME")]
     pub(crate) via: Option<String>,
 
-    /// A peer whose `X-Forwarded-For` and `X-Forwarded-Proto` are kept (a load balancer
+    /// A peer whose `X-Forwarded-For`, `-Proto` and `-Host` are kept (a load balancer
     /// in front): an address or a block (`10.0.0.0/8`); repeat for more. Anyone else's
-    /// are replaced by what the sidecar sees.
+    /// are replaced by what the sidecar sees. The cache keys on the scheme and host so
+    /// vouched for, and fills forward them.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     pub(crate) trusted_proxies: Vec<String>,
 

@@ -16,7 +16,7 @@ use stampede_guard::{ColdMiss, ConfigError, Policy};
 use crate::access::Format;
 use crate::args::{self, Args, redacted};
 use crate::server::{Limits, Tls};
-use crate::upstream::{Cidr, Origin};
+use crate::upstream::{Cidr, KEYED_FORWARDING, Origin};
 
 /// Settings with no flag and no file value.
 mod defaults {
@@ -992,9 +992,9 @@ fn policy(place: &Place<'_>, name: &str, fields: &PolicyFields) -> Result<Policy
             }
         },
     }
-    if let Some(headers) = &fields.key_headers {
-        builder = builder.key_headers(headers);
-    }
+    // The scheme and host the client used, as vouched for, besides the route's own.
+    let keyed = fields.key_headers.iter().flatten().map(String::as_str);
+    builder = builder.key_headers(keyed.chain(KEYED_FORWARDING));
     if let Some(window) = place.duration("stale_if_error", &fields.stale_if_error)? {
         builder = builder.stale_if_error(window);
     }

@@ -14,6 +14,7 @@ use tower::util::Oneshot;
 use tower::{Layer, ServiceExt};
 
 use crate::config::{SettingError, Settings};
+use crate::peer::Peer;
 use crate::upstream::{Upstream, strip_hop_by_hop};
 
 type Route = BoxCloneSyncService<Request<Body>, Response, Infallible>;
@@ -27,6 +28,8 @@ pub(crate) struct Routes {
     unrouted: Route,
     /// Each route's layer, in the same order (for purges by path); the default's last.
     layers: Arc<[(String, GuardLayer)]>,
+    /// What vouches for the forwarding headers before the guard keys on them.
+    upstream: Upstream,
 }
 
 impl std::fmt::Debug for Routes {
@@ -80,6 +83,7 @@ impl Routes {
             routes: routes.into(),
             unrouted,
             layers: layers.into(),
+            upstream: upstream.clone(),
         })
     }
 
@@ -112,9 +116,13 @@ impl tower::Service<Request<Body>> for Routes {
     /// The hop-by-hop headers, and those `Connection` lists, go before the guard sees
     /// the request: a header a client names in `Connection` (a keyed one) must not key
     /// the entry and then be missing from the fill, which would store the answer to a
-    /// request without it under the key of a request with it.
+    /// request without it under the key of a request with it. For the same reason what
+    /// the request says of its client (`X-Forwarded-*`) is vouched for here, before the
+    /// guard keys on it, never after (see `Upstream::vouch`).
     fn call(&mut self, mut request: Request<Body>) -> Self::Future {
         strip_hop_by_hop(request.headers_mut());
+        let peer = request.extensions().get::<Peer>().copied();
+        self.upstream.vouch(request.headers_mut(), peer);
         let route = self.route(request.uri().path()).clone();
         route.oneshot(request)
     }

@@ -227,6 +227,7 @@ impl Upstream {
         // The version is the origin connection's to choose, not the client's.
         *request.version_mut() = Version::HTTP_11;
         let peer = request.extensions().get::<Peer>().copied();
+        // (Vouched for before the guard: `Routes`.)
         self.forwarded_for(request.headers_mut(), peer);
         let clock = request.extensions().get::<OriginTime>().cloned();
         let started = tokio::time::Instant::now();
@@ -395,25 +396,44 @@ fn upstream_idle() -> BoxError {
 }
 
 impl Upstream {
-    /// Sets `X-Forwarded-For` and `X-Forwarded-Proto` from the peer: a trusted peer's
-    /// are kept, and its address appended to the first; anyone else's are replaced.
-    /// Without a peer (a fill made for another caller carries that caller's), they are
-    /// left out.
-    fn forwarded_for(&self, headers: &mut HeaderMap, peer: Option<Peer>) {
-        let trusted = peer.is_some_and(|peer| {
+    /// Whether `peer` is a proxy whose word on the client is taken (`--trusted-proxy`).
+    fn trusts(&self, peer: Option<Peer>) -> bool {
+        peer.is_some_and(|peer| {
             let ip = peer.addr.ip();
             self.0
                 .origin
                 .trusted_proxies
                 .iter()
                 .any(|cidr| cidr.contains(ip))
-        });
-        if !trusted {
-            // What a client says of itself, or of who it is behind, proves nothing.
+        })
+    }
+
+    /// What the request says of its client, made true before anything keys on it or
+    /// forwards it: anyone but a trusted proxy loses what it says of itself, or of who
+    /// it is behind ([`SPOOFABLE`]); `X-Forwarded-Proto` is then the scheme the client
+    /// used: a trusted proxy's word for it (a balancer that ends TLS says `https`), else
+    /// this listener's. The guard keys on it (http and https answers never mix) and a
+    /// fill forwards it, so the key and the origin always see the same value.
+    pub(crate) fn vouch(&self, headers: &mut HeaderMap, peer: Option<Peer>) {
+        if !self.trusts(peer) {
             for name in SPOOFABLE {
                 headers.remove(name);
             }
         }
+        if let Some(peer) = peer
+            && !headers.contains_key(X_FORWARDED_PROTO)
+        {
+            let proto = if peer.tls { "https" } else { "http" };
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+        }
+    }
+
+    /// Sets `X-Forwarded-For` from the peer (what it says of the client was vouched
+    /// for already: [`Upstream::vouch`]): a trusted peer's is kept, with its address
+    /// appended; anyone else's is the peer's address. Without a peer (a fill made for
+    /// another caller carries that caller's), it is left as it is.
+    fn forwarded_for(&self, headers: &mut HeaderMap, peer: Option<Peer>) {
+        let trusted = self.trusts(peer);
         let Some(peer) = peer else { return };
         let ip = peer.addr.ip();
         // Every line of it: a proxy in front may have added its own (HAProxy does).
@@ -430,10 +450,6 @@ impl Upstream {
         if let Ok(value) = HeaderValue::from_str(&chain) {
             headers.insert(X_FORWARDED_FOR, value);
         }
-        if !headers.contains_key(X_FORWARDED_PROTO) {
-            let proto = if peer.tls { "https" } else { "http" };
-            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
-        }
     }
 
     /// Appends this proxy to `Via` (after the hops already named).
@@ -446,6 +462,10 @@ impl Upstream {
 
 const X_FORWARDED_FOR: &str = "x-forwarded-for";
 const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
+
+/// What every route keys on besides its own `key_headers`: the scheme and the host the
+/// client used, as vouched for ([`Upstream::vouch`]).
+pub(crate) const KEYED_FORWARDING: [&str; 2] = [X_FORWARDED_PROTO, "x-forwarded-host"];
 
 /// What only a trusted proxy may tell the origin about the client: dropped from anyone
 /// else's requests.

@@ -7,13 +7,17 @@
 //! fill found the answer too large to buffer gets it whole (its fill asked for the whole
 //! representation), as a server may (RFC 9110 §14.2).
 
-use http::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG};
 use http::{HeaderValue, Response, StatusCode};
 use http_body::Body;
 
 use super::body::ResponseBody;
 use crate::http::range::{Part, Ranged, content_range, unsatisfied_range};
 use crate::http::response::declared_length;
+
+/// Headers that digest the whole content (RFC 9530 `Content-Digest`, RFC 1864
+/// `Content-MD5`): a part of it, or none of it, is not what they digest.
+const WHOLE_CONTENT_DIGESTS: [&str; 2] = ["content-digest", "content-md5"];
 
 /// The answer to `ranged` made of the answer to the whole: its part (`206`), `416`, or
 /// the answer itself. A fill's body as it streams is cut when its length is declared:
@@ -50,13 +54,22 @@ pub(crate) fn cut<B: Body>(
             parts
                 .headers
                 .insert(CONTENT_LENGTH, HeaderValue::from(last - first + 1));
+            // Digests of the whole content, not of this part (RFC 9530 §2).
+            for name in WHOLE_CONTENT_DIGESTS {
+                parts.headers.remove(name);
+            }
         }
         Part::Unsatisfiable { len } => {
             parts.status = StatusCode::RANGE_NOT_SATISFIABLE;
             parts.headers.insert(CONTENT_RANGE, unsatisfied_range(len));
             parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(0));
-            // The body it described is not sent.
-            parts.headers.remove(CONTENT_TYPE);
+            // The body it described is not sent, nor what described it.
+            for name in WHOLE_CONTENT_DIGESTS {
+                parts.headers.remove(name);
+            }
+            for name in [CONTENT_TYPE, CONTENT_ENCODING, ETAG] {
+                parts.headers.remove(name);
+            }
         }
         Part::Whole => {}
     }
@@ -109,6 +122,39 @@ mod tests {
         assert_eq!(none.headers()[CONTENT_LENGTH], "0");
         assert!(!none.headers().contains_key(CONTENT_TYPE));
         assert_eq!(text(none).await, "");
+    }
+
+    /// A part, or none, does not keep the whole content's digests; a 416 neither
+    /// keeps the validator nor the coding of a body it does not send.
+    #[tokio::test]
+    async fn a_part_drops_the_whole_contents_digests() {
+        let described = || {
+            let mut answer = whole(StatusCode::OK, "0123456789");
+            let headers = answer.headers_mut();
+            for (name, value) in [
+                ("content-digest", "sha-256=:abc=:"),
+                ("content-md5", "Q2hlY2sgSW50ZWdyaXR5IQ=="),
+                ("repr-digest", "sha-256=:abc=:"),
+                ("etag", "\"v1\""),
+                ("content-encoding", "identity"),
+            ] {
+                headers.insert(name, HeaderValue::from_static(value));
+            }
+            answer
+        };
+        let part = cut(described(), &ranged("bytes=2-4"));
+        assert_eq!(part.status(), StatusCode::PARTIAL_CONTENT);
+        for gone in ["content-digest", "content-md5"] {
+            assert!(!part.headers().contains_key(gone), "{gone}");
+        }
+        for kept in ["repr-digest", "etag", "content-encoding"] {
+            assert!(part.headers().contains_key(kept), "{kept}");
+        }
+        let none = cut(described(), &ranged("bytes=20-"));
+        assert_eq!(none.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+        for gone in ["content-digest", "content-md5", "etag", "content-encoding"] {
+            assert!(!none.headers().contains_key(gone), "{gone}");
+        }
     }
 
     #[tokio::test]

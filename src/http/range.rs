@@ -149,7 +149,7 @@ fn digits(text: &str) -> Option<u64> {
 /// Whether an `If-Range` validator is the answer's (RFC 9110 §13.1.5): an entity tag by
 /// the strong comparison (a weak tag never matches), a date only as the answer's exact
 /// `Last-Modified`, and only when that is a strong validator (at least a second before
-/// its `Date`, §8.8.2.2).
+/// its `Date`, §8.8.2.2; without a `Date`, it is not).
 fn validator_matches(validator: &HeaderValue, answer: &HeaderMap) -> bool {
     let Ok(validator) = validator.to_str() else {
         return false;
@@ -174,7 +174,9 @@ fn validator_matches(validator: &HeaderValue, answer: &HeaderMap) -> bool {
     ) else {
         return false;
     };
-    let strong = date(header::DATE).is_none_or(|date| {
+    // Without a `Date` to compare it with, a `Last-Modified` is weak (§8.8.2.2): an
+    // answer made within the second it names may have changed since.
+    let strong = date(header::DATE).is_some_and(|date| {
         date.duration_since(modified)
             .is_ok_and(|gap| gap.as_secs() >= 1)
     });
@@ -342,6 +344,10 @@ mod tests {
             header::DATE,
             HeaderValue::from_static("Sun, 06 Nov 1994 08:49:37 GMT"),
         );
+        assert_eq!(part("Sun, 06 Nov 1994 08:49:37 GMT", &weak), Part::Whole);
+        // Without a `Date`, a `Last-Modified` is weak too (as in most answers a
+        // library's handler makes): the whole answer.
+        weak.remove(header::DATE);
         assert_eq!(part("Sun, 06 Nov 1994 08:49:37 GMT", &weak), Part::Whole);
         // Without validators, nothing matches.
         assert_eq!(part("\"v1\"", &HeaderMap::new()), Part::Whole);

@@ -1711,6 +1711,41 @@ async fn the_longest_prefix_picks_the_policy() {
     assert_eq!(calls.load(Ordering::SeqCst), 5);
 }
 
+/// A route's prefix matches whole segments of the path as the origin resolves it:
+/// `/static` holds `/static/a.css`, not `/staticky`, and `/static/%2e%2e/account` (the
+/// origin's `/account`) or an encoded `/` never land on it (web cache deception).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_holds_whole_segments_of_the_resolved_path() {
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "upstream = \"http://{origin}\"\ndefault = \"pass\"\nfresh = \"60s\"\n\
+             follow_origin = false\n\n\
+             [[routes]]\nname = \"static\"\nprefix = \"/static\"\n"
+        ),
+    );
+    let sidecar = Sidecar::start(&["--config", &config]);
+    let get = |path: &'static str| fetch(sidecar.listen, path, &[]);
+    assert_eq!(get("/static/a.css").await.x_cache(), "miss");
+    assert_eq!(get("/static/a.css").await.x_cache(), "hit");
+    assert_eq!(get("/static").await.x_cache(), "miss");
+    assert_eq!(get("/static/./b.css").await.x_cache(), "miss");
+    for elsewhere in [
+        "/staticky",
+        "/static/%2e%2e/account",
+        "/static/%2E%2E/account",
+        "/static/../account",
+        "/static%2F..%2Faccount",
+    ] {
+        for _ in 0..2 {
+            assert_eq!(get(elsewhere).await.x_cache(), "bypass", "{elsewhere}");
+        }
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3 + 10);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_refresh_finish_and_write() {
     let redis = RedisServer::start();

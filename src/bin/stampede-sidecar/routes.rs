@@ -1,5 +1,10 @@
 //! Which layer a request goes through: the route with the longest matching path prefix,
 //! else the default policy, else (with `default = "pass"`) none.
+//!
+//! A prefix matches whole segments of the path as an origin resolves it
+//! ([`normalized`]): `/api` matches `/api` and `/api/users`, never `/apiary`, and
+//! `/static/%2e%2e/account` is `/account`, never under `/static` (where a route that
+//! stores answers to requests with cookies would be a web cache deception).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -89,18 +94,74 @@ impl Routes {
 
     /// The layer a request for `path` goes through, if it is cached at all.
     pub(crate) fn layer(&self, path: &str) -> Option<&GuardLayer> {
+        let path = normalized(path);
         self.layers
             .iter()
-            .find(|(prefix, _)| path.starts_with(prefix.as_str()))
+            .find(|(prefix, _)| under(prefix, &path))
             .map(|(_, layer)| layer)
     }
 
     fn route(&self, path: &str) -> &Route {
+        let path = normalized(path);
         self.routes
             .iter()
-            .find(|(prefix, _)| path.starts_with(prefix.as_str()))
+            .find(|(prefix, _)| under(prefix, &path))
             .map_or(&self.unrouted, |(_, route)| route)
     }
+}
+
+/// Whether `path` is under `prefix`: the prefix is the whole path, or ends where a
+/// segment does (or itself ends with `/`). The empty prefix (the default) is every path.
+fn under(prefix: &str, path: &str) -> bool {
+    prefix.is_empty()
+        || path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || prefix.ends_with('/'))
+}
+
+/// `path` as an origin resolves it, for routing: its percent-encoded unreserved
+/// characters decoded (RFC 3986 §6.2.2.2: `%2e` is `.`), then its dot segments removed
+/// (§5.2.4). Other escapes stay as they are: an encoded `/` never splits a segment.
+fn normalized(path: &str) -> std::borrow::Cow<'_, str> {
+    if !path.contains('%') && !path.contains("/.") {
+        return path.into();
+    }
+    let mut decoded = String::with_capacity(path.len());
+    let mut rest = path;
+    while let Some(at) = rest.find('%') {
+        decoded.push_str(&rest[..at]);
+        let escape = rest
+            .get(at + 1..at + 3)
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escape {
+            Some(byte) if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) => {
+                decoded.push(char::from(byte));
+                rest = &rest[at + 3..];
+            }
+            _ => {
+                decoded.push('%');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    decoded.push_str(rest);
+    let segments: Vec<&str> = decoded.split('/').skip(1).collect();
+    let mut kept: Vec<&str> = Vec::with_capacity(segments.len());
+    for (index, segment) in segments.iter().enumerate() {
+        let last = index + 1 == segments.len();
+        match *segment {
+            "." => {}
+            ".." => {
+                kept.pop();
+            }
+            segment => kept.push(segment),
+        }
+        // A path that ends in a dot segment names a directory: it ends with `/`.
+        if last && (*segment == "." || *segment == "..") {
+            kept.push("");
+        }
+    }
+    format!("/{}", kept.join("/")).into()
 }
 
 impl tower::Service<Request<Body>> for Routes {
@@ -125,5 +186,38 @@ impl tower::Service<Request<Body>> for Routes {
         self.upstream.vouch(request.headers_mut(), peer);
         let route = self.route(request.uri().path()).clone();
         route.oneshot(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_matched_by_whole_segments_as_the_origin_resolves_them() {
+        for (path, resolved) in [
+            ("/static/a.css", "/static/a.css"),
+            ("/static/%2e%2e/account", "/account"),
+            ("/static/%2E%2E/account", "/account"),
+            ("/static/./a.css", "/static/a.css"),
+            ("/a/b/../../c", "/c"),
+            ("/../../etc", "/etc"),
+            ("/static/..", "/"),
+            ("/static/.", "/static/"),
+            ("/static%2F..%2Faccount", "/static%2F..%2Faccount"),
+            ("/%7Euser/%41", "/~user/A"),
+            ("/100%", "/100%"),
+            ("/a%zz", "/a%zz"),
+        ] {
+            assert_eq!(normalized(path), resolved, "{path}");
+        }
+        assert!(under("/api", "/api"));
+        assert!(under("/api", "/api/users"));
+        assert!(!under("/api", "/apiary"));
+        assert!(under("/items/", "/items/1"));
+        assert!(!under("/items/", "/items"));
+        assert!(under("", "/anything"));
+        assert!(!under("/static", &normalized("/static/%2e%2e/account")));
+        assert!(!under("/static", &normalized("/static%2F..%2Faccount")));
     }
 }

@@ -66,6 +66,10 @@ pub(crate) struct Fill {
     /// How many parts of the answer's body were written to Redis while it streamed,
     /// under the fill's lease (see `cache::l2`): its write writes only the others.
     parts_written: u32,
+    /// How it ends when its answer may not be stored after all: `Pass` (hit-for-pass)
+    /// for a cold fill, `Error` (held off for the back-off, the stale entry served) for
+    /// a refresh ([`Fill::refreshing`]).
+    not_stored: Ending,
 }
 
 /// What a call to the origin came to.
@@ -139,6 +143,7 @@ impl Fill {
             claim: Some(Claim::Leased(lease)),
             slot,
             parts_written: 0,
+            not_stored: Ending::Pass,
         }
     }
 
@@ -171,7 +176,16 @@ impl Fill {
             claim: Some(Claim::Local(token)),
             slot: None,
             parts_written: 0,
+            not_stored: Ending::Pass,
         }
+    }
+
+    /// The fill of a refresh: an answer it may not store after all holds the key off
+    /// for the back-off (the stale entry is served meanwhile), as a failure does,
+    /// rather than sending its callers to the origin (hit-for-pass).
+    pub(crate) fn refreshing(mut self) -> Self {
+        self.not_stored = Ending::Error;
+        self
     }
 
     /// Calls the origin with `request` for its answer's head, under the route's
@@ -305,7 +319,8 @@ impl Fill {
     /// Ends the fill as for an answer that may not be stored, and gives the answer back.
     async fn not_kept(self, head: Response<()>, why: NotStored) -> Kept {
         not_stored(&self.route, why);
-        self.end(Ending::Pass).await;
+        let ending = self.not_stored;
+        self.end(ending).await;
         Kept::NotStored { head, why }
     }
 
@@ -319,6 +334,7 @@ impl Fill {
             claim: Some(Claim::Local(token)),
             slot: None,
             parts_written: 0,
+            not_stored: self.not_stored,
         }
     }
 
@@ -407,7 +423,8 @@ impl Fill {
         };
         if let Some(why) = why {
             not_stored(route, why);
-            self.end(Ending::Pass).await;
+            let ending = self.not_stored;
+            self.end(ending).await;
             return Err((renewed, why));
         }
         route.stats.record(Event::Revalidated);

@@ -276,7 +276,8 @@ where
     let fill = match lease {
         Some(lease) => Fill::leased(&route, keys, lease, None),
         None => Fill::local(&route, keys, current.response.token, None),
-    };
+    }
+    .refreshing();
     let failed = || HoldOff::of(policy.error_backoff);
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.

@@ -779,3 +779,115 @@ async fn after_the_subscription_comes_back_l1_entries_are_not_served_as_fresh() 
         .await
     );
 }
+
+/// Read-your-writes: a caller that comes after an invalidation returned (by
+/// `invalidate`, or by a `PUT` that the guard passed through) never joins a fill that
+/// began before it, whose answer is what was invalidated: it fills again, and reads
+/// what was written. The caller that began the old fill (before the write) still gets
+/// its answer. Through axum over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_after_an_invalidation_never_gets_the_fill_before_it() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let layer = guard
+        .layer(
+            Policy::builder("items")
+                .fresh_ttl(Duration::from_secs(60))
+                .lease_ttl(Duration::from_secs(20))
+                .refresh_timeout(Duration::from_secs(20))
+                .cold_wait(Duration::from_secs(20))
+                .invalidate_on_unsafe(true)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let gate = support::app::Gate::default();
+    let (calls, version) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(1)));
+    let read = {
+        let (gate, calls, version) = (gate.clone(), calls.clone(), version.clone());
+        move || {
+            let (gate, calls, version) = (gate.clone(), calls.clone(), version.clone());
+            async move {
+                // What the origin reads, before it is held.
+                let seen = version.load(Ordering::SeqCst);
+                if calls.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+                    let opened = gate.open.notified();
+                    gate.entered.notify_one();
+                    opened.await;
+                }
+                format!("v{seen}")
+            }
+        }
+    };
+    let write = {
+        let version = version.clone();
+        move || {
+            let version = version.clone();
+            async move {
+                version.fetch_add(1, Ordering::SeqCst);
+                "written"
+            }
+        }
+    };
+    let app = Router::new().route(
+        "/items/doc",
+        routing::get(read).put(write).layer(layer.clone()),
+    );
+    let addr = serve(app).await;
+    for by_put in [false, true] {
+        let path = if by_put {
+            "/items/doc?round=2"
+        } else {
+            "/items/doc"
+        };
+        let before = version.load(Ordering::SeqCst);
+        let entered = gate.entered.notified();
+        let first = tokio::spawn(async move { fetch(addr, path, &[]).await });
+        within(HANG, entered, "the first fill reaching the origin").await;
+        // The write, and its invalidation, return.
+        if by_put {
+            let put = support::http::fetch_method(addr, "PUT", path).await;
+            assert_eq!(put.status, StatusCode::OK);
+        } else {
+            version.fetch_add(1, Ordering::SeqCst);
+            let request = http::Request::get(path)
+                .header("host", "shop.example")
+                .body(())
+                .unwrap();
+            layer.invalidate(&request).await.unwrap();
+        }
+        let calls_before = calls.load(Ordering::SeqCst);
+        let joined_before = layer.stats().get(Event::Joined);
+        let waits_before = layer.stats().get(Event::ColdWaitStarted);
+        let second = tokio::spawn(async move { fetch(addr, path, &[]).await });
+        // It fills on its own: it waits for the lease the old fill holds (or, wrongly,
+        // joins the old fill).
+        let moved = eventually(HANG, || async {
+            let stats = layer.stats();
+            calls.load(Ordering::SeqCst) > calls_before
+                || stats.get(Event::Joined) > joined_before
+                || stats.get(Event::ColdWaitStarted) > waits_before
+        });
+        assert!(moved.await);
+        gate.open.notify_one();
+        let (first, second) = (
+            support::joined(first, HANG, "the first caller").await,
+            support::joined(second, HANG, "the second caller").await,
+        );
+        assert_eq!(
+            first.body,
+            format!("v{before}"),
+            "by PUT: {by_put}: {:?} {:?}",
+            first.status,
+            first.headers
+        );
+        assert_eq!(
+            second.body,
+            format!("v{}", before + 1),
+            "by PUT: {by_put}: read its write: {:?} {:?}",
+            second.headers,
+            layer.stats()
+        );
+        assert_eq!(layer.stats().get(Event::Joined), joined_before);
+    }
+}

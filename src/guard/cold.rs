@@ -104,7 +104,10 @@ where
         wait,
     } = caller;
     let key: Arc<str> = keys.entry().into();
-    match route.flights.join::<ResBody, S::Error>(&key) {
+    match route
+        .flights
+        .join::<ResBody, S::Error>(&key, route.tombstone(keys))
+    {
         Joined::Lead(lead, waiting, own_tx, own_rx) => {
             let fill = ColdFill {
                 route: route.clone(),

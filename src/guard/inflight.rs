@@ -30,6 +30,7 @@ use super::stream::Stream;
 use crate::cache::Stored;
 use crate::interest::Interest;
 use crate::keys::LocalKey;
+use crate::lease::FencingToken;
 
 /// What a fill came to, for every caller that waited for it (see the
 /// [module docs](self) for each ending).
@@ -117,7 +118,8 @@ type Slot = watch::Receiver<Option<Arc<Landed>>>;
 /// The cold fills in flight in one route, one per key.
 #[derive(Default)]
 pub(crate) struct Flights {
-    map: Mutex<HashMap<Arc<str>, Slot>>,
+    /// Each flight, with the last invalidation of its key known here when it began.
+    map: Mutex<HashMap<Arc<str>, (Slot, Option<FencingToken>)>>,
 }
 
 /// A caller's place in the flight of a key.
@@ -146,16 +148,28 @@ pub(crate) struct Lead {
 
 impl Flights {
     /// Joins the flight of `key`, or starts it.
-    pub(crate) fn join<B: Body, E>(self: &Arc<Self>, key: &Arc<str>) -> Joined<B, E> {
+    ///
+    /// `invalidated`: the last invalidation of the key known here now. A flight that
+    /// began before it is not joined (its answer may be what was invalidated: a caller
+    /// that comes after `invalidate` returned must read what was written since): the
+    /// caller starts a flight of its own in its place, for the callers that come after
+    /// it, while the old one ends for those that joined it.
+    pub(crate) fn join<B: Body, E>(
+        self: &Arc<Self>,
+        key: &Arc<str>,
+        invalidated: Option<FencingToken>,
+    ) -> Joined<B, E> {
         let mut map = self
             .map
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(slot) = map.get(key) {
+        if let Some((slot, began_after)) = map.get(key)
+            && *began_after == invalidated
+        {
             return Joined::Follow(Waiting(slot.clone()));
         }
         let (tx, rx) = watch::channel(None);
-        map.insert(key.clone(), rx.clone());
+        map.insert(key.clone(), (rx.clone(), invalidated));
         let lead = Lead {
             tx,
             key: key.clone(),
@@ -201,7 +215,7 @@ impl Lead {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if map
             .get(&self.key)
-            .is_some_and(|slot| slot.same_channel(&self.tx.subscribe()))
+            .is_some_and(|(slot, _)| slot.same_channel(&self.tx.subscribe()))
         {
             map.remove(&self.key);
         }
@@ -279,10 +293,10 @@ mod tests {
     async fn followers_get_the_leaders_outcome_and_the_flight_ends() {
         let flights = Arc::new(Flights::default());
         let key: Arc<str> = Arc::from("k");
-        let Joined::Lead(lead, leader, _, _) = flights.join(&key) else {
+        let Joined::Lead(lead, leader, _, _) = flights.join(&key, None) else {
             panic!("the first is the leader");
         };
-        let Joined::Follow(follower) = flights.join(&key) else {
+        let Joined::Follow(follower) = flights.join(&key, None) else {
             panic!("the second follows");
         };
         let follower = tokio::spawn(follower.landed());
@@ -291,17 +305,39 @@ mod tests {
         assert!(matches!(*leader.landed().await, Landed::Pass));
         assert_eq!(flights.len(), 0);
         // A new flight can start.
-        assert!(matches!(flights.join(&key), Joined::Lead(..)));
+        assert!(matches!(flights.join(&key, None), Joined::Lead(..)));
+    }
+
+    /// A caller that knows of an invalidation the flight began before starts a flight of
+    /// its own, which the callers after it join; the old flight ends for its own.
+    #[tokio::test]
+    async fn a_flight_that_began_before_an_invalidation_is_not_joined() {
+        let flights = Arc::new(Flights::default());
+        let key: Arc<str> = Arc::from("k");
+        let Joined::Lead(old, old_waiting, _, _) = flights.join(&key, None) else {
+            panic!("the first is the leader");
+        };
+        let invalidated = Some(FencingToken::new(7));
+        let Joined::Lead(new, _, _, _) = flights.join(&key, invalidated) else {
+            panic!("a caller after the invalidation leads a flight of its own");
+        };
+        assert!(matches!(flights.join(&key, invalidated), Joined::Follow(_)));
+        // The old flight ends without taking the new one out of the map.
+        old.finish(Landed::Pass);
+        assert!(matches!(*old_waiting.landed().await, Landed::Pass));
+        assert!(matches!(flights.join(&key, invalidated), Joined::Follow(_)));
+        new.finish(Landed::Pass);
+        assert_eq!(flights.len(), 0);
     }
 
     #[tokio::test]
     async fn a_lead_dropped_without_outcome_wakes_waiters_with_cancelled() {
         let flights = Arc::new(Flights::default());
         let key: Arc<str> = Arc::from("k");
-        let Joined::Lead(lead, _, _, _) = flights.join(&key) else {
+        let Joined::Lead(lead, _, _, _) = flights.join(&key, None) else {
             panic!("the first is the leader");
         };
-        let Joined::Follow(waiting) = flights.join(&key) else {
+        let Joined::Follow(waiting) = flights.join(&key, None) else {
             panic!("the second follows");
         };
         let waiter = tokio::spawn(waiting.landed());

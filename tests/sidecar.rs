@@ -1200,6 +1200,88 @@ async fn sigterm_drains_with_the_access_log_on() {
     assert!(sidecar.log().contains("drained"), "{}", sidecar.log());
 }
 
+/// The access log is bounded by bytes, not lines: with standard output stalled (a pipe
+/// nobody reads), 3,000 requests each with an 8 KiB `User-Agent` (24 MiB of lines) keep
+/// at most 16 MiB waiting, and the rest are dropped and counted; the requests are all
+/// answered. (Bounded by 65,536 lines, none was dropped, and a client choosing long
+/// lines made the queue hold gigabytes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_access_log_holds_at_most_its_bytes_and_counts_the_rest() {
+    use std::io::BufRead;
+    const REQUESTS: usize = 3000;
+    let (origin, _calls, _gate) = origin(u64::MAX).await;
+    let mut child = Command::new(BIN)
+        .args(["--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+        .args(["--upstream", &format!("http://{origin}")])
+        .args(["--access-log", "json"])
+        .env_clear()
+        .env("STAMPEDE_GUARD_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // What it prints until it listens is read; then standard output is never read again.
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (mut listen, mut metrics) = (None, None);
+    let addr = |line: &str| -> SocketAddr {
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap();
+        url.parse::<Uri>()
+            .unwrap()
+            .authority()
+            .unwrap()
+            .as_str()
+            .parse()
+            .unwrap()
+    };
+    while listen.is_none() {
+        let mut line = String::new();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "it printed where it listens"
+        );
+        if line.starts_with("metrics on ") {
+            metrics = Some(addr(&line));
+        } else if line.starts_with("caching ") {
+            listen = Some(addr(line.split(" on ").nth(1).unwrap()));
+        }
+    }
+    let (listen, metrics) = (listen.unwrap(), metrics.unwrap());
+    let agent: &'static str = Box::leak("a".repeat(8 * 1024).into_boxed_str());
+    let sent = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (0..16)
+        .map(|_| {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                while (sent.fetch_add(1, Ordering::SeqCst) as usize) < REQUESTS {
+                    let got = fetch(listen, "/items/1", &[("user-agent", agent)]).await;
+                    assert_eq!(got.status, StatusCode::OK);
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        joined(client, Duration::from_secs(120), "a client").await;
+    }
+    let scraped = fetch(metrics, "/metrics", &[]).await.body;
+    let dropped: u64 = scraped
+        .lines()
+        .find_map(|l| l.strip_prefix("stampede_sidecar_access_log_dropped_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    // 24 MiB of lines, at most 16 MiB waiting and 64 KiB in the pipe: about a third
+    // dropped.
+    assert!(
+        (500..REQUESTS as u64).contains(&dropped),
+        "{dropped} lines dropped of {REQUESTS}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(stdout);
+}
+
 #[test]
 fn the_documented_config_is_accepted() {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sidecar.toml");

@@ -11,14 +11,17 @@
 //!
 //! A request whose client left before its answer is logged with status 499 (as nginx
 //! does). Lines are written by a thread of their own, so that a slow standard output
-//! never holds a request; if it falls 65,536 lines behind, further lines are dropped and
+//! never holds a request; if it falls [`BEHIND_AT_MOST`] bytes behind (16 MiB: a line
+//! carries a path and a `User-Agent` a client chose), further lines are dropped and
 //! counted in `stampede_sidecar_access_log_dropped_total`.
 
 use std::convert::Infallible;
 use std::io::Write;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::SyncSender;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -46,29 +49,69 @@ pub(crate) enum Format {
 /// The service it wraps.
 type Inner = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
 
+/// The most the lines waiting to be written may hold: 16 MiB.
+pub(crate) const BEHIND_AT_MOST: usize = 16 * 1024 * 1024;
+
 /// Logs each request through `inner`.
 #[derive(Clone)]
 pub(crate) struct AccessLog {
     inner: Inner,
     format: Format,
-    lines: SyncSender<String>,
+    lines: Lines,
+}
+
+/// The lines on their way to the writing thread, and how many bytes they hold.
+#[derive(Clone)]
+struct Lines {
+    sender: SyncSender<String>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Lines {
+    /// Queues `line`, unless the lines waiting hold [`BEHIND_AT_MOST`] bytes with it:
+    /// then it is dropped, and counted.
+    fn send(&self, line: String) {
+        let len = line.len();
+        let room = self
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |waiting| {
+                (waiting + len <= BEHIND_AT_MOST).then_some(waiting + len)
+            });
+        let sent = room.is_ok() && self.sender.try_send(line).is_ok();
+        if !sent {
+            if room.is_ok() {
+                self.waiting.fetch_sub(len, Ordering::AcqRel);
+            }
+            metrics::counter!("stampede_sidecar_access_log_dropped_total").increment(1);
+        }
+    }
 }
 
 impl AccessLog {
     /// Wraps `inner`, and starts the thread that writes the lines.
     pub(crate) fn new(inner: Inner, format: Format) -> Self {
-        let (lines, written) = std::sync::mpsc::sync_channel::<String>(65_536);
+        // (Bounded by bytes; the count is only a backstop for empty lines.)
+        let (sender, written) = std::sync::mpsc::sync_channel::<String>(1 << 20);
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let lines = Lines {
+            sender,
+            waiting: waiting.clone(),
+        };
         std::thread::Builder::new()
             .name("access-log".to_owned())
             .spawn(move || {
                 let stdout = std::io::stdout();
+                let write = |out: &mut dyn Write, line: String| {
+                    let _ = writeln!(out, "{line}");
+                    waiting.fetch_sub(line.len(), Ordering::AcqRel);
+                };
                 while let Ok(line) = written.recv() {
                     // Standard output is locked for one batch only (what is waiting), never
                     // while waiting: the sidecar's own messages (the drain's) go through.
                     let mut out = std::io::BufWriter::new(stdout.lock());
-                    let _ = writeln!(out, "{line}");
+                    write(&mut out, line);
                     while let Ok(line) = written.try_recv() {
-                        let _ = writeln!(out, "{line}");
+                        write(&mut out, line);
                     }
                     let _ = out.flush();
                 }
@@ -143,7 +186,7 @@ struct Record {
     started: Instant,
     origin: OriginTime,
     format: Format,
-    lines: SyncSender<String>,
+    lines: Lines,
 }
 
 impl Drop for Record {
@@ -155,9 +198,7 @@ impl Drop for Record {
             Format::Common => self.line.common(),
             Format::Off => return,
         };
-        if let Err(TrySendError::Full(_)) = self.lines.try_send(text) {
-            metrics::counter!("stampede_sidecar_access_log_dropped_total").increment(1);
-        }
+        self.lines.send(text);
     }
 }
 

@@ -47,6 +47,9 @@ pub mod store;
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::cache::entry::{CachedResponse, DecodeError, VERSION, decode};
+    /// Skews this machine's clock as the guard reads it, by µs (ahead when positive):
+    /// for tests of what is stamped on which clock.
+    pub use crate::guard::clock::skew as skew_this_machines_clock;
 }
 
 pub use self::error::ConfigError;

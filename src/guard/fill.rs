@@ -137,6 +137,8 @@ impl Fill {
         lease: Lease,
         slot: Option<budget::Slot>,
     ) -> Self {
+        // Issued from Redis's clock just now.
+        route.shared.clock.learn(lease.fencing_token().get());
         Self {
             route: route.clone(),
             keys,
@@ -471,7 +473,7 @@ impl Fill {
         let stored = Stored::aged(response, life.age);
         Arc::new(if local {
             // Its token is not the time its fill began: this machine's time is.
-            stored.filled_locally(super::purge::local_micros())
+            stored.filled_locally(self.route.shared.clock.now_micros())
         } else {
             stored
         })

@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 use super::budget::Budget;
 use super::layer::GuardLayer;
 use super::marks::Marks;
-use super::purge::{Purges, local_micros};
+use super::purge::Purges;
 use super::shared::Shared;
 use super::vary::Learned;
 use crate::cache::{L1, new_tombstones};
@@ -269,7 +269,7 @@ impl StampedeGuard {
             return Ok(());
         }
         let result = if shared.store.is_local_only() {
-            Ok(local_micros())
+            Ok(shared.clock.now_micros())
         } else {
             // Records matter as long as an entry may be kept: three days at most.
             let retention = Duration::from_secs(3 * 24 * 3600);
@@ -283,7 +283,13 @@ impl StampedeGuard {
             )
             .await
         };
-        let at = *result.as_ref().unwrap_or(&local_micros());
+        let at = match &result {
+            Ok(at) => {
+                shared.clock.learn(*at);
+                *at
+            }
+            Err(_) => shared.clock.now_micros(),
+        };
         for id in &ids {
             shared.purges.note(id, how, at);
         }
@@ -421,6 +427,7 @@ impl GuardBuilder {
                 tombstones: new_tombstones(),
                 notices: Notices::new(channel, purges_key),
                 purges: Purges::new(self.purge_capacity),
+                clock: super::clock::FleetClock::default(),
                 marks: Marks::default(),
                 budget: Budget::new(self.refresh_budget),
                 routes: Mutex::default(),
@@ -512,7 +519,7 @@ mod tests {
             let invalidating = layer.clone();
             *guard.shared.l1.before_insert.lock().unwrap() = Some(Box::new(move || {
                 if notice {
-                    let token = FencingToken::new(local_micros() + 1_000_000);
+                    let token = FencingToken::new(crate::guard::purge::local_micros() + 1_000_000);
                     shared.upgrade().unwrap().invalidated(Some(local), token);
                 } else {
                     let done = invalidating.invalidate(&get()).now_or_never();

@@ -201,6 +201,7 @@
 mod answer;
 mod body;
 mod budget;
+pub(crate) mod clock;
 mod cold;
 mod complete;
 mod early;

@@ -15,7 +15,9 @@
 //!   that the origin is called once per key, not once per caller.
 //!
 //! "Began" is the fencing token of the fill's lease, which Redis issues from the same
-//! clock the purge is stamped with. On a Redis Cluster the entry and the purge records
+//! clock the purge is stamped with; for a fill made without the lease, Redis's time as
+//! this process last learned it plus what its monotonic clock counted since
+//! ([`FleetClock`](super::clock::FleetClock)), never this machine's wall clock. On a Redis Cluster the entry and the purge records
 //! may live on two nodes, whose clocks differ a little: there, a fill that began up to
 //! [`MARGIN`] after a purge counts as before it (it is filled once more); clocks further
 //! apart than that could let an entry filled just before a purge outlive it. An
@@ -390,12 +392,11 @@ impl State {
     }
 }
 
-/// This machine's time in µs since 1970: the stamp of a purge that Redis could not
-/// record, and the start of a fill made without Redis.
+/// This machine's time in µs since 1970 (for tests; the guard's stamps come from its
+/// [`FleetClock`](super::clock::FleetClock)).
+#[cfg(test)]
 pub(crate) fn local_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
+    super::clock::this_machines_micros()
 }
 
 #[cfg(test)]

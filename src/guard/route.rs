@@ -462,6 +462,7 @@ impl Route {
         .await?;
         // Redis's token from now on: it orders against the fills' tokens, which come from
         // the same clock (the local one only covered the round trip).
+        shared.clock.learn(invalidated.token.get());
         crate::cache::bury(&shared.tombstones, response, invalidated.token, Some(local));
         self.l1().invalidate_response(response);
         Ok(Reached {

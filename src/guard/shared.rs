@@ -37,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) marks: Marks,
     /// The tag purges heard: what every read checks an entry's tags against.
     pub(crate) purges: Purges,
+    /// Redis's clock as learned: what every stamp compared with a purge comes from.
+    pub(crate) clock: super::clock::FleetClock,
     /// Bounds the refreshes and cold fills at work at once.
     pub(crate) budget: Budget,
     /// The routes made from this guard, by name (a name is refused twice: its metrics
@@ -151,7 +153,7 @@ impl Hears for Shared {
     /// stale until then (see [`Purges::owe`](super::purge::Purges::owe)).
     fn subscribed(&self) -> Owed {
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        self.purges.owe(super::purge::local_micros())
+        self.purges.owe(self.clock.now_micros())
     }
 
     /// A second's tick is as good a time as any to report L1 and the purges kept, and

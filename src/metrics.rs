@@ -74,9 +74,11 @@ names! {
     /// entry, its answer as it streamed, or its failure) instead of calling the origin
     /// themselves: what the local single-flight saved.
     COALESCED: Counter = "stampede_guard_coalesced_total", "Callers answered by a fill already in flight in this process instead of calling the origin.";
-    /// Callers that joined a fill already in flight in this process and waited for it:
-    /// [`COALESCED`], and those it could not answer (an answer that was its own
-    /// caller's alone, or of another variant), which asked the origin after all.
+    /// Callers that joined a fill already in flight in this process and waited for it
+    /// (a caller that joins again under another key counts again): [`COALESCED`], those
+    /// it could not answer (an answer that was its own caller's alone, or of another
+    /// variant), which asked the origin after all, and those served a stale entry while
+    /// it took too long.
     FILL_JOINS: Counter = "stampede_guard_fill_joins_total", "Callers that joined a fill already in flight in this process and waited for it.";
     /// Stale responses served because the origin failed.
     STALE_IF_ERROR: Counter = "stampede_guard_stale_if_error_total", "Stale entries served because the origin failed.";

@@ -1182,4 +1182,108 @@ async fn a_refresh_writes_its_parts_as_its_body_streams() {
         ("hit", LARGE, true)
     );
     assert_eq!((unused.calls(), origin.calls()), (0, 2));
+    // One more refresh: the first generation's parts go, the second's linger; never
+    // more than one generation lingers.
+    let second = generation().await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let stale = stream_get(addr, "/catalog", new.clone(), Arc::default()).await;
+    assert_eq!(stale.x_cache, "stale");
+    let frames = origin.called().await;
+    send_from(&frames, &old, 0, LARGE);
+    drop(frames);
+    let replaced = eventually(Duration::from_secs(20), || async {
+        generation().await != second
+    });
+    assert!(replaced.await, "the second refresh wrote its entry");
+    let parts = parts_in_redis(&server, &entry).await;
+    let of = |g: &str| {
+        parts
+            .iter()
+            .filter(|k| k.contains(&format!(":p:{g}:")))
+            .count()
+    };
+    assert_eq!(
+        (of(&first), of(&second), parts.len()),
+        (0, 16, 32),
+        "parts of the first, the second and all generations"
+    );
+}
+
+/// A stale entry read from Redis part by part (a range, on an instance whose L1 does
+/// not keep it) is refreshed with an unconditional request: its body is not held, so a
+/// `304` could not renew it (it renewed it with an empty body, which every instance
+/// then served). The refreshed entry is whole on every instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_entry_read_in_parts_is_refreshed_whole() {
+    const HUGE: usize = 32 << 20;
+    let server = RedisServer::start();
+    let body: bytes::Bytes = (0..HUGE)
+        .map(|i| (i % 253) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let (calls, conditional) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let handler = {
+        let (body, calls, conditional) = (body.clone(), calls.clone(), conditional.clone());
+        move |headers: HeaderMap| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let (body, conditional) = (body.clone(), conditional.clone());
+            async move {
+                let etag = [("etag", "\"v1\"")];
+                if headers.contains_key("if-none-match") {
+                    conditional.fetch_add(1, Ordering::SeqCst);
+                    return (StatusCode::NOT_MODIFIED, etag, bytes::Bytes::new());
+                }
+                (StatusCode::OK, etag, body)
+            }
+        }
+    };
+    let policy = || {
+        large_policy()
+            .max_body(64 << 20)
+            .fresh_ttl(Duration::from_secs(1))
+            .grace(Duration::from_secs(120))
+            .build()
+            .unwrap()
+    };
+    let filler = large_guard(&server).await;
+    let filling = serve(Router::new().route(
+        "/catalog",
+        routing::get(handler.clone()).layer(filler.layer(policy()).unwrap()),
+    ))
+    .await;
+    assert_eq!(fetch(filling, "/catalog", &[]).await.x_cache(), "miss");
+    // Another instance, with the default L1 (it keeps 16 MiB at most).
+    let store = stampede_guard::RedisStore::builder(server.url())
+        .command_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let reader = stampede_guard::StampedeGuard::builder(store, support::web::keys())
+        .build()
+        .unwrap();
+    within(HANG, reader.ready(), "the guard's readiness")
+        .await
+        .unwrap();
+    let layer = reader.layer(policy()).unwrap();
+    let addr =
+        serve(Router::new().route("/catalog", routing::get(handler).layer(layer.clone()))).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let part = fetch(addr, "/catalog", &[("range", "bytes=0-99")]).await;
+    assert_eq!(
+        (part.status, part.x_cache()),
+        (StatusCode::PARTIAL_CONTENT, "stale")
+    );
+    let refreshed = eventually(Duration::from_secs(20), || async {
+        layer.stats().get(Event::RefreshWritten) == 1
+    });
+    assert!(refreshed.await, "{:?}", layer.stats());
+    assert_eq!(
+        conditional.load(Ordering::SeqCst),
+        0,
+        "asked unconditionally"
+    );
+    for addr in [addr, filling] {
+        let whole = stream_get(addr, "/catalog", body.clone(), Arc::default()).await;
+        assert_eq!((whole.len, whole.same, whole.ended), (HUGE, true, Ok(())));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

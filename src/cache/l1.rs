@@ -181,9 +181,13 @@ impl L1 {
         epoch: u64,
     ) -> bool {
         stored.epoch.fetch_max(epoch, Ordering::Relaxed);
-        if stored.in_parts().is_some() || weigh(&key, &stored) as u64 > self.max_entry {
-            // Not kept (too heavy, or not held: read from Redis in parts); nor is what
-            // it replaces, which is older.
+        if stored.in_parts().is_some() {
+            // Not held (read from Redis in parts): nothing to keep, and nothing it
+            // replaces (which may be newer, put by a fill meanwhile).
+            return false;
+        }
+        if weigh(&key, &stored) as u64 > self.max_entry {
+            // Not kept; nor is what it replaces, which is older.
             self.moka.invalidate(&key);
             return false;
         }

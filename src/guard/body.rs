@@ -297,6 +297,15 @@ struct PartsReader {
     reading: Option<tokio::task::JoinHandle<Result<Option<Bytes>, crate::store::StoreError>>>,
 }
 
+impl Drop for PartsReader {
+    /// A client that went away costs no more reading.
+    fn drop(&mut self) {
+        if let Some(reading) = &self.reading {
+            reading.abort();
+        }
+    }
+}
+
 impl PartsReader {
     fn read_next(&mut self) {
         if self.left > 0 && self.next < self.parts.count() && self.reading.is_none() {

@@ -409,6 +409,12 @@ impl Fill {
         not_modified: Response<()>,
         asked: &Request<()>,
     ) -> Result<Put, (Response<()>, NotStored)> {
+        // An entry read in parts holds no body to renew with (refresh does not ask
+        // conditionally for one; a cold fill does not revalidate one).
+        debug_assert!(
+            current.in_parts().is_none(),
+            "renewing a body that is not held"
+        );
         let route = &self.route;
         let cached = &current.response;
         let mut headers = conditional::renewed_headers(&current.headers(), not_modified.headers());

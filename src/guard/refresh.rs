@@ -281,8 +281,10 @@ where
     let failed = || HoldOff::of(policy.error_backoff);
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
-    let conditional =
-        conditional::ask_if_changed(&mut request, current.response.status, &current.headers());
+    // (Not for an entry read in parts, whose body is not held: a 304 could not renew
+    // it; the answer is read whole.)
+    let conditional = current.in_parts().is_none()
+        && conditional::ask_if_changed(&mut request, current.response.status, &current.headers());
     let (mut fill, origin) = match fill.call(inner, request).await {
         Answered::Called(fill, origin) => (fill, origin),
         Answered::Stopped(_) => return failed(),

@@ -360,7 +360,9 @@ where
             let whole_up_to = if asked.ranged {
                 0
             } else {
-                usize::try_from(route.shared.l1.max_entry()).unwrap_or(usize::MAX)
+                // (Room for its headers and L1's own bookkeeping: L1 weighs all of it.)
+                let max_entry = route.shared.l1.max_entry().saturating_sub(64 * 1024);
+                usize::try_from(max_entry).unwrap_or(usize::MAX)
             };
             let (store, max) = (&route.shared.store, route.policy.max_body);
             l2_read_with_names(store, &keys, max, names, whole_up_to).await

@@ -37,27 +37,47 @@ local function holds_entry(key, hidden_below)
   return sane_token(tonumber(redis.call('HGET', key, 't'))) >= hidden_below
 end
 
+-- Deletes `count` parts of generation `generation` of the entry at `key`, or with
+-- `linger` (ms) keeps them that long at most (without PEXPIRE's LT: Redis 6 has none).
+local function parts_go(key, generation, count, linger)
+  -- (At most a body limit's worth: 64 MiB in parts of 512 KiB.)
+  for i = 0, math.min(count, 128) - 1 do
+    local part = key .. ':p:' .. generation .. ':' .. i
+    if linger then
+      local left = redis.call('PTTL', part)
+      if left == -1 or left > linger then
+        redis.call('PEXPIRE', part, linger)
+      end
+    else
+      redis.call('DEL', part)
+    end
+  end
+end
+
 -- Deletes the parts of the body of the entry at `key` (a body kept in parts: the
 -- entry's fields g, its generation, and p, how many), unless they are of generation
--- `keep` (the parts a write is about to name). Given `linger` (ms: a newer entry
--- replaces this one), they are kept that long at most instead, so that the answers
--- that stream them part by part (cache/parts.rs) end whole.
+-- `keep` (the parts a write is about to name), and those of the generation it let
+-- linger (fields lg and lp). Given `linger` (ms: a newer entry replaces this one), its
+-- own are kept that long at most instead, so that the answers that stream them part by
+-- part (cache/parts.rs) end whole; they are then the only generation that lingers, and
+-- their generation and count are returned, for the new entry to name (lg, lp).
 local function drop_parts(key, keep, linger)
   if redis.call('TYPE', key).ok ~= 'hash' then
     return
+  end
+  local lingering = redis.call('HGET', key, 'lg')
+  local lingering_count = tonumber(redis.call('HGET', key, 'lp'))
+  if lingering and lingering_count and lingering ~= keep then
+    parts_go(key, lingering, lingering_count, nil)
   end
   local generation = redis.call('HGET', key, 'g')
   local count = tonumber(redis.call('HGET', key, 'p'))
   if not generation or not count or generation == keep then
     return
   end
-  -- (At most a body limit's worth: 64 MiB in parts of 512 KiB.)
-  for i = 0, math.min(count, 128) - 1 do
-    if linger then
-      redis.call('PEXPIRE', key .. ':p:' .. generation .. ':' .. i, linger, 'LT')
-    else
-      redis.call('DEL', key .. ':p:' .. generation .. ':' .. i)
-    end
+  parts_go(key, generation, count, linger)
+  if linger then
+    return generation, count
   end
 end
 

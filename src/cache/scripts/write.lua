@@ -16,7 +16,8 @@
 -- A variant that is written is listed (see list_variant), so that an invalidation of
 -- its response deletes it and counts it (see invalidate.lua). The entry it replaces
 -- takes its parts with it (drop_parts), unless they are this write's own: they are kept
--- a minute at most, for the answers that are streaming them.
+-- a minute at most, for the answers that are streaming them, and named by the new entry
+-- (lg, lp), so that one generation lingers at most (the next replacement deletes it).
 --
 -- The entry is written only if no higher token was stored or issued: a writer whose
 -- lease expired while it worked, and who was overtaken, cannot replace the newer entry,
@@ -42,12 +43,16 @@ stored = math.max(stored, token_at(KEYS[3]))
 stored = math.max(stored, token_at(KEYS[4]))
 local written = 0
 if token >= stored then
-  drop_parts(KEYS[1], ARGV[1], 60000)
+  local lingering, lingering_count = drop_parts(KEYS[1], ARGV[1], 60000)
   -- DEL first: the key may hold garbage of another type.
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 't', ARGV[1], 'd', ARGV[3])
   if tonumber(ARGV[9]) > 0 then
     redis.call('HSET', KEYS[1], 'g', ARGV[1], 'p', ARGV[9])
+  end
+  -- The replaced entry's parts, left to linger: the next replacement deletes them.
+  if lingering then
+    redis.call('HSET', KEYS[1], 'lg', lingering, 'lp', lingering_count)
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   written = 1

@@ -891,3 +891,55 @@ async fn a_caller_after_an_invalidation_never_gets_the_fill_before_it() {
         assert_eq!(layer.stats().get(Event::Joined), joined_before);
     }
 }
+
+/// `Cache-Status` says `stored` only of what a cache kept: a fill without Redis whose
+/// entry L1 refused (an invalidation came while it filled) says nothing was stored, and
+/// the next caller fills again. Through axum over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_that_l1_refused_does_not_say_stored() {
+    let guard = StampedeGuard::builder(stampede_guard::RedisStore::local_only(), keys())
+        .build()
+        .unwrap();
+    let layer = guard
+        .layer(
+            Policy::builder("items")
+                .fresh_ttl(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let gate = support::app::Gate::default();
+    let calls = Arc::new(AtomicU64::new(0));
+    let read = {
+        let (gate, calls) = (gate.clone(), calls.clone());
+        move || {
+            let (gate, calls) = (gate.clone(), calls.clone());
+            async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                if n == 1 {
+                    let opened = gate.open.notified();
+                    gate.entered.notify_one();
+                    opened.await;
+                }
+                format!("v{n}")
+            }
+        }
+    };
+    let app = Router::new().route("/items/doc", routing::get(read).layer(layer.clone()));
+    let addr = serve(app).await;
+    let entered = gate.entered.notified();
+    let first = tokio::spawn(async move { fetch(addr, "/items/doc", &[]).await });
+    within(HANG, entered, "the fill reaching the origin").await;
+    let request = http::Request::get("/items/doc")
+        .header("host", "shop.example")
+        .body(())
+        .unwrap();
+    layer.invalidate(&request).await.unwrap();
+    gate.open.notify_one();
+    let first = support::joined(first, HANG, "the caller").await;
+    assert_eq!((first.body.as_str(), first.x_cache()), ("v1", "miss"));
+    let status = first.headers["cache-status"].to_str().unwrap();
+    assert!(!status.contains("stored"), "{status}");
+    let next = fetch(addr, "/items/doc", &[]).await;
+    assert_eq!((next.body.as_str(), next.x_cache()), ("v2", "miss"));
+}

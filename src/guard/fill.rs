@@ -129,6 +129,22 @@ impl Put {
     }
 }
 
+impl Route {
+    /// Puts an entry in L1 only (a fill without the lease, or whose write Redis did not
+    /// confirm): kept if L1 took it; else (an invalidation since, or too heavy) stored
+    /// nowhere, and its callers are told so.
+    async fn put_l1_only(&self, keys: &CacheKeys, stored: Arc<Stored>) -> Put {
+        if self.put_l1(keys, stored.clone()).await {
+            Put::Written {
+                stored,
+                to_l2: false,
+            }
+        } else {
+            Put::Refused(stored)
+        }
+    }
+}
+
 impl Fill {
     /// A fill under the key's lease.
     pub(crate) fn leased(
@@ -491,11 +507,7 @@ impl Fill {
         let route = self.route.clone();
         let Some(Claim::Leased(lease)) = self.claim.take() else {
             route.shared.marks.clear(self.keys.entry());
-            route.put_l1(&self.keys, stored.clone()).await;
-            return Put::Written {
-                stored,
-                to_l2: false,
-            };
+            return route.put_l1_only(&self.keys, stored).await;
         };
         let keys = &self.keys;
         route.held(lease.held_for());
@@ -587,11 +599,7 @@ impl Fill {
                 let _ = shared.notices.publish(&shared.store, &gone).await;
                 lease.record_end("error");
                 shared.marks.clear(keys.entry());
-                route.put_l1(keys, stored.clone()).await;
-                Put::Written {
-                    stored,
-                    to_l2: false,
-                }
+                route.put_l1_only(keys, stored).await
             }
         }
     }

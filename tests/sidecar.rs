@@ -1828,6 +1828,34 @@ async fn a_route_holds_whole_segments_of_the_resolved_path() {
     assert_eq!(calls.load(Ordering::SeqCst), 3 + 10);
 }
 
+/// A successful `POST` invalidates its URI for the fleet (RFC 9111 §4.4), by default;
+/// a route with `invalidate_on_unsafe = false` keeps its entries (any client whose
+/// `POST` the origin accepts could otherwise evict them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_may_keep_its_entries_through_unsafe_requests() {
+    let (origin, seen) = recording_origin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "upstream = \"http://{origin}\"\n\n\
+             [[routes]]\nname = \"kept\"\nprefix = \"/kept\"\ninvalidate_on_unsafe = false\n\n\
+             [[routes]]\nname = \"items\"\nprefix = \"/items\"\n"
+        ),
+    );
+    let sidecar = Sidecar::start(&["--config", &config]);
+    for (path, invalidated) in [("/items/1", true), ("/kept/1", false)] {
+        assert_eq!(fetch(sidecar.listen, path, &[]).await.x_cache(), "miss");
+        assert_eq!(fetch(sidecar.listen, path, &[]).await.x_cache(), "hit");
+        let posted = post_json(sidecar.listen, path, &[], "{}").await;
+        assert_eq!(posted.status, StatusCode::OK);
+        let after = fetch(sidecar.listen, path, &[]).await;
+        let want = if invalidated { "miss" } else { "hit" };
+        assert_eq!(after.x_cache(), want, "{path}");
+    }
+    assert_eq!(seen.lock().unwrap().len(), 5, "3 fills and 2 POSTs");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_refresh_finish_and_write() {
     let redis = RedisServer::start();

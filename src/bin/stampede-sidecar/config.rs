@@ -60,6 +60,7 @@ macro_rules! with_policy_fields {
             stale_if_error: Option<String>,
             max_body: Option<SizeFile>,
             follow_origin: Option<bool>,
+            invalidate_on_unsafe: Option<bool>,
             min_fresh: Option<String>,
             max_fresh: Option<String>,
             keep: Option<String>,
@@ -80,6 +81,7 @@ macro_rules! with_policy_fields {
                     stale_if_error: self.stale_if_error.clone(),
                     max_body: self.max_body.clone(),
                     follow_origin: self.follow_origin,
+                    invalidate_on_unsafe: self.invalidate_on_unsafe,
                     min_fresh: self.min_fresh.clone(),
                     max_fresh: self.max_fresh.clone(),
                     keep: self.keep.clone(),
@@ -161,6 +163,7 @@ struct PolicyFields {
     stale_if_error: Option<String>,
     max_body: Option<SizeFile>,
     follow_origin: Option<bool>,
+    invalidate_on_unsafe: Option<bool>,
     min_fresh: Option<String>,
     max_fresh: Option<String>,
     keep: Option<String>,
@@ -712,6 +715,7 @@ impl Settings {
                     .or_else(|| base.stale_if_error.clone()),
                 max_body: fields.max_body.clone().or_else(|| base.max_body.clone()),
                 follow_origin: fields.follow_origin.or(base.follow_origin),
+                invalidate_on_unsafe: fields.invalidate_on_unsafe.or(base.invalidate_on_unsafe),
                 min_fresh: fields.min_fresh.or_else(|| base.min_fresh.clone()),
                 max_fresh: fields.max_fresh.or_else(|| base.max_fresh.clone()),
                 keep: fields.keep.or_else(|| base.keep.clone()),
@@ -1009,6 +1013,11 @@ fn policy(place: &Place<'_>, name: &str, fields: &PolicyFields) -> Result<Policy
     }
     // An HTTP cache: it follows what the origin says unless told not to.
     builder = builder.follow_origin(follow_origin);
+    // A successful unsafe request invalidates what it changed (RFC 9111 §4.4), unless
+    // the route says not to: any client whose POST succeeds evicts its URI for the fleet.
+    if let Some(invalidate) = fields.invalidate_on_unsafe {
+        builder = builder.invalidate_on_unsafe(invalidate);
+    }
     if let Some(floor) = place.duration("min_fresh", &fields.min_fresh)? {
         builder = builder.min_fresh(floor);
     }

@@ -20,12 +20,15 @@
 //! routes, the guard says through [`Hears`]. Callers waiting for a key are woken after
 //! the guard has heard the notice, so that they find its effects.
 //!
-//! A lost notice costs time, never correctness: a waiter that is not woken reads Redis
-//! when its cold wait ends, and a waiter whose bucket could not be subscribed in time
-//! (the subscription is down, the bucket not confirmed, too many buckets) reads Redis
-//! every 100 ms instead of waiting to be woken. When the subscription is lost and comes back, notices sent
-//! meanwhile are lost with it: the guard is told ([`Hears::subscribed`]) and no longer
-//! serves what it held then as fresh. Purges are recorded in Redis too: those recorded
+//! A lost wake-up costs time: a waiter that is not woken reads Redis when its cold wait
+//! ends, and a waiter whose bucket could not be subscribed in time (the subscription is
+//! down, the bucket not confirmed, too many buckets) reads Redis every 100 ms instead of
+//! waiting to be woken. A lost invalidation costs freshness for a bounded time: when the
+//! subscription is lost, notices sent meanwhile are lost with it, and until the loss is
+//! found (a `PING` that fails: within a second and the command timeout, or the
+//! connection's end) this process's L1 serves what it holds as it was, fresh if it was.
+//! Once found, and when the subscription comes back, the guard is told
+//! ([`Hears::subscribed`]) and no longer serves what it held then as fresh. Purges are recorded in Redis too: those recorded
 //! since the last one the guard knows of are read back, in batches, beside the notices
 //! (see `purge_records::ReadBack`). The subscription counts as up as soon as it is: a read-back
 //! that fails is retried with backoff, outside the breaker, while the guard treats what

@@ -960,3 +960,47 @@ async fn local_only_is_seen_in_the_mode_and_in_cache_status() {
         cache_status(&hit)
     );
 }
+
+/// Redis unreachable while a fill's lease is renewed: the watchdog stops renewing once
+/// the lease may have expired, but lets the origin's call finish (a healthy origin is
+/// not cancelled into a `504`); its answer goes to the caller, stored in this process
+/// only (the write cannot be confirmed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unreachable_during_renewals_does_not_cancel_a_healthy_origin_call() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let store = store_at(&proxy.url(), never_open());
+    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
+    // The origin takes 2 s; the lease lasts 1 s, renewed every third of it.
+    let origin = Origin::new(Duration::from_secs(2), |n, _| {
+        Response::new(full(format!("v{n}")))
+    });
+    let policy = Policy::builder("items")
+        .fresh_ttl(Duration::from_secs(60))
+        .lease_ttl(Duration::from_secs(1))
+        .refresh_timeout(Duration::from_secs(10))
+        .cold_wait(Duration::from_secs(10))
+        .watchdog(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let i = instance(guard, policy, origin.service()).await;
+    let started = Instant::now();
+    let service = i.service.clone();
+    let call = tokio::spawn(async move { send(&service, get("/items/1")).await });
+    // Once the fill holds its lease, Redis goes silent.
+    let leased = eventually(HANG, || async { origin.calls() == 1 });
+    assert!(leased.await);
+    proxy.set(Mode::Blackhole);
+    let got = support::joined(call, HANG, "the caller").await;
+    assert_eq!(
+        (got.status, got.body.as_str()),
+        (StatusCode::OK, "v1"),
+        "{:?}",
+        i.layer.stats()
+    );
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert_eq!(i.layer.stats().get(Event::OriginTimeout), 0);
+    // Kept in this process.
+    assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "hit");
+    assert_eq!(origin.calls(), 1);
+}

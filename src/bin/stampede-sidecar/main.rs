@@ -16,6 +16,7 @@ mod admin;
 mod args;
 mod bodies;
 mod config;
+mod framing;
 mod peer;
 mod routes;
 mod server;

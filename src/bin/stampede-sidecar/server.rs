@@ -229,11 +229,24 @@ where
         let mut request =
             request.map(|body| Body::new(Bounded::total(body, body_read, body_timed_out)));
         request.extensions_mut().insert(peer);
+        let refused = crate::framing::refused(&request);
         let service = service.clone();
         async move {
-            let response = match service.oneshot(request).await {
-                Ok(response) => response,
-                Err(never) => match never {},
+            let response = match refused {
+                // (The connection closes after it: what follows on it is not trusted.)
+                Some(status) => {
+                    let mut response = Response::new(Body::empty());
+                    *response.status_mut() = status;
+                    response.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                    response
+                }
+                None => match service.oneshot(request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                },
             };
             let end = end.answering();
             Ok::<_, Infallible>(response.map(|body| Body::new(Tapped::new(body, end))))

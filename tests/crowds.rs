@@ -222,14 +222,24 @@ fn counter(scraped: &str, name: &str) -> u64 {
 /// room for it); its L1 holds 256 MiB, so that one 8 MiB entry is kept (an entry may
 /// weigh a quarter of L1).
 async fn large_guard(server: &RedisServer) -> stampede_guard::StampedeGuard {
+    guard_with_l1(server, Some(256 << 20)).await
+}
+
+/// [`large_guard`], with an L1 of `capacity` bytes (`None`: the default 64 MiB, which
+/// keeps an entry of 16 MiB at most).
+async fn guard_with_l1(
+    server: &RedisServer,
+    capacity: Option<u64>,
+) -> stampede_guard::StampedeGuard {
     let store = stampede_guard::RedisStore::builder(server.url())
         .command_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
-    let guard = stampede_guard::StampedeGuard::builder(store, support::web::keys())
-        .l1_capacity(256 << 20)
-        .build()
-        .unwrap();
+    let mut builder = stampede_guard::StampedeGuard::builder(store, support::web::keys());
+    if let Some(capacity) = capacity {
+        builder = builder.l1_capacity(capacity);
+    }
+    let guard = builder.build().unwrap();
     within(HANG, guard.ready(), "the guard's readiness")
         .await
         .unwrap();
@@ -974,16 +984,7 @@ async fn a_large_entry_is_read_from_redis_part_by_part_and_a_range_reads_only_it
     let got = fetch(filling, "/catalog", &[]).await;
     assert_eq!((got.status, got.x_cache()), (StatusCode::OK, "miss"));
     // Another instance, with the default L1.
-    let store = stampede_guard::RedisStore::builder(server.url())
-        .command_timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let reader = stampede_guard::StampedeGuard::builder(store, support::web::keys())
-        .build()
-        .unwrap();
-    within(HANG, reader.ready(), "the guard's readiness")
-        .await
-        .unwrap();
+    let reader = guard_with_l1(&server, None).await;
     let layer = reader.layer(policy()).unwrap();
     let addr =
         serve(Router::new().route("/catalog", routing::get(handler).layer(layer.clone()))).await;
@@ -1253,16 +1254,7 @@ async fn a_stale_entry_read_in_parts_is_refreshed_whole() {
     .await;
     assert_eq!(fetch(filling, "/catalog", &[]).await.x_cache(), "miss");
     // Another instance, with the default L1 (it keeps 16 MiB at most).
-    let store = stampede_guard::RedisStore::builder(server.url())
-        .command_timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let reader = stampede_guard::StampedeGuard::builder(store, support::web::keys())
-        .build()
-        .unwrap();
-    within(HANG, reader.ready(), "the guard's readiness")
-        .await
-        .unwrap();
+    let reader = guard_with_l1(&server, None).await;
     let layer = reader.layer(policy()).unwrap();
     let addr =
         serve(Router::new().route("/catalog", routing::get(handler).layer(layer.clone()))).await;

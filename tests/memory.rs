@@ -233,7 +233,6 @@ const LARGE: u64 = 32 * MIB;
 async fn a_crowd_of_a_large_answer_holds_it_once() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let _alone = ONE_AT_A_TIME.lock().await;
     let calls = Arc::new(AtomicU64::new(0));
@@ -282,32 +281,10 @@ async fn a_crowd_of_a_large_answer_holds_it_once() {
         .unwrap();
     let app = axum::Router::new().route_service("/large", layer.layer(origin));
     let addr = support::http::serve(app).await;
-    let request = b"GET /large HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n";
     // Warm the runtime and the allocator.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let before = resident();
-    let mut silent = Vec::new();
-    for _ in 0..10 {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        stream.write_all(request).await.unwrap();
-        silent.push(stream);
-    }
-    let readers: Vec<_> = (0..90)
-        .map(|_| {
-            tokio::spawn(async move {
-                let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-                stream.write_all(request).await.unwrap();
-                let mut buffer = vec![0; 64 * 1024];
-                let mut read = 0u64;
-                loop {
-                    match stream.read(&mut buffer).await.unwrap() {
-                        0 => return read,
-                        n => read += n as u64,
-                    }
-                }
-            })
-        })
-        .collect();
+    let (silent, readers) = raw_readers(addr, 10, 90).await;
     let joined = support::eventually(Duration::from_secs(30), || async {
         layer.stats().get(Event::Joined) == 99
     });
@@ -342,7 +319,6 @@ async fn a_crowd_of_a_large_answer_holds_it_once() {
 /// 2 MiB per reader and 32 MiB more). 4 of them never read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_of_a_large_entry_in_redis_hold_a_part_each() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const READERS: u64 = 20;
     const SILENT: u64 = 4;
 
@@ -382,31 +358,9 @@ async fn readers_of_a_large_entry_in_redis_hold_a_part_each() {
     assert_eq!(got.headers["x-cache"], "miss");
     // ...read on another.
     let (addr, layer, _guard) = instance().await;
-    let request = b"GET /large HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n";
     tokio::time::sleep(Duration::from_millis(100)).await;
     let before = resident();
-    let mut silent = Vec::new();
-    for _ in 0..SILENT {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        stream.write_all(request).await.unwrap();
-        silent.push(stream);
-    }
-    let readers: Vec<_> = (0..READERS)
-        .map(|_| {
-            tokio::spawn(async move {
-                let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-                stream.write_all(request).await.unwrap();
-                let mut buffer = vec![0; 64 * 1024];
-                let mut read = 0u64;
-                loop {
-                    match stream.read(&mut buffer).await.unwrap() {
-                        0 => return read,
-                        n => read += n as u64,
-                    }
-                }
-            })
-        })
-        .collect();
+    let (silent, readers) = raw_readers(addr, SILENT, READERS).await;
     let read = support::web::all_within(readers, Duration::from_secs(120), "the readers").await;
     let after = resident();
     for read in read {
@@ -431,4 +385,42 @@ async fn readers_of_a_large_entry_in_redis_hold_a_part_each() {
         READERS + SILENT
     );
     drop(silent);
+}
+
+/// `silent` connections to `addr` that ask for `/large` and never read, and `reading`
+/// ones that read it to its end (each gives how many bytes it read).
+async fn raw_readers(
+    addr: SocketAddr,
+    silent: u64,
+    reading: u64,
+) -> (
+    Vec<tokio::net::TcpStream>,
+    Vec<tokio::task::JoinHandle<u64>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const REQUEST: &[u8] =
+        b"GET /large HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n";
+    let mut quiet = Vec::new();
+    for _ in 0..silent {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(REQUEST).await.unwrap();
+        quiet.push(stream);
+    }
+    let readers = (0..reading)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                stream.write_all(REQUEST).await.unwrap();
+                let mut buffer = vec![0; 64 * 1024];
+                let mut read = 0u64;
+                loop {
+                    match stream.read(&mut buffer).await.unwrap() {
+                        0 => return read,
+                        n => read += n as u64,
+                    }
+                }
+            })
+        })
+        .collect();
+    (quiet, readers)
 }

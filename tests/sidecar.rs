@@ -1223,29 +1223,16 @@ async fn a_stalled_access_log_holds_at_most_its_bytes_and_counts_the_rest() {
     // What it prints until it listens is read; then standard output is never read again.
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     let (mut listen, mut metrics) = (None, None);
-    let addr = |line: &str| -> SocketAddr {
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap();
-        url.parse::<Uri>()
-            .unwrap()
-            .authority()
-            .unwrap()
-            .as_str()
-            .parse()
-            .unwrap()
-    };
     while listen.is_none() {
         let mut line = String::new();
         assert!(
             stdout.read_line(&mut line).unwrap() > 0,
             "it printed where it listens"
         );
-        if line.starts_with("metrics on ") {
-            metrics = Some(addr(&line));
-        } else if line.starts_with("caching ") {
-            listen = Some(addr(line.split(" on ").nth(1).unwrap()));
+        match support::sidecar::announced(&line) {
+            Some(("metrics", addr)) => metrics = Some(addr),
+            Some(("listen", addr)) => listen = Some(addr),
+            _ => {}
         }
     }
     let (listen, metrics) = (listen.unwrap(), metrics.unwrap());

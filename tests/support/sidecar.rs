@@ -57,6 +57,33 @@ pub(crate) struct Sidecar {
     pub(crate) metrics: Option<SocketAddr>,
 }
 
+/// What a line the sidecar prints when it starts announces: `("admin", addr)`,
+/// `("metrics", addr)` or `("listen", addr)`; `None` for any other line.
+pub(crate) fn announced(line: &str) -> Option<(&'static str, SocketAddr)> {
+    let addr = |line: &str| -> SocketAddr {
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://") || w.starts_with("https://"))
+            .unwrap();
+        url.parse::<Uri>()
+            .unwrap()
+            .authority()
+            .unwrap()
+            .as_str()
+            .parse()
+            .unwrap()
+    };
+    if line.starts_with("admin on ") {
+        Some(("admin", addr(line)))
+    } else if line.starts_with("metrics on ") {
+        Some(("metrics", addr(line)))
+    } else if line.starts_with("caching ") {
+        Some(("listen", addr(line.split(" on ").nth(1)?)))
+    } else {
+        None
+    }
+}
+
 impl Sidecar {
     /// Starts the binary on free ports (`127.0.0.1:0`: the addresses it binds are read
     /// from what it prints once it listens), with the tests' secret.
@@ -103,25 +130,11 @@ impl Sidecar {
                     lines.lock().unwrap().join("\n")
                 );
             };
-            let addr = |line: &str| -> SocketAddr {
-                let url = line
-                    .split_whitespace()
-                    .find(|w| w.starts_with("http://") || w.starts_with("https://"))
-                    .unwrap();
-                url.parse::<Uri>()
-                    .unwrap()
-                    .authority()
-                    .unwrap()
-                    .as_str()
-                    .parse()
-                    .unwrap()
-            };
-            if line.starts_with("admin on ") {
-                admin = Some(addr(&line));
-            } else if line.starts_with("metrics on ") {
-                metrics = Some(addr(&line));
-            } else if line.starts_with("caching ") {
-                listen = Some(addr(line.split(" on ").nth(1).unwrap()));
+            match announced(&line) {
+                Some(("admin", addr)) => admin = Some(addr),
+                Some(("metrics", addr)) => metrics = Some(addr),
+                Some((_, addr)) => listen = Some(addr),
+                None => {}
             }
         }
         Self {

@@ -12,7 +12,7 @@ use stampede_guard::lease::{AcquireOutcome, LeaseClient, ReleaseOutcome, RenewOu
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::web::{self, Origin, get, keys, send};
-use support::{HANG, RedisCluster, eventually, within};
+use support::{HANG, Proxy, RedisCluster, eventually, within};
 
 /// Generous, as in the single-server tests; within what the default policies allow.
 const TIMEOUT: Duration = Duration::from_millis(250);
@@ -827,4 +827,60 @@ async fn a_body_in_parts_lives_in_its_entrys_slot() {
         assert!(got.body.bytes().all(|b| b == 1), "a wrong byte");
     }
     assert_eq!(slow.calls(), 1, "one origin call for the fleet");
+}
+
+/// A connection that a NAT or a firewall forgot (silent for good, never reset) to one
+/// primary among healthy ones: the command that timed out on it retires the cluster
+/// connection, and the store, connected again, answers (a `PING` asks every primary).
+/// Kept, every command for that primary's slots would time out for good: redis-rs
+/// never hears of a timeout the store puts on its commands. Each primary announces a
+/// proxy in front of it as its address, so that the store's connections pass through
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_a_nat_forgot_is_retired_and_the_cluster_answers_again() {
+    use support::cluster::cli;
+    let cluster = RedisCluster::start();
+    let mut proxies = Vec::new();
+    for port in cluster.primaries() {
+        let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await;
+        // The bus keeps its own port: by default it follows the announced one.
+        let bus = (u32::from(port) + 10_000).to_string();
+        let announced = proxy.addr().port().to_string();
+        for (name, value) in [
+            ("cluster-announce-bus-port", &bus),
+            ("cluster-announce-port", &announced),
+        ] {
+            let reply = cli(port, &["CONFIG", "SET", name, value]).unwrap();
+            assert_eq!(reply.trim(), "OK", "{name}");
+        }
+        proxies.push(proxy);
+    }
+    let announced = || {
+        cluster.servers().iter().all(|node| {
+            cli(node.addr().port(), &["CLUSTER", "SLOTS"]).is_some_and(|slots| {
+                proxies.iter().all(|p| {
+                    slots
+                        .lines()
+                        .any(|l| l.trim() == p.addr().port().to_string())
+                })
+            })
+        })
+    };
+    assert!(
+        eventually(HANG, || async { announced() }).await,
+        "every node names the proxies"
+    );
+    let store = store(&cluster);
+    within(HANG, store.ping(), "the first ping").await.unwrap();
+    let made = proxies[0].accepted();
+    let failed = support::proxy::forgotten_then_answering(&store, &[&proxies[0]], HANG).await;
+    let failed = failed.expect("the store answers again");
+    assert!(
+        failed >= 1,
+        "the first ping was sent on a forgotten connection"
+    );
+    assert!(
+        proxies[0].accepted() > made,
+        "the primary was connected again"
+    );
 }

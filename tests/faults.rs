@@ -1004,3 +1004,24 @@ async fn redis_unreachable_during_renewals_does_not_cancel_a_healthy_origin_call
     assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "hit");
     assert_eq!(origin.calls(), 1);
 }
+
+/// A connection that a NAT or a firewall forgot (silent for good, never reset) is
+/// retired by the command that timed out on it, the breaker's probe included: once the
+/// pool's connections are replaced, the store answers again and its breaker closes.
+/// (Kept, each of them would time out every command sent on it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_a_nat_forgot_are_retired_and_the_store_answers_again() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let store = store_at(&proxy.url(), BreakerConfig::default());
+    store.ping().await.unwrap();
+    let made = proxy.accepted();
+    let failed = support::proxy::forgotten_then_answering(&store, &[&proxy], HANG).await;
+    let failed = failed.expect("the store answers again");
+    assert!(
+        failed >= 1,
+        "the first ping was sent on a forgotten connection"
+    );
+    assert!(!store.circuit_open());
+    assert!(proxy.accepted() > made, "new connections were made");
+}

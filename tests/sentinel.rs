@@ -11,7 +11,7 @@ use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::sentinel::{SERVICE, SentinelGroup};
 use support::web::{self, Origin, get, keys, send};
-use support::{HANG, eventually, within};
+use support::{HANG, Proxy, RedisServer, eventually, within};
 
 const TIMEOUT: Duration = Duration::from_millis(250);
 
@@ -138,4 +138,35 @@ async fn token(url: &str, entry: &str) -> u64 {
         .ok()
         .flatten();
     token.and_then(|t| t.parse().ok()).unwrap_or(0)
+}
+
+/// A connection to the primary that a NAT or a firewall forgot (silent for good, never
+/// reset) is retired by the command that timed out on it: the store connects to the
+/// same primary again and answers, where it timed out on that connection for good (a
+/// timeout does not make it ask the sentinels, and nothing else replaced it). The
+/// sentinel watches the primary through the proxy, so that the address it names is the
+/// proxy's; it is slow to call the primary down, so that it starts no failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_a_nat_forgot_is_retired_and_the_primary_answers_again() {
+    let primary = RedisServer::start();
+    let proxy = Proxy::start(primary.addr()).await;
+    let config = format!(
+        "sentinel monitor {SERVICE} 127.0.0.1 {} 1\n\
+         sentinel down-after-milliseconds {SERVICE} 60000\n",
+        proxy.addr().port()
+    );
+    let sentinel = RedisServer::start_sentinel(&config);
+    let store = RedisStore::sentinel([sentinel.url()], SERVICE)
+        .command_timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    within(HANG, store.ping(), "the first ping").await.unwrap();
+    let made = proxy.accepted();
+    let failed = support::proxy::forgotten_then_answering(&store, &[&proxy], HANG).await;
+    let failed = failed.expect("the store answers again");
+    assert!(
+        failed >= 1,
+        "the first ping was sent on a forgotten connection"
+    );
+    assert!(proxy.accepted() > made, "a new connection was made");
 }

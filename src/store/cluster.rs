@@ -10,6 +10,15 @@
 //! deadline. It is made by the first operation, not when the store is built, so that a
 //! service can start while the cluster is down.
 //!
+//! What it does not notice is a socket that went silent without being closed (a NAT or
+//! a firewall that forgot an idle flow: no reset, no reply, ever): its commands time
+//! out in the store, which drops them, and redis-rs never hears of it. So a command
+//! that timed out retires the connection it was sent on, and the next operation makes
+//! a new one (every node connected again, the slot map asked for again). A connection
+//! made less than the connect timeout ago is kept: a flow that young was not forgotten,
+//! its timeouts are a slow cluster's, and so a slow cluster costs at most one
+//! reconnect per connect timeout.
+//!
 //! # Notices on a cluster
 //!
 //! Notices use classic pub/sub, not sharded pub/sub (`SSUBSCRIBE`). A classic `PUBLISH`
@@ -50,8 +59,8 @@ pub(super) struct Cluster {
     nodes: Vec<ConnectionInfo>,
     /// The TLS certificates of the store, for pub/sub connections too.
     certificates: Option<TlsCertificates>,
-    /// The connection, once made.
-    connection: Mutex<Option<ClusterConnection>>,
+    /// The connection, once made, and when it was made.
+    connection: Mutex<Option<(ClusterConnection, Instant)>>,
     /// Held while a connection is being made, so that callers wait for one attempt
     /// instead of each making their own.
     connecting: tokio::sync::Mutex<()>,
@@ -143,7 +152,7 @@ impl Cluster {
         match timeout_at(deadline, self.client.get_async_connection()).await {
             Ok(Ok(connection)) => {
                 *self.connection.lock().expect("cluster connection lock") =
-                    Some(connection.clone());
+                    Some((connection.clone(), Instant::now()));
                 Ok(connection)
             }
             Ok(Err(error)) => Err(no_connection(Some(error))),
@@ -155,7 +164,21 @@ impl Cluster {
         self.connection
             .lock()
             .expect("cluster connection lock")
-            .clone()
+            .as_ref()
+            .map(|(connection, _)| connection.clone())
+    }
+
+    /// A command sent at `sent` timed out: the connection it was sent on is retired
+    /// (see the module docs), unless it is younger than the connect timeout, or was
+    /// made after `sent` (another command's timeout retired the one it used).
+    pub(super) fn timed_out(&self, sent: Instant) {
+        let mut connection = self.connection.lock().expect("cluster connection lock");
+        if let Some((_, made)) = &*connection
+            && *made <= sent
+            && made.elapsed() >= self.connect_timeout
+        {
+            *connection = None;
+        }
     }
 
     /// A pub/sub connection to a node that answers within `connect_timeout`: the nodes

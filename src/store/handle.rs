@@ -328,17 +328,21 @@ impl RedisStore {
             Backend::Cluster(cluster) => {
                 let deadline = Instant::now() + self.inner.command_timeout;
                 let mut conn = cluster.connection(Operation::Inspect).await?;
+                let sent = Instant::now();
                 match timeout_at(deadline, cluster::primaries(&mut conn)).await {
                     Ok(Ok(primaries)) => Ok(primaries
                         .into_iter()
                         .map(|(host, port)| Node::Primary(host, port))
                         .collect()),
                     Ok(Err(error)) => Err(StoreError::from_redis(Operation::Inspect, error)),
-                    Err(_) => Err(StoreError::new(
-                        Operation::Inspect,
-                        StoreErrorKind::Timeout,
-                        None,
-                    )),
+                    Err(_) => {
+                        cluster.timed_out(sent);
+                        Err(StoreError::new(
+                            Operation::Inspect,
+                            StoreErrorKind::Timeout,
+                            None,
+                        ))
+                    }
                 }
             }
             _ => Ok(vec![Node::Server]),
@@ -357,10 +361,14 @@ impl RedisStore {
             (Node::Primary(host, port), Backend::Cluster(cluster)) => {
                 let deadline = Instant::now() + self.inner.command_timeout;
                 let mut conn = cluster.connection(operation).await?;
+                let sent = Instant::now();
                 match timeout_at(deadline, cluster::run_at(&mut conn, host, *port, cmd)).await {
                     Ok(Ok(value)) => Ok(value),
                     Ok(Err(error)) => Err(StoreError::from_redis(operation, error)),
-                    Err(_) => Err(StoreError::new(operation, StoreErrorKind::Timeout, None)),
+                    Err(_) => {
+                        cluster.timed_out(sent);
+                        Err(StoreError::new(operation, StoreErrorKind::Timeout, None))
+                    }
                 }
             }
             _ => self.run(operation, Request::Command(cmd)).await,
@@ -390,14 +398,22 @@ impl Inner {
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let mut conn = cluster.connection(operation).await?;
-                return execute(&mut conn, request, deadline, operation).await;
+                let sent = Instant::now();
+                let result = execute(&mut conn, request, deadline, operation).await;
+                if let Err(error) = &result
+                    && error.kind() == StoreErrorKind::Timeout
+                {
+                    cluster.timed_out(sent);
+                }
+                return result;
             }
             #[cfg(feature = "sentinel")]
             Backend::Sentinel(sentinel) => {
                 let mut conn = sentinel.connection(operation).await?;
+                let sent = Instant::now();
                 let result = execute(&mut conn, request, deadline, operation).await;
                 if let Err(error) = &result {
-                    sentinel.after(error);
+                    sentinel.after(error, sent);
                 }
                 return result;
             }

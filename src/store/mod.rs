@@ -20,7 +20,16 @@
 //! concurrency. A connection on which a command timed out or broke is marked and
 //! replaced; no `PING` is spent on checking connections out. A cluster is reached through
 //! one multiplexed cluster connection (see the `cluster` module for why, and for how
-//! notices travel on a cluster).
+//! notices travel on a cluster), a Sentinel's primary through one multiplexed
+//! connection.
+//!
+//! On every backend a command that timed out retires the connection it was sent on: a
+//! socket that a NAT or a firewall forgot (no reset, no reply, ever) says nothing else,
+//! and kept, it would time out every command sent on it, the breaker's probe included.
+//! A cluster's or a Sentinel primary's connection made less than the connect timeout
+//! ago is kept (its timeouts are a slow server's), so that a slow server costs them at
+//! most one reconnect per connect timeout; a single server's pool replaces at most its
+//! few connections.
 
 mod breaker;
 mod builder;

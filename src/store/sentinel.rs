@@ -1,9 +1,15 @@
 //! Redis Sentinel: the store asks the sentinels which server is the primary, and keeps one
 //! multiplexed connection to it until it fails.
 //!
-//! The connection is dropped, and the primary asked for again at the next operation,
-//! when an operation on it breaks it (a timeout, a lost connection) or when the server
-//! answers `READONLY`: it is no longer the primary, a failover happened. Until the
+//! The primary is forgotten, and asked for again at the next operation, when an
+//! operation loses its connection or the server answers `READONLY`: it is no longer the
+//! primary, a failover happened. A command that timed out retires only the connection
+//! (the next operation connects to the same primary again): a socket can go silent
+//! without being closed (a NAT or a firewall that forgot an idle flow: no reset, no
+//! reply, ever), and nothing else would ever replace it. A connection made less than
+//! the connect timeout ago is kept: a flow that young was not forgotten, its timeouts
+//! are a slow primary's, and so a slow primary costs at most one reconnect per connect
+//! timeout; if connecting again fails, the primary is asked for. Until the
 //! sentinels have promoted a replica, operations fail as they do when a single server is
 //! down (the breaker opens, the guard runs on L1 and its local single-flight), and the
 //! first operation after the promotion finds the new primary. Notices subscribe on the
@@ -27,13 +33,20 @@ pub(super) struct Sentinel {
     /// Asked for the primary; behind an async lock, as redis-rs' client asks through
     /// `&mut self` (one question at a time, which is what a failover needs anyway).
     sentinels: tokio::sync::Mutex<SentinelClient>,
-    /// The primary's client and a connection to it, once found.
-    primary: Mutex<Option<(Client, MultiplexedConnection)>>,
+    /// The primary, once found.
+    primary: Mutex<Option<Primary>>,
     /// Held while the primary is looked for, so that callers wait for one lookup instead
     /// of each making their own (after a failover, every caller needs the new primary).
     finding: tokio::sync::Mutex<()>,
     connect_timeout: Duration,
     command_timeout: Duration,
+}
+
+/// The primary as found: its client, and a connection to it with when it was made
+/// (none after a timeout retired it).
+struct Primary {
+    client: Client,
+    connection: Option<(MultiplexedConnection, Instant)>,
 }
 
 impl Sentinel {
@@ -127,9 +140,28 @@ impl Sentinel {
         if let Some(connection) = self.known() {
             return Ok(connection);
         }
-        // Boxed: asking the sentinels is a deep future, and rare.
-        let (client, connection) = Box::pin(self.find(deadline, operation)).await?;
-        *self.primary.lock().expect("primary lock") = Some((client, connection.clone()));
+        let known = self
+            .primary
+            .lock()
+            .expect("primary lock")
+            .as_ref()
+            .map(|primary| primary.client.clone());
+        let (client, connection) = match known {
+            // A timeout retired the connection: the same primary, connected again.
+            Some(client) => match self.connect(&client, deadline, operation).await {
+                Ok(connection) => (client, connection),
+                Err(error) => {
+                    *self.primary.lock().expect("primary lock") = None;
+                    return Err(error);
+                }
+            },
+            // Boxed: asking the sentinels is a deep future, and rare.
+            None => Box::pin(self.find(deadline, operation)).await?,
+        };
+        *self.primary.lock().expect("primary lock") = Some(Primary {
+            client,
+            connection: Some((connection.clone(), Instant::now())),
+        });
         Ok(connection)
     }
 
@@ -138,7 +170,8 @@ impl Sentinel {
             .lock()
             .expect("primary lock")
             .as_ref()
-            .map(|(_, connection)| connection.clone())
+            .and_then(|primary| primary.connection.as_ref())
+            .map(|(connection, _)| connection.clone())
     }
 
     /// Asks the sentinels for the primary and connects to it.
@@ -158,27 +191,52 @@ impl Sentinel {
             Err(_) => return Err(no_connection(None)),
         };
         drop(sentinels);
+        let connection = self.connect(&client, deadline, operation).await?;
+        Ok((client, connection))
+    }
+
+    /// Connects to the primary `client` names, by `deadline`.
+    async fn connect(
+        &self,
+        client: &Client,
+        deadline: Instant,
+        operation: Operation,
+    ) -> Result<MultiplexedConnection, StoreError> {
+        let no_connection =
+            |source| StoreError::new(operation, StoreErrorKind::NoConnection, source);
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.command_timeout));
         let connect = client.get_multiplexed_async_connection_with_config(&config);
         match timeout_at(deadline, connect).await {
-            Ok(Ok(connection)) => Ok((client, connection)),
+            Ok(Ok(connection)) => Ok(connection),
             Ok(Err(error)) => Err(no_connection(Some(error))),
             Err(_) => Err(no_connection(None)),
         }
     }
 
-    /// Forgets the primary after `error`, if the error says the connection is lost or
-    /// the server is no longer the primary: the next operation asks the sentinels. A
-    /// timeout alone does not: a slow command is not a failover.
-    pub(super) fn after(&self, error: &StoreError) {
+    /// After `error`, of a command sent at `sent`: forgets the primary if the error says
+    /// the connection is lost or the server is no longer the primary (the next
+    /// operation asks the sentinels); retires the connection after a timeout (see the
+    /// module docs), unless it is younger than the connect timeout or was made after
+    /// `sent` (another command's timeout retired the one this one used). A timeout
+    /// alone does not forget the primary: a slow command is not a failover.
+    pub(super) fn after(&self, error: &StoreError, sent: Instant) {
         let lost = matches!(
             error.kind(),
             StoreErrorKind::ConnectionLost | StoreErrorKind::NoConnection
         );
+        let mut primary = self.primary.lock().expect("primary lock");
         if lost || error.server_code() == Some("READONLY") {
-            *self.primary.lock().expect("primary lock") = None;
+            *primary = None;
+        } else if error.kind() == StoreErrorKind::Timeout
+            && let Some(primary) = primary.as_mut()
+            && primary
+                .connection
+                .as_ref()
+                .is_some_and(|(_, made)| *made <= sent && made.elapsed() >= self.connect_timeout)
+        {
+            primary.connection = None;
         }
     }
 
@@ -193,13 +251,16 @@ impl Sentinel {
             .lock()
             .expect("primary lock")
             .as_ref()
-            .map(|(client, _)| client.clone());
+            .map(|primary| primary.client.clone());
         let client = match known {
             Some(client) => client,
             None => {
                 let (client, connection) =
                     Box::pin(self.find(deadline, Operation::Subscribe)).await?;
-                *self.primary.lock().expect("primary lock") = Some((client.clone(), connection));
+                *self.primary.lock().expect("primary lock") = Some(Primary {
+                    client: client.clone(),
+                    connection: Some((connection, Instant::now())),
+                });
                 client
             }
         };

@@ -12,10 +12,12 @@
 //! * `Refuse`: new connections are reset at once (open ones keep their mode's last
 //!   behaviour; use `reset_all` to cut them).
 //!
-//! `reset_all` resets (RST) every open connection.
+//! `reset_all` resets (RST) every open connection. `forget_open` makes every open
+//! connection silent for good while new ones pass: what a NAT or a firewall that
+//! dropped its state does to an idle flow (no reset, no reply, ever).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +45,8 @@ pub(crate) struct Proxy {
     addr: SocketAddr,
     mode: Arc<Mutex<Mode>>,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// Each open connection's mark: once set, its bytes are thrown away both ways.
+    forgotten: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
     accepted: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
@@ -53,9 +57,11 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(Mutex::new(Mode::Pass));
         let tasks: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let forgotten: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
         let accepted = Arc::new(AtomicU64::new(0));
         let accept = tokio::spawn({
             let (mode, tasks, accepted) = (mode.clone(), tasks.clone(), accepted.clone());
+            let forgotten = forgotten.clone();
             async move {
                 while let Ok((client, _)) = listener.accept().await {
                     accepted.fetch_add(1, Ordering::Relaxed);
@@ -70,12 +76,18 @@ impl Proxy {
                     let _ = server.set_zero_linger();
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
-                    let up =
-                        tokio::spawn(pump(client_read, server_write, mode.clone(), Direction::Up));
+                    let forgot = Arc::new(AtomicBool::new(false));
+                    forgotten.lock().unwrap().push(forgot.clone());
+                    let up = tokio::spawn(pump(
+                        client_read,
+                        server_write,
+                        (mode.clone(), forgot.clone()),
+                        Direction::Up,
+                    ));
                     let down = tokio::spawn(pump(
                         server_read,
                         client_write,
-                        mode.clone(),
+                        (mode.clone(), forgot),
                         Direction::Down,
                     ));
                     tasks.lock().unwrap().extend([up, down]);
@@ -86,6 +98,7 @@ impl Proxy {
             addr,
             mode,
             tasks,
+            forgotten,
             accepted,
             accept,
         }
@@ -109,6 +122,13 @@ impl Proxy {
         self.accepted.load(Ordering::Relaxed)
     }
 
+    /// Every connection open now goes silent for good; those made after it pass.
+    pub(crate) fn forget_open(&self) {
+        for forgot in self.forgotten.lock().unwrap().drain(..) {
+            forgot.store(true, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn reset_all(&self) {
         for task in self.tasks.lock().unwrap().drain(..) {
             task.abort();
@@ -126,7 +146,7 @@ impl Drop for Proxy {
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mode: Arc<Mutex<Mode>>,
+    (mode, forgot): (Arc<Mutex<Mode>>, Arc<AtomicBool>),
     direction: Direction,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
@@ -135,6 +155,9 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if forgot.load(Ordering::Relaxed) {
+            continue;
+        }
         let current = *mode.lock().unwrap();
         let bytes: &[u8] = match (current, direction) {
             (Mode::Pass | Mode::Refuse, _) => &buf[..n],
@@ -151,4 +174,30 @@ async fn pump(
             return;
         }
     }
+}
+
+/// Has every connection open through `proxies` forgotten (see [`Proxy::forget_open`]),
+/// then pings `store` until it answers, within `within`: returns how many pings failed
+/// first (at least the one sent on a forgotten connection), or `None` if it never
+/// answered again. A failed ping is followed by 50 ms of rest, so that an open breaker
+/// is given its probes.
+pub(crate) async fn forgotten_then_answering(
+    store: &stampede_guard::RedisStore,
+    proxies: &[&Proxy],
+    within: Duration,
+) -> Option<usize> {
+    for proxy in proxies {
+        proxy.forget_open();
+    }
+    let deadline = tokio::time::Instant::now() + within;
+    let mut failed = 0;
+    while tokio::time::Instant::now() < deadline {
+        let ping = tokio::time::timeout(Duration::from_secs(5), store.ping()).await;
+        match ping {
+            Ok(Ok(())) => return Some(failed),
+            Ok(Err(_)) | Err(_) => failed += 1,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
 }

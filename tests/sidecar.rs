@@ -1172,6 +1172,254 @@ async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() {
     assert!(got > 0, "part of the answer was in flight");
 }
 
+/// The value of the sidecar's counter `name` with the label `label` (`timeout="send"`),
+/// 0 while it has none.
+async fn counter(sidecar: &Sidecar, name: &str, label: &str) -> u64 {
+    let metrics = fetch(
+        sidecar.metrics.expect("a metrics listener"),
+        "/metrics",
+        &[],
+    )
+    .await;
+    metrics
+        .body
+        .lines()
+        .find(|l| l.starts_with(name) && l.contains(label))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An origin that pauses is not a client that does not read: with `--send-timeout 1s`,
+/// an event stream whose origin sends an event, waits 3 s (a heartbeat longer than the
+/// send timeout) and sends another reaches its reader whole, and no send timeout is
+/// counted. (The time its body waited on the origin counted as the client's, and the
+/// connection was cut after a second, counted as `send`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_that_pauses_is_not_a_client_that_does_not_read() {
+    let app = Router::new().fallback(|| async {
+        let events = futures_util::stream::unfold(0, |n| async move {
+            match n {
+                0 => Some((
+                    Ok::<_, std::io::Error>(bytes::Bytes::from("data: 1\n\n")),
+                    1,
+                )),
+                1 => {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    Some((Ok(bytes::Bytes::from("data: 2\n\n")), 2))
+                }
+                _ => None,
+            }
+        });
+        (
+            [("content-type", "text/event-stream")],
+            axum::body::Body::from_stream(events),
+        )
+    });
+    let origin = serve(app).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--send-timeout",
+        "1s",
+        "--upstream-idle-timeout",
+        "30s",
+        "--metrics",
+        "127.0.0.1:0",
+    ]);
+    let got = fetch(sidecar.listen, "/events", &[]).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.body, "data: 1\n\ndata: 2\n\n");
+    let cut = counter(
+        &sidecar,
+        "stampede_sidecar_client_timeouts_total",
+        "timeout=\"send\"",
+    );
+    assert_eq!(cut.await, 0);
+}
+
+/// A client byte stream whose first write sends two bytes and then waits 300 ms, so
+/// that the server's first read has them alone: HTTP/2's preface split as a slow link
+/// may split it.
+struct SplitFirst {
+    stream: TcpStream,
+    state: Split,
+}
+
+enum Split {
+    First,
+    Pausing(std::pin::Pin<Box<tokio::time::Sleep>>),
+    Done,
+}
+
+impl tokio::io::AsyncRead for SplitFirst {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for SplitFirst {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        loop {
+            match &mut this.state {
+                Split::First => {
+                    let n = buf.len().min(2);
+                    let written = std::pin::Pin::new(&mut this.stream).poll_write(cx, &buf[..n]);
+                    if let Poll::Ready(Ok(_)) = written {
+                        this.state = Split::Pausing(Box::pin(tokio::time::sleep(
+                            Duration::from_millis(300),
+                        )));
+                    }
+                    return written;
+                }
+                Split::Pausing(sleep) => {
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    this.state = Split::Done;
+                }
+                Split::Done => return std::pin::Pin::new(&mut this.stream).poll_write(cx, buf),
+            }
+        }
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Speaks HTTP/2 on `io` with a ping every 300 ms, idle or not; asks for one page, and
+/// returns how long after its answer the sidecar closed the connection.
+async fn idle_http2_closed_after<IO>(io: IO) -> Duration
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Duration::from_millis(300))
+        .keep_alive_while_idle(true)
+        .handshake(TokioIo::new(io))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let request = http::Request::get("http://shop.example/idle")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let response = within(HANG, sender.send_request(request), "the h2 request")
+        .await
+        .unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    let answered = Instant::now();
+    let _ = http_body_util::BodyExt::collect(response.into_body()).await;
+    let _ = joined(conn, HANG, "the h2 connection").await;
+    answered.elapsed()
+}
+
+/// An idle HTTP/2 connection is held for the keep-alive timeout however its client said
+/// HTTP/2: over TLS without ALPN (prior knowledge), and in plain text with its preface
+/// split so that the first read has two bytes. Its pings are not a request's head: with
+/// a header-read timeout of 1 s and a keep-alive timeout of 4 s, a connection that pings
+/// every 300 ms is closed after 4 s, as `keep_alive`. (Taken as HTTP/1.1, its first
+/// ping began a request's head, and it was closed a second later as `header_read`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_is_told_by_its_preface_without_alpn_or_split() {
+    let dir = tempfile::tempdir().unwrap();
+    support::tls::authority(dir.path(), "ca");
+    support::tls::signed(
+        dir.path(),
+        "server",
+        "127.0.0.1",
+        "subjectAltName=IP:127.0.0.1",
+    );
+    let file = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let (origin, _calls, _gate) = origin(u64::MAX).await;
+    let limits = [
+        "--keep-alive-timeout",
+        "4s",
+        "--header-read-timeout",
+        "1s",
+        "--metrics",
+        "127.0.0.1:0",
+    ];
+    let upstream = format!("http://{origin}");
+    let mut tls_args = vec!["--upstream", upstream.as_str()];
+    tls_args.extend(limits);
+    let (cert, key) = (file("server.crt"), file("server.key"));
+    tls_args.extend(["--tls-cert", cert.as_str(), "--tls-key", key.as_str()]);
+    let tls = Sidecar::start(&tls_args);
+    let mut plain_args = vec!["--upstream", upstream.as_str()];
+    plain_args.extend(limits);
+    let plain = Sidecar::start(&plain_args);
+
+    // TLS, no ALPN offered.
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = std::fs::read(dir.path().join("ca.crt")).unwrap();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&ca) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    assert!(config.alpn_protocols.is_empty());
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = TcpStream::connect(tls.listen).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let stream = connector.connect(name, tcp).await.unwrap();
+    let split = SplitFirst {
+        stream: TcpStream::connect(plain.listen).await.unwrap(),
+        state: Split::First,
+    };
+    let (over_tls, split) = tokio::join!(
+        idle_http2_closed_after(stream),
+        idle_http2_closed_after(split)
+    );
+    for (how, after, sidecar) in [
+        ("TLS without ALPN", over_tls, &tls),
+        ("split", split, &plain),
+    ] {
+        assert!(
+            after >= Duration::from_millis(3900),
+            "{how}: closed {after:?} after its answer, before the keep-alive timeout (4s)"
+        );
+        let name = "stampede_sidecar_client_timeouts_total";
+        assert_eq!(
+            counter(sidecar, name, "timeout=\"keep_alive\"").await,
+            1,
+            "{how}"
+        );
+        assert_eq!(
+            counter(sidecar, name, "timeout=\"header_read\"").await,
+            0,
+            "{how}"
+        );
+    }
+}
+
 /// With the access log on, SIGTERM still drains and exits 0 (its thread never holds
 /// standard output while it waits).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,10 +10,12 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-/// What a [`Tapped`] body tells of itself: each data frame here; its end by dropping
-/// the tap (written out, abandoned or cut, alike).
+/// What a [`Tapped`] body tells of itself: each data frame here; each poll, whether it
+/// was pending (the body waits on what it wraps); its end by dropping the tap (written
+/// out, abandoned or cut, alike).
 pub(crate) trait Tap: Send + Unpin + 'static {
     fn data(&mut self, _len: usize) {}
+    fn polled(&mut self, _pending: bool) {}
 }
 
 /// A body that tells its tap of its frames, and drops the tap with itself.
@@ -42,6 +44,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.body).poll_frame(cx);
+        this.tap.polled(polled.is_pending());
         if let Poll::Ready(Some(Ok(frame))) = &polled
             && let Some(data) = frame.data_ref()
         {

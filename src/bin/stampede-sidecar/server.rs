@@ -15,7 +15,10 @@
 //! - **A request's body within `request_body_timeout`** of its headers; past it, the
 //!   body fails, and the request is answered 408 (see [`RequestBodyTimeout`]).
 //! - **An answer's bytes moving at least every `send_timeout`**: a client that stops
-//!   reading (or an HTTP/2 client that opens no window) has its connection closed.
+//!   reading (or an HTTP/2 client that opens no window) has its connection closed. The
+//!   time an answer's body waits on the origin does not count: an origin that pauses
+//!   (an event stream's heartbeat longer than the send timeout) is bounded by the
+//!   origin's own idle timeout, not taken for a client that does not read.
 //!
 //! Each closing for a limit is counted in `stampede_sidecar_client_timeouts_total`
 //! (label `timeout`: `header_read`, `keep_alive`, `request_body`, `send`); the open
@@ -198,9 +201,11 @@ async fn connection<S>(
         Some(acceptor) => {
             match tokio::time::timeout(shared.limits.header_read, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => {
-                    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                    // Without ALPN a client may still speak HTTP/2 (prior knowledge):
+                    // then its first bytes tell, as on a plain connection.
+                    let h2 = stream.get_ref().1.alpn_protocol().map(|alpn| alpn == b"h2");
                     let peer = Peer { addr, tls: true };
-                    let io = Watched::new(stream, &activity, Some(h2));
+                    let io = Watched::new(stream, &activity, h2);
                     drive(io, peer, shared, service, activity).await;
                 }
                 Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
@@ -314,12 +319,14 @@ enum Phase {
     Idle(Instant),
 }
 
-/// A connection's phase, and its answers being written: how many, and when a byte of
-/// them last moved.
+/// A connection's phase, and its answers being written: how many, how many of them
+/// wait on their bodies (the origin has not sent their next bytes yet), and when a
+/// byte of them last moved.
 #[derive(Clone, Copy, Debug)]
 struct State {
     phase: Phase,
     answering: usize,
+    waiting: usize,
     moved: Instant,
 }
 
@@ -338,6 +345,7 @@ impl Activity {
             state: Mutex::new(State {
                 phase: Phase::Head(now),
                 answering: 0,
+                waiting: 0,
                 moved: now,
             }),
         }
@@ -380,10 +388,25 @@ impl Activity {
         state.moved = Instant::now();
     }
 
-    fn ended(&self, answered: bool) {
+    /// An answer's body began (`true`) or ended (`false`) waiting on the origin. When
+    /// its bytes come, the send timeout starts again from then.
+    fn waiting(&self, waiting: bool) {
+        let mut state = self.lock();
+        if waiting {
+            state.waiting += 1;
+        } else {
+            state.waiting = state.waiting.saturating_sub(1);
+            state.moved = Instant::now();
+        }
+    }
+
+    fn ended(&self, answered: bool, waiting: bool) {
         let mut state = self.lock();
         if answered {
             state.answering = state.answering.saturating_sub(1);
+        }
+        if waiting {
+            state.waiting = state.waiting.saturating_sub(1);
         }
         state.phase = match state.phase {
             Phase::Busy(n) if n > 1 => Phase::Busy(n - 1),
@@ -396,7 +419,8 @@ impl Activity {
         match state.phase {
             Phase::Head(since) => Some((since + limits.header_read, Expired::HeaderRead)),
             Phase::Idle(since) => Some((since + limits.keep_alive, Expired::KeepAlive)),
-            Phase::Busy(_) if state.answering > 0 => {
+            // Some answer has bytes the client has not taken.
+            Phase::Busy(_) if state.answering > state.waiting => {
                 Some((state.moved + limits.send, Expired::Send))
             }
             Phase::Busy(_) => None,
@@ -423,6 +447,8 @@ impl Activity {
 struct RequestEnd {
     activity: Arc<Activity>,
     answered: bool,
+    /// Its answer's body waits on the origin: its last poll was pending.
+    waiting: bool,
 }
 
 impl RequestEnd {
@@ -431,6 +457,7 @@ impl RequestEnd {
         Self {
             activity: activity.clone(),
             answered: false,
+            waiting: false,
         }
     }
 
@@ -444,12 +471,20 @@ impl RequestEnd {
 
 impl Drop for RequestEnd {
     fn drop(&mut self) {
-        self.activity.ended(self.answered);
+        self.activity.ended(self.answered, self.waiting);
     }
 }
 
-/// A request's end comes with its answer's body: the body is [`Tapped`] with it.
-impl Tap for RequestEnd {}
+/// A request's end comes with its answer's body: the body is [`Tapped`] with it, and
+/// tells when it waits on the origin.
+impl Tap for RequestEnd {
+    fn polled(&mut self, pending: bool) {
+        if pending != self.waiting {
+            self.waiting = pending;
+            self.activity.waiting(pending);
+        }
+    }
+}
 
 /// A request body's time ran out: counted, and the error its body ends with.
 fn body_timed_out() -> Box<dyn std::error::Error + Send + Sync> {
@@ -459,21 +494,54 @@ fn body_timed_out() -> Box<dyn std::error::Error + Send + Sync> {
 }
 
 /// A connection's byte stream, telling its [`Activity`] when bytes arrive on an idle
-/// HTTP/1.1 connection. HTTP/2 (known by ALPN, or by the preface of h2c) is left out:
-/// its pings and window updates are not the start of a request.
+/// HTTP/1.1 connection. HTTP/2 (known by ALPN, or by its connection preface) is left
+/// out: its pings and window updates are not the start of a request.
 struct Watched<IO> {
     io: IO,
     activity: Arc<Activity>,
-    /// Whether the connection speaks HTTP/2; unknown until its first bytes.
-    h2: Option<bool>,
+    speaks: Speaks,
+}
+
+/// What a connection speaks, as far as its first bytes told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Speaks {
+    Http1,
+    Http2,
+    /// Its first bytes so far (this many) are the start of HTTP/2's preface.
+    Unknown(usize),
+}
+
+impl Speaks {
+    /// After `read` came: HTTP/2 once the preface's first line came whole, HTTP/1.1 at
+    /// the first byte that is not the preface's (however the bytes were split in reads).
+    fn after(self, read: &[u8]) -> Self {
+        let Self::Unknown(matched) = self else {
+            return self;
+        };
+        let expected = &H2_PREFACE[matched..];
+        let n = read.len().min(expected.len());
+        if read[..n] != expected[..n] {
+            Self::Http1
+        } else if matched + n == H2_PREFACE.len() {
+            Self::Http2
+        } else {
+            Self::Unknown(matched + n)
+        }
+    }
 }
 
 impl<IO> Watched<IO> {
+    /// `h2` as ALPN said, if it did: without it, the first bytes tell.
     fn new(io: IO, activity: &Arc<Activity>, h2: Option<bool>) -> Self {
+        let speaks = match h2 {
+            Some(true) => Speaks::Http2,
+            Some(false) => Speaks::Http1,
+            None => Speaks::Unknown(0),
+        };
         Self {
             io,
             activity: activity.clone(),
-            h2,
+            speaks,
         }
     }
 }
@@ -503,10 +571,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         let read = &buf.filled()[before..];
         if !read.is_empty() {
-            let h2 = *self.h2.get_or_insert_with(|| {
-                read.len() >= 3 && H2_PREFACE.starts_with(&read[..read.len().min(14)])
-            });
-            if !h2 {
+            self.speaks = self.speaks.after(read);
+            // (While unknown, the connection is still at its first request's head.)
+            if self.speaks == Speaks::Http1 {
                 self.activity.bytes();
             }
         }
@@ -543,5 +610,31 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
 
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Speaks;
+
+    /// What the first bytes say, however they were split in reads.
+    fn told(reads: &[&[u8]]) -> Speaks {
+        reads
+            .iter()
+            .fold(Speaks::Unknown(0), |speaks, read| speaks.after(read))
+    }
+
+    #[test]
+    fn the_preface_is_told_however_its_bytes_are_split() {
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        assert_eq!(told(&[preface]), Speaks::Http2);
+        assert_eq!(told(&[b"P", b"R", b"I * HTTP/2.0\r\n"]), Speaks::Http2);
+        assert_eq!(told(&[b"PR"]), Speaks::Unknown(2));
+        assert_eq!(told(&[b"PR", b"IX /a HTTP/1.1\r\n"]), Speaks::Http1);
+        assert_eq!(told(&[b"GET / HTTP/1.1\r\n"]), Speaks::Http1);
+        assert_eq!(told(&[b"P", b"OST / HTTP/1.1\r\n"]), Speaks::Http1);
+        // Once told, later bytes change nothing.
+        assert_eq!(told(&[preface, b"GET / HTTP/1.1\r\n"]), Speaks::Http2);
+        assert_eq!(told(&[b"GET / ", preface]), Speaks::Http1);
     }
 }

@@ -187,3 +187,197 @@ async fn hostile_requests_are_refused_or_handled_safely() {
     }
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+/// An origin that says what it got of each request (method, target, the client's host
+/// as the sidecar forwards it in `X-Forwarded-Host`, `Accept-Language`) and varies on
+/// `Accept-Language`; each call is recorded.
+async fn telling_origin() -> (std::net::SocketAddr, Seen) {
+    let seen: Seen = Arc::default();
+    let app = Router::new().fallback({
+        let seen = seen.clone();
+        move |method: http::Method, uri: http::Uri, headers: http::HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                let header = |name: &str| {
+                    headers
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("none")
+                        .to_owned()
+                };
+                let body = format!(
+                    "saw {method} {uri} host={} lang={}",
+                    header("x-forwarded-host"),
+                    header("accept-language")
+                );
+                seen.lock()
+                    .unwrap()
+                    .push((method.to_string(), uri.to_string(), headers));
+                (
+                    [("cache-control", "max-age=60"), ("vary", "accept-language")],
+                    body,
+                )
+            }
+        }
+    });
+    (serve(app).await, seen)
+}
+
+/// Sends `request` on a connection of its own; returns the first answer's status, its
+/// `x-cache` and its body (read to the end: these answers close or are short).
+async fn exchange(addr: std::net::SocketAddr, request: &str) -> (u16, String, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buffer = vec![0; 64 * 1024];
+    let text = loop {
+        match tokio::time::timeout(support::HANG, stream.read(&mut buffer)).await {
+            Ok(Ok(0) | Err(_)) => break String::from_utf8_lossy(&got).into_owned(),
+            Ok(Ok(n)) => got.extend_from_slice(&buffer[..n]),
+            Err(_) => panic!("no answer to {request:?}"),
+        }
+        let text = String::from_utf8_lossy(&got).into_owned();
+        // Whole once the head is and the body has its declared length.
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head.lines().find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")?
+                    .parse()
+                    .ok()
+            });
+            if length.is_some_and(|n: usize| body.len() >= n) {
+                break text;
+            }
+        }
+    };
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let x_cache = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("x-cache: ")
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    (status, x_cache, body.to_owned())
+}
+
+/// A GET of `target` with `headers` (each line ending in CRLF), closing after it.
+fn get(target: &str, headers: &str) -> String {
+    format!("GET {target} HTTP/1.1\r\n{headers}Connection: close\r\n\r\n")
+}
+
+/// What each hostile request keys is what the origin saw of it: sent twice (a fill,
+/// then what the cache holds), and followed by the ordinary request of what the origin
+/// saw, each is answered with what the origin said to that very request, never with
+/// another request's answer. Paths with dot segments and encoded slashes; an
+/// absolute-form target naming another host than `Host`; `Connection` naming a header
+/// the answer varies on (dropped on its hop before the key is made, or the origin's
+/// answer to "no language" would be stored as the French one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_store_nothing_under_another_requests_key() {
+    let (origin, seen) = telling_origin().await;
+    let sidecar = Sidecar::start(&["--upstream", &format!("http://{origin}")]);
+    let addr = sidecar.listen;
+    let host = "Host: shop.example\r\n";
+    let mut table = Vec::new();
+    let mut problems = Vec::new();
+    for (name, request) in [
+        ("dot segments", get("/static/../items/k", host)),
+        ("encoded dot segments", get("/static/%2e%2e/items/l", host)),
+        ("an encoded slash", get("/items/a%2Fb", host)),
+        ("an encoded slash and dots", get("/items/%2F..%2Fm", host)),
+        (
+            "absolute-form naming another host",
+            get("http://evil.example/items/n", host),
+        ),
+    ] {
+        let before = seen.lock().unwrap().len();
+        let first = exchange(addr, &request).await;
+        let reached = seen.lock().unwrap()[before..].to_vec();
+        let again = exchange(addr, &request).await;
+        table.push(format!(
+            "| {name} | {} {} | {:?} |",
+            first.0,
+            first.2,
+            reached
+                .iter()
+                .map(|(m, u, h)| format!(
+                    "{m} {u} x-forwarded-host={:?}",
+                    h.get("x-forwarded-host")
+                ))
+                .collect::<Vec<_>>()
+        ));
+        if first.0 >= 400 {
+            // Refused: nothing reached the origin, nothing is stored.
+            if !reached.is_empty() {
+                problems.push(format!("{name}: refused, yet the origin got {reached:?}"));
+            }
+            continue;
+        }
+        if reached.len() != 1 {
+            problems.push(format!("{name}: the origin got {} requests", reached.len()));
+            continue;
+        }
+        if again.2 != first.2 {
+            problems.push(format!(
+                "{name}: sent again, {:?} instead of {:?}",
+                again.2, first.2
+            ));
+        }
+        // The ordinary request of what the origin saw is answered for itself.
+        let (_, target, headers) = &reached[0];
+        // (The origin is sent its own host; the client's only from a trusted proxy.)
+        let forwarded = headers
+            .get("x-forwarded-host")
+            .map_or("none", |v| v.to_str().unwrap());
+        let ordinary = exchange(addr, &get(target, host)).await;
+        let own = format!("saw GET {target} host={forwarded} lang=none");
+        if ordinary.2 != own {
+            problems.push(format!("{name}: then {target} got {:?}", ordinary.2));
+        }
+    }
+    // The answer varies on Accept-Language; `Connection` names it on one request.
+    let german = exchange(
+        addr,
+        &get("/items/o", &format!("{host}Accept-Language: de\r\n")),
+    )
+    .await;
+    assert_eq!(german.2, "saw GET /items/o host=none lang=de");
+    let named = exchange(
+        addr,
+        &get(
+            "/items/o",
+            &format!("{host}Accept-Language: fr\r\nConnection: Accept-Language\r\n"),
+        ),
+    )
+    .await;
+    table.push(format!(
+        "| `Connection` naming a varied header | {} {} | (as the body says) |",
+        named.0, named.2
+    ));
+    let french = exchange(
+        addr,
+        &get("/items/o", &format!("{host}Accept-Language: fr\r\n")),
+    )
+    .await;
+    if french.2 != "saw GET /items/o host=none lang=fr" {
+        problems.push(format!(
+            "French asked for, {:?} ({}) served",
+            french.2, french.1
+        ));
+    }
+    let none = exchange(addr, &get("/items/o", host)).await;
+    if none.2 != "saw GET /items/o host=none lang=none" {
+        problems.push(format!(
+            "no language asked for, {:?} ({}) served",
+            none.2, none.1
+        ));
+    }
+    eprintln!("| request | the client got | the origin got |\n|---|---|---|");
+    for row in table {
+        eprintln!("{row}");
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}

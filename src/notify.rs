@@ -25,14 +25,15 @@
 //! down, the bucket not confirmed, too many buckets) reads Redis every 100 ms instead of
 //! waiting to be woken. A lost invalidation costs freshness for a bounded time: when the
 //! subscription is lost, notices sent meanwhile are lost with it, and until the loss is
-//! found (a `PING` that fails: within a second and the command timeout, or the
-//! connection's end) this process's L1 serves what it holds as it was, fresh if it was.
-//! Once found, and when the subscription comes back, the guard is told
-//! ([`Hears::subscribed`]) and no longer serves what it held then as fresh. Purges are recorded in Redis too: those recorded
-//! since the last one the guard knows of are read back, in batches, beside the notices
-//! (see `purge_records::ReadBack`). The subscription counts as up as soon as it is: a read-back
-//! that fails is retried with backoff, outside the breaker, while the guard treats what
-//! a missed purge could have reached as stale.
+//! found (a `PING` that fails: within a second and the ping's own deadline, two seconds
+//! or the connect timeout if longer, or the connection's end) this process's L1 serves
+//! what it holds as it was, fresh if it was. Once found, and when the subscription comes
+//! back, the guard is told ([`Hears::subscribed`]) and no longer serves what it held
+//! then as fresh. Purges are recorded in Redis too: those recorded since the last one
+//! the guard knows of are read back, in batches, beside the notices (see
+//! `purge_records::ReadBack`). The subscription counts as up as soon as it is: a
+//! read-back that fails is retried with backoff, outside the breaker, while the guard
+//! treats what a missed purge could have reached as stale.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -325,6 +326,14 @@ impl Drop for Wait {
 /// server stays open and silent, and would otherwise look subscribed forever.
 const PING_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a command on the subscription (its `PING`, a `SUBSCRIBE`) may take before
+/// the subscription is given up, unless the connect timeout is longer. Its own, not the
+/// store's command timeout: that one is set for the request path, often to 100 ms, and a
+/// busy CPU delays a healthy server's pong that long. A subscription given up costs a
+/// reconnect, and L1 serves nothing it held then as fresh: under load, a deadline that
+/// tight would add load. A stalled server is still found within three seconds.
+const SUBSCRIPTION_DEADLINE: Duration = Duration::from_secs(2);
+
 /// Keeps one subscription up for as long as the guard lives (its `State` and what
 /// `Hears`); reconnects with backoff.
 async fn listen(
@@ -337,13 +346,14 @@ async fn listen(
     hears: Weak<dyn Hears>,
 ) {
     let mut backoff = Duration::from_millis(50);
-    let timeout = store.connect_timeout();
+    let connect = store.connect_timeout();
+    let timeout = SUBSCRIPTION_DEADLINE.max(connect);
     // Whether the log said that Redis refused the buckets' channels (once).
     let mut refused = false;
     // What the log said last, so that a retry every second says nothing new.
     let mut lost = false;
     loop {
-        if let Ok(mut pubsub) = store.pubsub(timeout).await
+        if let Ok(mut pubsub) = store.pubsub(connect).await
             && let Ok(Ok(())) = tokio::time::timeout(timeout, pubsub.subscribe(&channel)).await
         {
             if std::mem::replace(&mut lost, false) {

@@ -780,6 +780,95 @@ async fn after_the_subscription_comes_back_l1_entries_are_not_served_as_fresh() 
     );
 }
 
+/// A healthy Redis whose pongs come late does not cost the notice subscription: with
+/// the command and connect timeouts at 100 ms (as a request path wants them), Redis
+/// busy for 1.2 s (`DEBUG SLEEP`: more than the ping interval, so that a ping waits it
+/// out) and then both cores loaded by four spinning threads for at least three pings,
+/// the subscription is never given up, and each invalidation made meanwhile reaches the
+/// other instance. (Its ping
+/// had the connect timeout as its deadline: the sleep dropped the subscription, and the
+/// instance treated its L1 as after any lost subscription.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_pong_or_a_busy_cpu_does_not_drop_the_notice_subscription() {
+    use std::sync::atomic::AtomicBool;
+    let server = RedisServer::start_debuggable();
+    let origin = Origin::versions(Duration::ZERO);
+    let tight = || {
+        let store = stampede_guard::RedisStore::builder(server.url())
+            .command_timeout(Duration::from_millis(100))
+            .connect_timeout(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        StampedeGuard::builder(store, keys()).build().unwrap()
+    };
+    let policy = || fresh_for_hours();
+    let a = web::instance(tight(), policy(), origin.service()).await;
+    let b = Arc::new(web::instance(tight(), policy(), origin.service()).await);
+    // Every 10 ms from now on: was B's subscription up?
+    let dropped = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let watch = tokio::spawn({
+        let (b, dropped, done) = (b.clone(), dropped.clone(), done.clone());
+        async move {
+            while !done.load(Ordering::Relaxed) {
+                if !b.guard.notices_connected() {
+                    dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    within(
+        HANG,
+        server.sleep_for(Duration::from_millis(1200)),
+        "DEBUG SLEEP",
+    )
+    .await;
+    // Both cores loaded while invalidations go on, for three seconds at least.
+    let hogs: Vec<_> = (0..4)
+        .map(|_| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut n = 0;
+    while n < 5 || tokio::time::Instant::now() < until {
+        n += 1;
+        let path = format!("/items/{n}");
+        // Redis may still be answering the request path late: what B holds is filled
+        // once the breakers are closed.
+        let shared = eventually(HANG, || async {
+            a.guard.mode() == stampede_guard::Mode::Shared
+                && b.guard.mode() == stampede_guard::Mode::Shared
+        });
+        assert!(shared.await);
+        let before = send(&b.service, get(&path)).await.body;
+        assert_eq!(send(&b.service, get(&path)).await.x_cache(), "hit");
+        let removed = within(HANG, a.layer.invalidate(&get(&path)), "the invalidation").await;
+        assert!(removed.unwrap(), "{path}");
+        let heard = eventually(HANG, || async {
+            send(&b.service, get(&path)).await.body != before
+        });
+        assert!(heard.await, "{path}: B kept the invalidated entry");
+    }
+    done.store(true, Ordering::Relaxed);
+    for hog in hogs {
+        hog.join().unwrap();
+    }
+    support::joined(watch, HANG, "the watch").await;
+    assert_eq!(
+        dropped.load(Ordering::Relaxed),
+        0,
+        "samples of B without its notice subscription"
+    );
+}
+
 /// Read-your-writes: a caller that comes after an invalidation returned (by
 /// `invalidate`, or by a `PUT` that the guard passed through) never joins a fill that
 /// began before it, whose answer is what was invalidated: it fills again, and reads

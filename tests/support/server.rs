@@ -130,6 +130,24 @@ impl RedisServer {
         Self::start_with(&["--enable-debug-command", "local"])
     }
 
+    /// Keeps the server busy for `busy` (`DEBUG SLEEP`, on a server from
+    /// [`start_debuggable`](Self::start_debuggable)): it answers nobody meanwhile.
+    /// Returns when it answers again.
+    pub(crate) async fn sleep_for(&self, busy: Duration) {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut conn = redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .expect("direct connection to the test's redis-server");
+        let () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(busy.as_secs_f64())
+            .query_async(&mut conn)
+            .await
+            .expect("DEBUG SLEEP");
+    }
+
     /// Runs a command on a direct connection and returns its reply.
     pub(crate) async fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
         let mut cmd = redis::cmd(args[0]);

@@ -3,7 +3,8 @@
 //!
 //! A line says who asked (the peer's address), what (method, path, protocol), what it got
 //! (status, how the cache served it, body bytes), and how long it took (until the last
-//! byte of the body left, or the client went away) and how long the origin took when
+//! byte of the answer was written to its connection, see `written`, or the client went
+//! away) and how long the origin took when
 //! this request called it (a fill's leader, or a request passed through; a caller served
 //! by someone else's fill has none). It never holds a secret: no header but `User-Agent`,
 //! no cookie, no `Authorization`, and of the query only the parameters' names
@@ -33,6 +34,7 @@ use tower::{Service, ServiceExt};
 
 use crate::bodies::{Tap, Tapped};
 use crate::peer::{OriginTime, Peer};
+use crate::written::Written;
 
 /// How lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
@@ -160,6 +162,8 @@ impl Service<Request<Body>> for AccessLog {
             origin,
             format: self.format,
             lines: self.lines.clone(),
+            written: request.extensions().get::<Written>().cloned(),
+            answered: false,
         };
         let inner = self.inner.clone();
         Box::pin(async move {
@@ -174,31 +178,46 @@ impl Service<Request<Body>> for AccessLog {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("-")
                 .to_owned();
+            record.answered = true;
             Ok(response.map(|body| Body::new(Tapped::new(body, record))))
         })
     }
 }
 
-/// A request being logged: written when dropped (with its answer's body, or with the
-/// future if the client left first).
+/// A request being logged: ends when dropped, with its answer's body (then written
+/// once the answer's last byte is, on a connection that tells) or with the future if
+/// the client left first.
 struct Record {
     line: Line,
     started: Instant,
     origin: OriginTime,
     format: Format,
     lines: Lines,
+    /// What the connection's writes tell.
+    written: Option<Written>,
+    /// Its answer was handed over: it ends with the body.
+    answered: bool,
 }
 
 impl Drop for Record {
     fn drop(&mut self) {
-        self.line.took = self.started.elapsed();
-        self.line.origin = self.origin.get();
-        let text = match self.format {
-            Format::Json => self.line.json(),
-            Format::Common => self.line.common(),
-            Format::Off => return,
+        let mut line = std::mem::replace(&mut self.line, Line::empty());
+        let (started, origin, format) = (self.started, self.origin.clone(), self.format);
+        let lines = self.lines.clone();
+        let mut write = move || {
+            line.took = started.elapsed();
+            line.origin = origin.get();
+            let text = match format {
+                Format::Json => line.json(),
+                Format::Common => line.common(),
+                Format::Off => return,
+            };
+            lines.send(text);
         };
-        self.lines.send(text);
+        match self.written.take() {
+            Some(written) if self.answered => written.then(write),
+            _ => write(),
+        }
     }
 }
 
@@ -217,6 +236,25 @@ struct Line {
     bytes: u64,
     took: Duration,
     origin: Option<Duration>,
+}
+
+impl Line {
+    /// What is left of a line moved out: nothing allocated.
+    fn empty() -> Self {
+        Self {
+            at: SystemTime::UNIX_EPOCH,
+            peer: None,
+            method: String::new(),
+            path: String::new(),
+            version: Version::HTTP_11,
+            user_agent: None,
+            status: 0,
+            cache: String::new(),
+            bytes: 0,
+            took: Duration::ZERO,
+            origin: None,
+        }
+    }
 }
 
 fn millis(d: Duration) -> f64 {

@@ -22,6 +22,7 @@ mod routes;
 mod server;
 mod shutdown;
 mod upstream;
+mod written;
 
 use std::fmt;
 use std::net::SocketAddr;

@@ -50,6 +50,7 @@ use tower::ServiceExt;
 
 use crate::bodies::{Bounded, Tap, Tapped};
 use crate::peer::{Peer, RequestBodyTimeout};
+use crate::written::Written;
 
 /// The client side's limits and TLS.
 #[derive(Clone, Debug)]
@@ -234,6 +235,7 @@ where
         let mut request =
             request.map(|body| Body::new(Bounded::total(body, body_read, body_timed_out)));
         request.extensions_mut().insert(peer);
+        request.extensions_mut().insert(requests.written.clone());
         let refused = crate::framing::refused(&request);
         let service = service.clone();
         async move {
@@ -336,6 +338,8 @@ struct State {
 /// limit, as a deadline that begins later cannot end sooner than that.
 struct Activity {
     state: Mutex<State>,
+    /// What waits for the answers' bytes to be written (the access log's lines).
+    written: Written,
 }
 
 impl Activity {
@@ -348,6 +352,7 @@ impl Activity {
                 waiting: 0,
                 moved: now,
             }),
+            written: Written::default(),
         }
     }
 
@@ -558,6 +563,13 @@ impl<IO> Watched<IO> {
     }
 }
 
+/// A connection that goes has written all it will.
+impl<IO> Drop for Watched<IO> {
+    fn drop(&mut self) {
+        self.activity.written.flushed();
+    }
+}
+
 /// The start of HTTP/2's connection preface.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
@@ -592,7 +604,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let flushed = Pin::new(&mut self.io).poll_flush(cx);
+        if let Poll::Ready(Ok(())) = flushed {
+            self.activity.written.flushed();
+        }
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -1803,11 +1803,63 @@ async fn purges_over_http_need_the_token() {
     assert_eq!(hard.status, StatusCode::OK, "{}", hard.body);
     assert_eq!(get("/max-age-60/b").await.x_cache(), "miss");
     assert_eq!(calls.load(Ordering::SeqCst), 6);
-    // Bad requests are refused, naming what is wrong.
+    // Bad requests are refused, naming what is wrong, in JSON as the rest.
     let empty = post_json(admin, "/purge/tags", &auth, r#"{"tags": []}"#).await;
     assert_eq!(empty.status, StatusCode::BAD_REQUEST);
     let relative = post_json(admin, "/purge/path", &auth, r#"{"path": "items"}"#).await;
     assert_eq!(relative.status, StatusCode::BAD_REQUEST);
+    let garbled = post_json(admin, "/purge/tags", &auth, r#"{"tags": "#).await;
+    assert_eq!(garbled.status, StatusCode::BAD_REQUEST);
+    let unknown = post_json(admin, "/purge/tags", &auth, r#"{"tag": ["all"]}"#).await;
+    assert_eq!(unknown.status, StatusCode::UNPROCESSABLE_ENTITY);
+    // As `curl -d` sends it: a form's content type.
+    let (form, form_body) = raw_exchange(
+        admin,
+        &format!(
+            "POST /purge/tags HTTP/1.1\r\nHost: admin.example\r\nAuthorization: Bearer s3cret\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{tags}",
+            tags.len()
+        ),
+    )
+    .await;
+    assert_eq!(form, 415);
+    assert!(form_body.contains("application/json"), "{form_body}");
+    let (read, read_body) = raw_exchange(
+        admin,
+        "GET /purge/tags HTTP/1.1\r\nHost: admin.example\r\nAuthorization: Bearer s3cret\r\n\
+         Connection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(read, 405);
+    for (what, body) in [
+        ("no token", &refused.body),
+        ("a wrong token", &wrong.body),
+        ("no tags", &empty.body),
+        ("a relative path", &relative.body),
+        ("a body cut short", &garbled.body),
+        ("an unknown field", &unknown.body),
+        ("a form", &form_body),
+        ("a GET", &read_body),
+    ] {
+        let said: serde_json::Value =
+            serde_json::from_str(body).unwrap_or_else(|_| panic!("{what}: not JSON: {body:?}"));
+        assert!(said["error"].is_string(), "{what}: {said}");
+    }
+}
+
+/// Sends `request` as it is on a connection of its own, reads until the server closes
+/// it: the status and the body.
+async fn raw_exchange(addr: SocketAddr, request: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    within(HANG, stream.read_to_end(&mut got), "the answer")
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (head[9..12].parse().unwrap(), body.to_owned())
 }
 
 /// Purge by path on a route keyed on `Accept-Language` (in the config file): the

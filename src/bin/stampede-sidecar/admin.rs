@@ -21,10 +21,15 @@
 //!   (`GuardLayer::invalidate_path`). Answers `{"entries": 3}`: how many entries it
 //!   removed from Redis (without Redis, from this sidecar's memory); 404 when no cached
 //!   route serves the path; 502 when Redis failed (then only this sidecar purged).
+//!
+//! They are a JSON API, errors included: each error is `{"error": "..."}` with its
+//! status, a body that is not JSON (or not sent as `application/json`), a missing or
+//! wrong token and another method alike.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -62,10 +67,30 @@ pub(crate) fn router(admin: Admin) -> Router {
 
 /// Endpoints behind the bearer token.
 fn protected(admin: &Admin) -> Router<Admin> {
+    let only_post = || async { error(StatusCode::METHOD_NOT_ALLOWED, "only POST is served here") };
     Router::new()
-        .route("/purge/tags", post(purge_tags))
-        .route("/purge/path", post(purge_path))
+        .route("/purge/tags", post(purge_tags).fallback(only_post))
+        .route("/purge/path", post(purge_path).fallback(only_post))
         .route_layer(middleware::from_fn_with_state(admin.clone(), require_token))
+}
+
+/// An error of the JSON endpoints: `{"error": what}`.
+type Failed = (StatusCode, Json<serde_json::Value>);
+
+fn error(status: StatusCode, what: impl std::fmt::Display) -> Failed {
+    (status, Json(serde_json::json!({"error": what.to_string()})))
+}
+
+/// What was asked, or why the body could not be read, in JSON.
+fn asked<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Failed> {
+    match body {
+        Ok(Json(asked)) => Ok(asked),
+        Err(JsonRejection::MissingJsonContentType(_)) => Err(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the body must be JSON, sent with `Content-Type: application/json`",
+        )),
+        Err(rejection) => Err(error(rejection.status(), rejection.body_text())),
+    }
 }
 
 #[derive(Deserialize)]
@@ -78,12 +103,16 @@ struct PurgeTags {
 
 async fn purge_tags(
     State(admin): State<Admin>,
-    Json(asked): Json<PurgeTags>,
-) -> (StatusCode, Json<serde_json::Value>) {
+    body: Result<Json<PurgeTags>, JsonRejection>,
+) -> Failed {
+    let asked = match asked(body) {
+        Ok(asked) => asked,
+        Err(failed) => return failed,
+    };
     if asked.tags.is_empty() || asked.tags.iter().any(|t| t.trim().is_empty()) {
-        return (
+        return error(
             StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({"error": "`tags` must name at least one tag, none empty"})),
+            "`tags` must name at least one tag, none empty",
         );
     }
     let how = if asked.soft { Purge::Soft } else { Purge::Hard };
@@ -93,12 +122,12 @@ async fn purge_tags(
             Json(serde_json::json!({"tags": asked.tags.len(), "soft": asked.soft})),
         ),
         // Purged here; the rest of the fleet did not hear of it.
-        Err(error) => (
+        Err(failed) => (
             StatusCode::BAD_GATEWAY,
             Json(serde_json::json!({
                 "tags": asked.tags.len(),
                 "soft": asked.soft,
-                "error": format!("only this sidecar purged: {error}"),
+                "error": format!("only this sidecar purged: {failed}"),
             })),
         ),
     }
@@ -112,12 +141,16 @@ struct PurgePath {
 
 async fn purge_path(
     State(admin): State<Admin>,
-    Json(asked): Json<PurgePath>,
-) -> (StatusCode, Json<serde_json::Value>) {
+    body: Result<Json<PurgePath>, JsonRejection>,
+) -> Failed {
+    let asked = match asked(body) {
+        Ok(asked) => asked,
+        Err(failed) => return failed,
+    };
     let bad = || {
-        (
+        error(
             StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({"error": "`path` must be a path and query, from /"})),
+            "`path` must be a path and query, from /",
         )
     };
     let Some(path) = asked
@@ -130,25 +163,19 @@ async fn purge_path(
         return bad();
     };
     let Some(layer) = admin.routes.as_ref().and_then(|routes| routes.layer(&path)) else {
-        return (
-            StatusCode::NOT_FOUND,
-            Json(serde_json::json!({"error": "no cached route serves this path"})),
-        );
+        return error(StatusCode::NOT_FOUND, "no cached route serves this path");
     };
     match layer.invalidate_path(&asked.path).await {
         Ok(entries) => (
             StatusCode::OK,
             Json(serde_json::json!({"entries": entries})),
         ),
-        Err(InvalidateError::Store(error)) => (
+        Err(InvalidateError::Store(failed)) => error(
             StatusCode::BAD_GATEWAY,
-            Json(serde_json::json!({"error": format!("only this sidecar purged: {error}")})),
+            format!("only this sidecar purged: {failed}"),
         ),
         // (Not a path, or a route that keys on the host: the sidecar's do not.)
-        Err(error) => (
-            StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({"error": error.to_string()})),
-        ),
+        Err(failed) => error(StatusCode::BAD_REQUEST, failed),
     }
 }
 
@@ -182,11 +209,11 @@ async fn readyz(State(admin): State<Admin>) -> (StatusCode, &'static str) {
 /// Lets a request through only with `Authorization: Bearer <token>`.
 async fn require_token(State(admin): State<Admin>, request: Request, next: Next) -> Response {
     let Some(expected) = admin.token.as_deref() else {
-        return (
+        return error(
             StatusCode::FORBIDDEN,
-            "no admin token is set (--admin-token): this endpoint is off\n",
+            "no admin token is set (--admin-token): this endpoint is off",
         )
-            .into_response();
+        .into_response();
     };
     let given = request
         .headers()
@@ -196,9 +223,11 @@ async fn require_token(State(admin): State<Admin>, request: Request, next: Next)
     match given {
         Some(given) if same(given.as_bytes(), expected.as_bytes()) => next.run(request).await,
         _ => (
-            StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer")],
-            "a bearer token is needed\n",
+            error(
+                StatusCode::UNAUTHORIZED,
+                "the admin token is needed: `Authorization: Bearer <token>`",
+            ),
         )
             .into_response(),
     }

@@ -115,12 +115,14 @@ pub(crate) struct Args {
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics: Option<SocketAddr>,
 
-    /// Serve `/healthz` and `/readyz` on this address (off unless set). Never on the
-    /// origin's listener: no origin path is shadowed.
+    /// Serve the admin endpoints on this address (off unless set): `GET /healthz` and
+    /// `GET /readyz`, and, with `--admin-token`, `POST /purge/tags` and `POST
+    /// /purge/path`. Never on the origin's listener: no origin path is shadowed.
     #[arg(long, value_name = "ADDR")]
     pub(crate) admin: Option<SocketAddr>,
 
-    /// The bearer token that admin endpoints which change state will ask for.
+    /// The bearer token that the purge endpoints of `--admin` ask for (without it they
+    /// answer 403).
     #[arg(
         long,
         value_name = "TOKEN",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The release size of the README's first example ("Use the layer", served by axum::serve)
+# The release size of the layer guide's first example ("Use the layer", served by axum::serve)
 # with the crate's default features, with none, and with every Redis feature, against a
 # bare axum hello-world: each built in a temporary crate that depends on this checkout by
 # path, with this checkout's Cargo.lock (so the same versions as the crate's own build).
@@ -48,12 +48,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 EOF
 
-# The README's example as it stands: the first Rust block under "## Use the layer".
+# The layer guide's example as it stands: the first Rust block under "## Use the layer".
 {
   awk '/^## Use the layer/ { found = 1 }
        found && /^```rust/ { inside = 1; next }
        inside && /^```/ { exit }
-       inside { print }' "$repo/README.md"
+       inside { print }' "$repo/docs/layer.md"
   cat <<'EOF'
 
 #[tokio::main]
@@ -65,7 +65,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 EOF
 } >"$work/sizes/src/bin/readme.rs"
 grep -q "StampedeGuard::builder" "$work/sizes/src/bin/readme.rs" || {
-  echo "the README's \"Use the layer\" example was not found" >&2
+  echo "docs/layer.md's \"Use the layer\" example was not found" >&2
   exit 1
 }
 
@@ -84,9 +84,9 @@ build all readme --features redis-all
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 printf '%-58s %12s %12s\n' "release binary" "as built" "stripped"
 for row in "bare:bare axum hello-world" \
-  "default:README example, default features (tls)" \
-  "least:README example, no default features" \
-  "all:README example, tls + cluster + sentinel"; do
+  "default:the layer guide's example, default features (tls)" \
+  "least:the layer guide's example, no default features" \
+  "all:the layer guide's example, tls + cluster + sentinel"; do
   name="${row%%:*}"
   stripped="-"
   if command -v strip >/dev/null 2>&1; then

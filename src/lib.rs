@@ -63,7 +63,27 @@ pub use self::store::RedisStore;
 
 pub use self::http::{CACHE_NAME, CACHE_STATUS, X_CACHE};
 
-// The README's examples are compiled with the doc tests.
+// The README's examples, and the guides', are compiled with the doc tests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+#[cfg(doctest)]
+mod guides {
+    #[doc = include_str!("../docs/layer.md")]
+    pub struct Layer;
+    #[doc = include_str!("../docs/http-cache.md")]
+    pub struct HttpCache;
+    #[doc = include_str!("../docs/invalidation.md")]
+    pub struct Invalidation;
+    #[doc = include_str!("../docs/redis.md")]
+    pub struct Redis;
+    #[doc = include_str!("../docs/observability.md")]
+    pub struct Observability;
+    #[doc = include_str!("../docs/sidecar.md")]
+    pub struct Sidecar;
+    #[doc = include_str!("../docs/lease.md")]
+    pub struct Lease;
+    #[doc = include_str!("../docs/testing.md")]
+    pub struct Testing;
+}

@@ -1,13 +1,15 @@
-//! The README's commands, run as it shows them, so that it cannot drift: every shell
-//! command in it (in a `sh` block, or quoted in its prose) is either run here and does
-//! what the README says, on the test's own ports, files and servers, or listed in
-//! [`NOT_RUN`] by its exact text with why. A command that is neither fails
-//! `every_readme_command_is_run_or_listed`, and so does a listed one the README no longer
-//! shows. The defaults the README states are those of `stampede-sidecar --help`.
+//! The commands of the README and of every guide (`docs/*.md`), run as they show them,
+//! so that they cannot drift: every shell command in them (in a `sh` block, or quoted
+//! in prose) is either run here and does what the text says, on the test's own ports,
+//! files and servers, or listed in [`NOT_RUN`] by its exact text with why. A command
+//! that is neither fails `every_readme_command_is_run_or_listed`, and so does a listed
+//! one no text shows any more. The defaults the README's tables state are those of the
+//! code and of `stampede-sidecar --help`, and the README stays a front door (at most
+//! 300 lines).
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -31,7 +33,19 @@ const RUN: &[(&str, &str)] = &[
         "help_runs_and_the_readme_states_its_defaults",
     ),
     (
+        "CACHE_KEY_SECRET=$(openssl rand -hex 32) cargo run --example quickstart",
+        "the_quick_start_runs_as_written",
+    ),
+    (
+        "curl -si http://127.0.0.1:3000/products/1",
+        "the_quick_start_runs_as_written",
+    ),
+    (
         "openssl rand -hex 32 > secret",
+        "the_sidecar_section_runs_as_written",
+    ),
+    (
+        "export STAMPEDE_SIDECAR_ADMIN_TOKEN=$(openssl rand -hex 16)",
         "the_sidecar_section_runs_as_written",
     ),
     (
@@ -41,7 +55,8 @@ const RUN: &[(&str, &str)] = &[
         "the_sidecar_section_runs_as_written",
     ),
     (
-        "curl -X POST -H \"Authorization: Bearer $TOKEN\" -H \"Content-Type: application/json\" \
+        "curl -X POST -H \"Authorization: Bearer $STAMPEDE_SIDECAR_ADMIN_TOKEN\" \
+         -H \"Content-Type: application/json\" \
          -d '{\"tags\":[\"product-42\"],\"soft\":true}' http://127.0.0.1:9101/purge/tags",
         "the_sidecar_section_runs_as_written",
     ),
@@ -61,11 +76,6 @@ const NOT_RUN: &[(&str, &str)] = &[
         "cargo run --release --example demo -- --chart stampede.svg",
         "the demo, drawing its chart",
     ),
-    (
-        "apt-get install redis-server",
-        "installs a package (scripts/test does, as root)",
-    ),
-    ("brew install redis", "installs a package, on macOS"),
     ("scripts/test", "the whole suite, which runs this file"),
     (
         "cargo test --locked --all-features",
@@ -177,7 +187,7 @@ const NOT_RUN: &[(&str, &str)] = &[
     ),
     (
         "bash benches/size.sh",
-        "release builds of four binaries, minutes: its figures are in the README",
+        "release builds of four binaries, minutes: its figures are in docs/redis.md",
     ),
     (
         "cargo test --no-default-features --lib --test single_flight --test fencing --test tls_auth",
@@ -216,11 +226,25 @@ const PROGRAMS: &[&str] = &[
     "stampede-sidecar",
 ];
 
-/// What the admin token is in the README's purge command (`$TOKEN`).
-const TOKEN: &str = "a token of the tests";
-
 fn readme() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
+}
+
+/// The README and every guide, one after the other (in the guides' order by name).
+fn docs() -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/docs");
+    let mut guides: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .collect();
+    guides.sort();
+    let mut text = readme();
+    for guide in guides {
+        text.push_str("\n\n");
+        text.push_str(&std::fs::read_to_string(guide).unwrap());
+    }
+    text
 }
 
 /// Runs of whitespace as one space.
@@ -323,11 +347,11 @@ fn run_by<const N: usize>(test: &str) -> [&'static str; N] {
         .filter(|(_, by)| *by == test)
         .map(|(command, _)| *command)
         .collect();
-    let readme = commands(&readme());
+    let shown = commands(&docs());
     for command in &mine {
         assert!(
-            readme.iter().any(|c| c == command),
-            "not in the README: {command}"
+            shown.iter().any(|c| c == command),
+            "not in the README or a guide: {command}"
         );
     }
     mine.try_into()
@@ -388,7 +412,7 @@ fn quoted_after(readme: &str, before: &str) -> String {
 
 #[test]
 fn every_readme_command_is_run_or_listed() {
-    let found = commands(&readme());
+    let found = commands(&docs());
     let mut wrong = Vec::new();
     for command in &found {
         let run = RUN.iter().any(|(c, _)| c == command);
@@ -401,21 +425,22 @@ fn every_readme_command_is_run_or_listed() {
     }
     for (command, _) in RUN.iter().chain(NOT_RUN) {
         if !found.iter().any(|c| c == command) {
-            wrong.push(format!("no longer in the README: {command}"));
+            wrong.push(format!("no longer in the README or a guide: {command}"));
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
-/// The README's sidecar section, in order: the secret made with `openssl`, the sidecar
-/// started with the README's flags (on the test's Redis, origin and ports), caching an
-/// origin that sends no Cache-Control (the second request a hit); `/metrics`,
-/// `/healthz` and `/readyz` answering as the README says; the purge `curl` answering
-/// what the README quotes, and its entry served stale, then refreshed.
+/// The README's sidecar quick start, in order: the secret made with `openssl`, the admin
+/// token exported, the sidecar started with the README's flags (on the test's Redis,
+/// origin and ports), caching an origin that sends no Cache-Control (the second request
+/// a hit); `/metrics`, `/healthz` and `/readyz` answering as the sidecar guide says; the
+/// purge `curl`, with the exported token, answering what the README and the guide
+/// quote, and its entry served stale, then refreshed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sidecar_section_runs_as_written() {
-    let [openssl, sidecar, purge] = run_by("the_sidecar_section_runs_as_written");
-    let readme = readme();
+    let [openssl, export, sidecar, purge] = run_by("the_sidecar_section_runs_as_written");
+    let readme = docs();
     let dir = tempfile::tempdir().unwrap();
 
     let out = finished(shell(openssl, dir.path()));
@@ -455,9 +480,17 @@ async fn the_sidecar_section_runs_as_written() {
             ("redis://127.0.0.1:6379", &redis.url()),
         ],
     );
+    // The token as the export makes it: what the sidecar and the purge are given.
+    let out = finished(shell(
+        &format!("{export} && printf %s \"$STAMPEDE_SIDECAR_ADMIN_TOKEN\""),
+        dir.path(),
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let token = text(&out.stdout);
+    assert_eq!(token.len(), 32, "{token:?}");
     // No STAMPEDE_GUARD_SECRET: with Redis, the sidecar starts only on the secret file.
     let mut started = shell(&format!("exec {command}"), dir.path());
-    started.env("STAMPEDE_SIDECAR_ADMIN_TOKEN", TOKEN);
+    started.env("STAMPEDE_SIDECAR_ADMIN_TOKEN", &token);
     let sidecar = Sidecar::spawn(started);
 
     let began = Instant::now();
@@ -512,13 +545,14 @@ async fn the_sidecar_section_runs_as_written() {
         ),
         dir.path(),
     );
-    curl.env("TOKEN", TOKEN);
+    curl.env("STAMPEDE_SIDECAR_ADMIN_TOKEN", &token);
     let out = finished(curl);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let answered: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let said: serde_json::Value =
-        serde_json::from_str(&quoted_after(&readme, "and answers how many tags (")).unwrap();
-    assert_eq!(answered, said);
+    for quote in ["It answers how many tags (", "and answers how many tags ("] {
+        let said: serde_json::Value = serde_json::from_str(&quoted_after(&readme, quote)).unwrap();
+        assert_eq!(answered, said, "{quote}");
+    }
     // Soft: stale, and refreshed.
     let after = fetch(sidecar.listen, "/items/1", &[]).await;
     if began.elapsed() < Duration::from_secs(10) {
@@ -536,7 +570,7 @@ async fn the_sidecar_section_runs_as_written() {
 #[test]
 fn check_says_what_the_readme_quotes() {
     let [check] = run_by("check_says_what_the_readme_quotes");
-    let readme = readme();
+    let readme = docs();
     let fixture = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/sidecar.toml"
@@ -637,52 +671,24 @@ fn help_defaults(help: &str) -> BTreeMap<String, Option<String>> {
     flags
 }
 
-/// What the README's **Flags.** paragraph and limits table say of each flag's default:
-/// `(default X` or `; default X`, to the first `;`, `)` or `: `; the table's column.
-fn readme_defaults(readme: &str) -> (BTreeSet<String>, BTreeMap<String, String>) {
-    let at = readme.find("**Flags.**").expect("the Flags paragraph");
-    let paragraph = squeezed(&readme[at..at + readme[at..].find("\n\n").unwrap()]);
-    let mut named = BTreeSet::new();
-    let mut stated = BTreeMap::new();
-    let mentions: Vec<usize> = paragraph.match_indices("`--").map(|(at, _)| at).collect();
-    for (i, &start) in mentions.iter().enumerate() {
-        let end = mentions.get(i + 1).copied().unwrap_or(paragraph.len());
-        let segment = &paragraph[start + 1..end];
-        let flag: String = segment
-            .chars()
-            .take_while(|c| *c != ' ' && *c != '`')
-            .collect();
-        named.insert(flag.clone());
-        let Some(at) = ["(default ", "; default "]
-            .iter()
-            .find_map(|m| segment.find(m).map(|at| at + m.len()))
-        else {
-            continue;
-        };
-        let rest = &segment[at..];
-        let stop = [rest.find(';'), rest.find(')'), rest.find(": ")]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(rest.len());
-        let default = rest[..stop].replace('`', "");
-        if let Some(other) = stated.insert(flag.clone(), default.clone()) {
-            assert_eq!(other, default, "the README states two defaults of {flag}");
+/// The rows of the tables in `text` whose first cell names flags (`` `--a`, `--b` ``):
+/// each flag named, and what the second cell says of its default (`—`: none).
+fn table_defaults(text: &str) -> Vec<(String, Option<String>)> {
+    let mut rows = Vec::new();
+    for row in text.lines().filter(|l| l.starts_with("| `--")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let default = (cells[2] != "—").then(|| cells[2].to_owned());
+        for flag in spans(cells[1]) {
+            rows.push((flag, default.clone()));
         }
     }
-    for row in readme.lines().filter(|l| l.starts_with("| `--")) {
-        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-        let flag = cells[1].trim_matches('`').to_owned();
-        named.insert(flag.clone());
-        stated.insert(flag, cells[2].to_owned());
-    }
-    (named, stated)
+    rows
 }
 
-/// `--help` runs as the README shows it (the built binary for `cargo run … --`); every
-/// flag it lists is in the README, and every default the README's Flags paragraph and
-/// limits table state is the one `--help` gives, and stated for each flag they name
-/// that has one.
+/// `--help` runs as the guide shows it (the built binary for `cargo run … --`); every
+/// flag it lists is a row of the README's table of flags, and every default a table
+/// states (the README's, the sidecar guide's limits) is the one `--help` gives, and
+/// stated for each flag that has one.
 #[test]
 fn help_runs_and_the_readme_states_its_defaults() {
     let [help] = run_by("help_runs_and_the_readme_states_its_defaults");
@@ -699,38 +705,272 @@ fn help_runs_and_the_readme_states_its_defaults() {
     let help = help_defaults(&text(&out.stdout));
     assert!(help.len() > 30, "{help:?}");
 
-    let readme = readme();
     let mut wrong = Vec::new();
+    let readme = table_defaults(&readme());
     for flag in help
         .keys()
         .filter(|f| !["--help", "--version"].contains(&f.as_str()))
     {
-        if !readme.contains(&format!("`{flag}")) {
-            wrong.push(format!("{flag} is not in the README"));
+        if !readme.iter().any(|(named, _)| named == flag) {
+            wrong.push(format!("{flag} is not a row of the README's table"));
         }
     }
-    let (named, stated) = readme_defaults(&readme);
-    for flag in &named {
-        match (help.get(flag), stated.get(flag)) {
-            (None, _) => wrong.push(format!("the README names {flag}, which --help does not")),
+    let stated = table_defaults(&docs());
+    for (flag, said) in &stated {
+        match (help.get(flag), said) {
+            (None, _) => wrong.push(format!("a table names {flag}, which --help does not")),
             (Some(Some(default)), None) => {
-                wrong.push(format!(
-                    "the README states no default of {flag} ({default})"
-                ));
+                wrong.push(format!("a table states no default of {flag} ({default})"));
             }
             (Some(None), Some(said)) => {
                 wrong.push(format!(
-                    "the README says {flag} defaults to {said}; --help, nothing"
+                    "a table says {flag} defaults to {said}; --help, nothing"
                 ));
             }
             (Some(Some(default)), Some(said)) if default != said => {
-                wrong.push(format!(
-                    "{flag}: the README says {said:?}, --help {default:?}"
-                ));
+                wrong.push(format!("{flag}: a table says {said:?}, --help {default:?}"));
             }
             _ => {}
         }
     }
-    assert!(stated.len() >= 15, "{stated:?}");
+    assert!(stated.len() >= 40, "{stated:?}");
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The first code span of a table cell, with what follows it (a gloss) left out.
+fn first_span(cell: &str) -> Option<String> {
+    spans(cell).into_iter().next()
+}
+
+/// The rows of the README's tables whose first cell names settings (`` `a`, `b` ``),
+/// by each name: the default's first code span.
+fn settings_table(readme: &str) -> BTreeMap<String, Option<String>> {
+    let mut rows = BTreeMap::new();
+    for row in readme
+        .lines()
+        .filter(|l| l.starts_with("| `") && !l.starts_with("| `--"))
+    {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        for name in spans(cells[1]) {
+            rows.insert(name, first_span(cells[2]));
+        }
+    }
+    rows
+}
+
+/// `Debug` of a struct on one line, as `field: value` pairs (values may hold commas
+/// inside brackets).
+fn debug_fields(debug: &str) -> BTreeMap<String, String> {
+    let inner = &debug[debug.find('{').unwrap() + 1..debug.rfind('}').unwrap()];
+    let (mut fields, mut depth, mut current) = (BTreeMap::new(), 0, String::new());
+    for c in inner.chars().chain([',']) {
+        match c {
+            '[' | '{' | '(' => depth += 1,
+            ']' | '}' | ')' => depth -= 1,
+            ',' if depth == 0 => {
+                if let Some((name, value)) = current.split_once(": ") {
+                    fields.insert(name.trim().to_owned(), value.trim().to_owned());
+                }
+                current.clear();
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    fields
+}
+
+/// The README's tables of the library's settings state the code's defaults: each field
+/// of a default `Policy` is a row, whose default is the field's value; each of
+/// `PolicyBuilder`'s settings is named by a row; the guard's and the store's defaults
+/// are their constants'.
+#[test]
+fn the_readme_states_the_librarys_defaults() {
+    use stampede_guard::guard::{
+        DEFAULT_L1_CAPACITY, DEFAULT_L1_MAX_VARIANTS, DEFAULT_PURGE_CAPACITY,
+        DEFAULT_REFRESH_BUDGET,
+    };
+    use stampede_guard::store::{
+        BreakerConfig, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
+    };
+    let table = settings_table(&readme());
+    let mut wrong = Vec::new();
+    let policy = stampede_guard::Policy::builder("x").build().unwrap();
+    let fields = debug_fields(&format!("{policy:?}"));
+    assert!(fields.len() > 30, "{fields:?}");
+    // (`cache` is what `never_cache` turns off: a row of its own, with no default.)
+    for (field, value) in fields
+        .iter()
+        .filter(|(f, _)| !["route", "cache"].contains(&f.as_str()))
+    {
+        match table.get(field) {
+            None => wrong.push(format!("{field} is not a row")),
+            Some(said) if said.as_deref() != Some(value.as_str()) => {
+                wrong.push(format!(
+                    "{field}: the README says {said:?}, the code `{value}`"
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/policy.rs")).unwrap();
+    let builder = &source[source.find("impl PolicyBuilder {").unwrap()..];
+    for setting in builder
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub fn "))
+        .map(|l| l.split(['(', '<']).next().unwrap())
+        .filter(|name| *name != "build")
+    {
+        if !table.contains_key(setting) {
+            wrong.push(format!("PolicyBuilder::{setting} is not a row"));
+        }
+    }
+    for (setting, value) in [
+        ("l1_capacity", format!("{DEFAULT_L1_CAPACITY:?}")),
+        ("l1_max_variants", format!("{DEFAULT_L1_MAX_VARIANTS:?}")),
+        ("refresh_budget", format!("{DEFAULT_REFRESH_BUDGET:?}")),
+        ("purge_capacity", format!("{DEFAULT_PURGE_CAPACITY:?}")),
+        ("command_timeout", format!("{DEFAULT_COMMAND_TIMEOUT:?}")),
+        ("connect_timeout", format!("{DEFAULT_CONNECT_TIMEOUT:?}")),
+        ("pool_size", format!("{DEFAULT_POOL_SIZE:?}")),
+        ("breaker", format!("{:?}", BreakerConfig::default())),
+    ] {
+        let said = table.get(setting).cloned().flatten();
+        if said.as_deref() != Some(value.as_str()) {
+            wrong.push(format!(
+                "{setting}: the README says {said:?}, the code `{value}`"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The README is a front door: at most 300 lines, and each guide it links to is there.
+#[test]
+fn the_readme_is_short_and_its_guides_are_there() {
+    let readme = readme();
+    let lines = readme.lines().count();
+    assert!(lines <= 300, "the README has {lines} lines");
+    let linked: Vec<&str> = readme
+        .split("](docs/")
+        .skip(1)
+        .map(|rest| rest.split(')').next().unwrap())
+        .collect();
+    assert!(linked.len() >= 8, "{linked:?}");
+    for guide in linked {
+        let path = format!("{}/docs/{guide}", env!("CARGO_MANIFEST_DIR"));
+        assert!(
+            Path::new(&path).exists(),
+            "the README links to docs/{guide}"
+        );
+    }
+}
+
+/// A process killed when dropped.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The README's axum quick start is `examples/quickstart.rs` as it stands, and runs as
+/// the README says: on the test's Redis and port, with a secret made by `openssl`, its
+/// first `curl` a miss that took the slow origin's time and the next a hit, and twenty
+/// callers at once of a cold product served by one fill (all answered, none waiting for
+/// twenty origin calls in a row); a second instance on another port with the same
+/// secret is served what the first filled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quick_start_runs_as_written() {
+    let [run, curl] = run_by("the_quick_start_runs_as_written");
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/quickstart.rs"
+    ))
+    .unwrap();
+    assert!(
+        readme().contains(&format!("```rust,no_run\n{example}```")),
+        "the README shows examples/quickstart.rs as it is"
+    );
+    // The example as `cargo test` built it, beside the sidecar's binary.
+    let built = Path::new(BIN).parent().unwrap().join("examples/quickstart");
+    assert!(built.exists(), "{} is built", built.display());
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // Two instances share with one secret, as the README says: one `openssl` made.
+    let secret = finished(shell("openssl rand -hex 32", dir.path()));
+    let secret = text(&secret.stdout).trim().to_owned();
+    assert_eq!(secret.len(), 64, "{secret:?}");
+    let command = swapped(
+        run,
+        &[
+            ("$(openssl rand -hex 32)", &secret),
+            ("cargo run --example quickstart", built.to_str().unwrap()),
+        ],
+    );
+    let start = |port: u16| {
+        // (bash runs a lone command in its own place, as `exec` would.)
+        let mut started = shell(&command, dir.path());
+        started
+            .env("REDIS_URL", redis.url())
+            .env("LISTEN", format!("127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = started.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let line = lines.next().unwrap().unwrap();
+        assert_eq!(line, format!("listening on http://127.0.0.1:{port}"));
+        Running(child)
+    };
+    let (first, second) = (free_port(), free_port());
+    let _a = start(first);
+    let at = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let curl = swapped(curl, &[("127.0.0.1:3000", &at(first).to_string())]);
+    let began = Instant::now();
+    let out = finished(shell(&curl, dir.path()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("x-cache: miss") && said.ends_with("product 1\n"),
+        "{said}"
+    );
+    assert!(
+        began.elapsed() >= Duration::from_millis(500),
+        "the origin took its time"
+    );
+    let out = finished(shell(&curl, dir.path()));
+    assert!(
+        text(&out.stdout).contains("x-cache: hit"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let began = Instant::now();
+    let crowd: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(async move { fetch(at(first), "/products/2", &[]).await }))
+        .collect();
+    for caller in crowd {
+        let got = support::joined(caller, HANG, "a caller").await;
+        assert_eq!(
+            (got.status, got.body.as_str()),
+            (StatusCode::OK, "product 2\n")
+        );
+    }
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "one fill, not twenty in a row"
+    );
+
+    let _b = start(second);
+    let other = fetch(at(second), "/products/2", &[]).await;
+    assert_eq!(
+        other.x_cache(),
+        "hit",
+        "the second instance shares what the first filled"
+    );
 }

@@ -1592,7 +1592,7 @@ fn the_documented_config_is_accepted() {
     assert!(text(&out.stdout).contains("settings ok: 3 route(s)"));
 }
 
-/// The README's production config is the fixture, and is accepted as it stands (its
+/// The sidecar guide's production config is the fixture, and is accepted as it stands (its
 /// files made for the test: certificates, authorities, the secret).
 #[test]
 fn the_production_config_is_accepted() {
@@ -1602,10 +1602,10 @@ fn the_production_config_is_accepted() {
     );
     let config = std::fs::read_to_string(fixture).unwrap();
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/sidecar.md")).unwrap();
     assert!(
         readme.contains(&format!("```toml\n{config}```")),
-        "the README shows tests/fixtures/sidecar-production.toml as it is"
+        "the sidecar guide shows tests/fixtures/sidecar-production.toml as it is"
     );
     let dir = tempfile::tempdir().unwrap();
     support::tls::authority(dir.path(), "ca");

@@ -263,7 +263,7 @@ async fn a_cold_miss_can_answer_503_when_the_filler_is_elsewhere() {
     assert_eq!(origin.calls(), 1);
 }
 
-/// The README's shape: a guard, a layer with the route's policy, on an axum route. The
+/// The layer guide's shape: a guard, a layer with the route's policy, on an axum route. The
 /// handler counts its calls and takes `delay`.
 fn readme_app(guard: &StampedeGuard, calls: Arc<AtomicU64>, delay: Duration) -> Router {
     let items = guard
@@ -347,7 +347,7 @@ async fn the_readme_shape_fills_a_cold_key_once_with_redis_up_and_a_slow_origin(
     );
 }
 
-/// The README's shape with a handler that reads its path parameter (axum keeps it in
+/// The layer guide's shape with a handler that reads its path parameter (axum keeps it in
 /// the request's extensions) and the route's default settings: the wrapped handler sees
 /// the request it would see without the guard. 200 requests at once on a cold key, each
 /// on its own connection: 200 answers `200`, one handler call.

@@ -15,7 +15,7 @@ use http::Uri;
 #[derive(Parser)]
 #[command(name = "stampede-sidecar", version, about, long_about = None)]
 pub(crate) struct Args {
-    /// A TOML file with the settings below and per-route policies (see the README).
+    /// A TOML file with the settings below and per-route policies (see docs/sidecar.md).
     #[arg(long, value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
 
@@ -177,8 +177,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) request_body_timeout: Option<Duration>,
 
-    /// How long an answer may go without a byte of it written to the client (one that
-    /// does not read); then the connection is closed [default: 60s].
+    /// How long an answer may go without a byte of it written to the client while it
+    /// has bytes to send (a client that does not read; the origin's pauses do not
+    /// count); then the connection is closed [default: 60s].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub(crate) send_timeout: Option<Duration>,
 

@@ -26,7 +26,6 @@ pub mod error;
 pub mod guard;
 mod http;
 pub mod inspect;
-mod interest;
 pub mod keys;
 pub mod leader;
 pub mod lease;
@@ -37,7 +36,6 @@ pub mod policy;
 pub mod postgres;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
-mod purge_records;
 pub mod store;
 
 /// The wire format of cached entries, for the fuzz target and for tests that plant or

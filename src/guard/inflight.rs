@@ -28,9 +28,9 @@ use tokio::sync::{oneshot, watch};
 use super::body::ResponseBody;
 use super::stream::Stream;
 use crate::cache::Stored;
-use crate::interest::Interest;
 use crate::keys::LocalKey;
 use crate::lease::FencingToken;
+use crate::notify::Interest;
 
 /// What a fill came to, for every caller that waited for it (see the
 /// [module docs](self) for each ending).

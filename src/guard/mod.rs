@@ -235,4 +235,4 @@ pub use self::invalidate::InvalidateError;
 pub use self::layer::GuardLayer;
 pub use self::purge::MARGIN as PURGE_MARGIN;
 pub use self::service::Guard;
-pub use crate::purge_records::Purge;
+pub use crate::notify::Purge;

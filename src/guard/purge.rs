@@ -36,8 +36,8 @@ use crate::cache::Stored;
 use crate::http::directives::MAX_KEEP;
 use crate::http::response::tags;
 use crate::keys::{KeySpace, tag_key};
+use crate::notify::Recorded;
 use crate::notify::{Owed, Purge};
-use crate::purge_records::Recorded;
 
 /// On a Redis Cluster, how long after a purge a fill may have begun and still count as
 /// before it: more than the clocks of its nodes differ (one server, or a Sentinel

@@ -22,11 +22,11 @@ use super::stream::Stream;
 use crate::cache::{Freshness, L2Read, Stored, entry, l2_read};
 use crate::http::conditional;
 use crate::http::response::{self, NotStored};
-use crate::interest::Interest;
 use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::{Acquire, AcquireOutcome};
 use crate::metrics::Event;
 use crate::notify::Ending;
+use crate::notify::Interest;
 
 /// Starts the refresh of the entry `current` of `request` (at `local` in L1), unless one
 /// runs or is held off, or the budget is spent. `keys`, its Redis keys, if the caller has

@@ -15,8 +15,8 @@ use super::vary::Learned;
 use crate::cache::{L1, Tombstones};
 use crate::keys::{KeySpace, LocalKey};
 use crate::lease::{FencingToken, LeaseClient};
+use crate::notify::Recorded;
 use crate::notify::{Ending, Hears, Notices, Owed, Purge};
-use crate::purge_records::Recorded;
 use crate::store::RedisStore;
 
 /// What every route of one guard shares.

@@ -129,11 +129,6 @@ impl KeySpace {
         }
     }
 
-    /// A `SCAN ... MATCH` pattern for every key of this key space.
-    pub fn scan_pattern(&self) -> String {
-        format!("{}*", self.inner.head)
-    }
-
     /// The least a Redis ACL user needs for a guard of this key space: its keys, its
     /// notice channel and the commands the crate sends, and nothing else. For
     /// `ACL SETUSER <name> on ><password> <rules>`:
@@ -182,8 +177,14 @@ impl KeySpace {
     /// The keyed hash of an identifier of a kind, as it appears in keys: `{kind}_{hex}`.
     ///
     /// The kind is part of what is hashed, so the same value under two kinds (a tenant
-    /// and a user both named `acme`) gives unrelated hashes.
-    pub fn hash_id(&self, kind: &str, value: impl AsRef<[u8]>) -> Result<String, ConfigError> {
+    /// and a user both named `acme`) gives unrelated hashes. (For the tests of that: the
+    /// keys themselves hash with `push_hash`.)
+    #[cfg(test)]
+    fn hash_id(
+        &self,
+        kind: &str,
+        value: impl AsRef<[u8]>,
+    ) -> Result<String, ConfigError> {
         check_label("scope", kind, 32, false)?;
         Ok(self.hash_unchecked(kind, value.as_ref()))
     }
@@ -232,7 +233,7 @@ impl KeySpace {
     /// The keys of one cached response: the entry, and the lease and fence counter that
     /// guard its refresh, all in one hash slot. `identity` is what tells the response's
     /// URL apart (host, path and keyed query); it is hashed.
-    pub fn cache(&self, route: &str, identity: &[u8]) -> Result<CacheKeys, ConfigError> {
+    pub(crate) fn cache(&self, route: &str, identity: &[u8]) -> Result<CacheKeys, ConfigError> {
         let mut entry = self.base(&[Scope::label(route), Scope::id("req", identity)], "fill")?;
         let primary = entry.len();
         entry.push_str(":entry");
@@ -252,7 +253,7 @@ impl KeySpace {
     /// A variant has its own entry, lease and fence counter, in the same hash slot as
     /// the response's [`cache`](Self::cache) keys, and shares their invalidation: one
     /// invalidation of the response reaches every variant.
-    pub fn cache_variant(
+    pub(crate) fn cache_variant(
         &self,
         route: &str,
         identity: &[u8],
@@ -283,26 +284,26 @@ impl KeySpace {
 
     /// The pub/sub channel on which instances of the service tell each other about
     /// fills and invalidations.
-    pub fn channel(&self) -> String {
+    pub(crate) fn channel(&self) -> String {
         format!("{}events", self.inner.head)
     }
 
     /// The hash of the service's tag purges: when each tag was last purged, under its
     /// keyed hash ([`tag_id`](Self::tag_id)).
-    pub fn purges_key(&self) -> String {
+    pub(crate) fn purges_key(&self) -> String {
         format!("{}{{purges}}:tags", self.inner.head)
     }
 
     /// The purges by time, to prune old ones and to read back those an instance missed;
     /// in the hash slot of
     /// [`purges_key`](Self::purges_key).
-    pub fn purges_by_time_key(&self) -> String {
+    pub(crate) fn purges_by_time_key(&self) -> String {
         format!("{}{{purges}}:times", self.inner.head)
     }
 
     /// The id of a cache tag (`Surrogate-Key`, `Cache-Tag`, or set in code): its keyed
     /// hash, as purges name it in Redis and on the channel.
-    pub fn tag_id(&self, tag: &str) -> String {
+    pub(crate) fn tag_id(&self, tag: &str) -> String {
         self.hash_unchecked("tag", tag.as_bytes())
     }
 
@@ -430,7 +431,7 @@ impl LeaseName {
     }
 }
 
-/// The keys of one cached response (see [`KeySpace::cache`]).
+/// The keys of one cached response (see [`GuardLayer::cache_keys`](crate::GuardLayer::cache_keys)).
 ///
 /// Made only past L1 (an L1 hit needs no Redis key: it looks up its local key). Only
 /// the entry key is built up front; the lease's keys are derived from it the first time
@@ -519,7 +520,7 @@ impl CacheKeys {
     }
 
     /// Whether these are the keys of one variant of a response
-    /// ([`KeySpace::cache_variant`]).
+    /// (`KeySpace::cache_variant`).
     pub fn is_variant(&self) -> bool {
         self.entry.len() != self.primary + ":entry".len()
     }
@@ -696,7 +697,7 @@ impl KeySpaceBuilder {
     }
 }
 
-/// The 128 bits of a tag id (`tag_` and 32 hex digits, see [`KeySpace::tag_id`]): how
+/// The 128 bits of a tag id (`tag_` and 32 hex digits, see `KeySpace::tag_id`): how
 /// purges keep it. `None` for anything else.
 pub(crate) fn tag_key(id: &str) -> Option<u128> {
     let hex = id.strip_prefix("tag_")?;

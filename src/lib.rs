@@ -48,6 +48,21 @@ pub mod fuzzing {
     /// Skews this machine's clock as the guard reads it, by µs (ahead when positive):
     /// for tests of what is stamped on which clock.
     pub use crate::guard::clock::skew as skew_this_machines_clock;
+
+    /// The key space's broadcast channel of notices, for tests that listen to it.
+    pub fn channel(keys: &crate::KeySpace) -> String {
+        keys.channel()
+    }
+
+    /// The keys of the response `identity` of `route` (what the layer computes from a
+    /// request), for benchmarks of the key path.
+    pub fn cache_keys(
+        keys: &crate::KeySpace,
+        route: &str,
+        identity: &[u8],
+    ) -> Result<crate::keys::CacheKeys, crate::ConfigError> {
+        keys.cache(route, identity)
+    }
 }
 
 pub use self::error::ConfigError;

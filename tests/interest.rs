@@ -27,7 +27,11 @@ fn interest_channel(entry_key: &str) -> String {
         hash ^= u32::from(byte);
         hash = hash.wrapping_mul(0x0100_0193);
     }
-    format!("{}:{:03x}", keys().channel(), hash % 4096)
+    format!(
+        "{}:{:03x}",
+        stampede_guard::fuzzing::channel(&keys()),
+        hash % 4096
+    )
 }
 
 /// How many connections subscribe to `channel`.
@@ -63,7 +67,7 @@ impl Observer {
         let client = redis::Client::open(url).unwrap();
         let mut pubsub = client.get_async_pubsub().await.unwrap();
         pubsub
-            .psubscribe(format!("{}*", keys().channel()))
+            .psubscribe(format!("{}*", stampede_guard::fuzzing::channel(&keys())))
             .await
             .unwrap();
         let seen: Arc<Mutex<HashMap<String, Vec<String>>>> = Arc::default();
@@ -118,7 +122,7 @@ async fn a_fill_reaches_the_waiting_instance_and_no_idle_one() {
         unreachable!()
     };
     let observer = Observer::start(&server.url()).await;
-    let broadcast = keys().channel();
+    let broadcast = stampede_guard::fuzzing::channel(&keys());
     let entry = fleet[0].layer.cache_keys(&get("/items/1")).unwrap();
     let bucket = interest_channel(entry.entry());
     // Idle: every instance hears the broadcast channel, none a bucket.
@@ -329,7 +333,7 @@ async fn race(after_first_step: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_bucket_is_refused_looks_for_the_entry_itself() {
     let server = RedisServer::start();
-    let broadcast = keys().channel();
+    let broadcast = stampede_guard::fuzzing::channel(&keys());
     // The least-privileged rules, with the broadcast channel as the only channel.
     let mut setuser = redis::cmd("ACL");
     setuser

@@ -11,11 +11,9 @@ use stampede_guard::keys::{KeySpace, LeaseName, Scope};
 use stampede_guard::lease::{AcquireOutcome, LeaseClient, ReleaseOutcome, RenewOutcome};
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
+use support::TIMEOUT;
 use support::web::{self, Origin, get, keys, send};
 use support::{HANG, Proxy, RedisCluster, eventually, within};
-
-/// Generous, as in the single-server tests; within what the default policies allow.
-const TIMEOUT: Duration = Duration::from_millis(250);
 
 fn store(cluster: &RedisCluster) -> RedisStore {
     RedisStore::cluster(cluster.urls())

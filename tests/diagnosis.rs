@@ -12,11 +12,10 @@ use stampede_guard::RedisStore;
 use stampede_guard::lease::{AcquireOutcome, LeaseClient};
 use stampede_guard::store::{StoreError, StoreErrorKind};
 #[cfg(feature = "tls")]
+use support::TIMEOUT;
 use support::TlsServer;
 use support::web::keys;
 use support::{Redis, RedisServer, Store, server::free_port};
-
-const TIMEOUT: Duration = Duration::from_millis(250);
 
 /// The error's message, and its source's, both holding `cause`.
 fn says(error: &StoreError, kind: StoreErrorKind, cause: &str) {

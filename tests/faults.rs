@@ -19,7 +19,9 @@ use stampede_guard::{Policy, RedisStore, StampedeGuard};
 use support::web::{Instance, Origin, full, get, instance, keys, send};
 use support::{HANG, Mode, Proxy, RedisServer, eventually, within};
 
-const TIMEOUT: Duration = Duration::from_millis(100);
+/// The command timeout of these tests: short, so that an outage is seen at once (and the
+/// bounds they assert are tight).
+const FAULT_TIMEOUT: Duration = Duration::from_millis(100);
 const MARGIN: Duration = Duration::from_millis(400);
 
 /// The load tests measure time: they run one at a time.
@@ -27,7 +29,7 @@ static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn store_at(url: &str, breaker: BreakerConfig) -> RedisStore {
     RedisStore::builder(url)
-        .command_timeout(TIMEOUT)
+        .command_timeout(FAULT_TIMEOUT)
         .breaker(breaker)
         .build()
         .unwrap()
@@ -304,7 +306,7 @@ async fn outage_under_load(outage: Outage) {
     // that a stalled 2-core machine cannot blur into a pass for a request that really
     // waited on a dead Redis (which would be seconds: the connect timeout and more).
     assert!(
-        p999_in_outage < TIMEOUT + MARGIN,
+        p999_in_outage < FAULT_TIMEOUT + MARGIN,
         "p99.9 {p999_in_outage:?} during the outage"
     );
     assert!(
@@ -361,7 +363,7 @@ async fn network_faults_are_classified_and_fall_back() {
     let server = RedisServer::start();
     let name = keys().lease(&[Scope::label("probe")], "fill").unwrap();
     for mode in [
-        Mode::Delay(TIMEOUT * 3),
+        Mode::Delay(FAULT_TIMEOUT * 3),
         Mode::Blackhole,
         Mode::DropReplies,
         Mode::Garbage,
@@ -383,7 +385,10 @@ async fn network_faults_are_classified_and_fall_back() {
         let started = Instant::now();
         let outcome = leases.try_acquire(&name, Duration::from_secs(1)).await;
         let took = started.elapsed();
-        assert!(took < TIMEOUT + MARGIN, "{mode:?}: acquire took {took:?}");
+        assert!(
+            took < FAULT_TIMEOUT + MARGIN,
+            "{mode:?}: acquire took {took:?}"
+        );
         match (mode, &outcome) {
             (Mode::Delay(_) | Mode::Blackhole | Mode::DropReplies, AcquireOutcome::TimedOut(a)) => {
                 assert_eq!(a.error().kind(), StoreErrorKind::Timeout)
@@ -406,7 +411,7 @@ async fn network_faults_are_classified_and_fall_back() {
             assert_eq!(got.status, StatusCode::OK, "{mode:?}");
             assert_eq!(got.body, format!("v{}", n + 1), "{mode:?}");
             assert!(
-                took < TIMEOUT * 2 + MARGIN,
+                took < FAULT_TIMEOUT * 2 + MARGIN,
                 "{mode:?}: request took {took:?}"
             );
         }
@@ -445,7 +450,7 @@ async fn error_replies_are_classified_and_fall_back() {
             .unwrap();
         let started = Instant::now();
         let outcome = leases.try_acquire(&name, Duration::from_secs(1)).await;
-        assert!(started.elapsed() < TIMEOUT + MARGIN, "{code}");
+        assert!(started.elapsed() < FAULT_TIMEOUT + MARGIN, "{code}");
         match &outcome {
             AcquireOutcome::Unavailable(e) if e.kind() == StoreErrorKind::Server => {
                 assert_eq!(e.server_code(), Some(code), "{e}")
@@ -468,7 +473,7 @@ async fn error_replies_are_classified_and_fall_back() {
                 (StatusCode::OK, format!("v{}", n + 1).as_str()),
                 "{code}"
             );
-            assert!(started.elapsed() < TIMEOUT * 2 + MARGIN, "{code}");
+            assert!(started.elapsed() < FAULT_TIMEOUT * 2 + MARGIN, "{code}");
         }
         // One failed operation per request (the read, or the acquire where reads
         // work), each falling back to a local fill.

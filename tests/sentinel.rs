@@ -9,11 +9,10 @@ use std::time::{Duration, Instant};
 
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
+use support::TIMEOUT;
 use support::sentinel::{SERVICE, SentinelGroup};
 use support::web::{self, Origin, get, keys, send};
 use support::{HANG, Proxy, RedisServer, eventually, within};
-
-const TIMEOUT: Duration = Duration::from_millis(250);
 
 /// How long after the primary is killed the guard must write through the new one: the
 /// sentinels' 1 s to call the primary down, their election and promotion (a few

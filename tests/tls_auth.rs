@@ -12,11 +12,10 @@ use std::time::Duration;
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
 #[cfg(feature = "tls")]
+use support::TIMEOUT;
 use support::TlsServer;
 use support::web::{self, Origin, get, keys, send};
 use support::{Redis, Store};
-
-const TIMEOUT: Duration = Duration::from_millis(250);
 
 fn policy() -> Policy {
     Policy::builder("items")

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::TIMEOUT;
+
 use http::Response;
 use stampede_guard::guard::GuardBuilder;
 use stampede_guard::policy::PolicyBuilder;
@@ -12,10 +14,6 @@ use stampede_guard::{Policy, RedisStore, StampedeGuard};
 
 use super::Store;
 use super::web::{self, Got, Instance, Origin, full, get, keys};
-
-/// Generous: exact counts must not depend on every Redis reply coming within 100 ms
-/// on a machine whose cores are busy.
-pub(crate) const TIMEOUT: Duration = Duration::from_millis(250);
 
 /// A guard on `redis` (a single server, a cluster, or as the least-privileged user),
 /// with [`TIMEOUT`] as its command timeout.

@@ -26,6 +26,10 @@ pub(crate) use self::proxy::{Mode, Proxy};
 pub(crate) use self::server::RedisServer;
 pub(crate) use self::tls::TlsServer;
 
+/// The command timeout of the tests' stores: far past what a command takes, on a
+/// machine whose cores other tests load.
+pub(crate) const TIMEOUT: Duration = Duration::from_millis(250);
+
 /// How long one request, one spawned task or one origin start may take before a test
 /// calls it a hang: far past anything a test waits for on purpose, so that only a hang
 /// (or a machine stalled for that long) reaches it.

@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -189,4 +190,11 @@ impl Drop for Sidecar {
             eprintln!("--- the sidecar said:\n{}", self.log());
         }
     }
+}
+
+/// Writes `text` as `sidecar.toml` in `dir`; returns its path, for `--config`.
+pub(crate) fn write_config(dir: &Path, text: &str) -> String {
+    let path = dir.join("sidecar.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
 }

@@ -1,0 +1,306 @@
+//! Redis backends: each named and checked at start, sidecars on a Cluster as one fleet
+//! through a failover, one fill then hits with health reported, a refused Redis said
+//! once with its cause.
+
+use super::*;
+
+/// Which Redis: one server, a Cluster or Sentinel's primary, one at a time; `--check`
+/// says which it would use; a TLS file that is not PEM is refused at start, naming the
+/// setting.
+#[test]
+fn redis_backends_are_checked_and_named() {
+    let out = run(&[
+        "--redis-cluster",
+        "redis://10.0.0.1:7000",
+        "--redis-cluster",
+        "redis://user:hunter2@10.0.0.2:7000",
+        "--check",
+    ]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        said.contains("Redis Cluster from redis://10.0.0.1:7000, redis://user:***@10.0.0.2:7000"),
+        "{said}"
+    );
+    let out = run(&[
+        "--redis-sentinel",
+        "redis://10.0.0.5:26379",
+        "--redis-sentinel-service",
+        "cache",
+        "--check",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("Redis Sentinel service cache from redis://10.0.0.5:26379"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(&["--check"]);
+    assert!(text(&out.stdout).contains("the local cache only"));
+    let out = run(&["--redis", "redis://127.0.0.1:6379", "--check"]);
+    assert!(text(&out.stdout).contains("Redis at redis://127.0.0.1:6379"));
+
+    // Refused, naming what.
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("ca.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let not_pem = not_pem.to_str().unwrap();
+    let both = write_config(
+        dir.path(),
+        "redis = \"redis://10.0.0.1:6379\"\nredis_cluster = [\"redis://10.0.0.2:7000\"]\n",
+    );
+    for (args, named) in [
+        (
+            vec!["--redis", "redis://a:1", "--redis-cluster", "redis://b:2"],
+            "--redis-cluster",
+        ),
+        (
+            vec!["--redis-sentinel", "redis://a:26379"],
+            "--redis-sentinel-service",
+        ),
+        (
+            vec!["--redis", "rediss://127.0.0.1:6380", "--redis-ca", not_pem],
+            "redis_ca",
+        ),
+        (vec!["--config", &both], "`redis`"),
+        (vec!["--redis-username", "catalog"], "redis_username"),
+        (
+            vec!["--redis-cluster", "http://10.0.0.1:7000"],
+            "redis_cluster",
+        ),
+    ] {
+        let out = run(&[&args[..], &["--check"]].concat());
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(named), "{args:?} names {named}: {err}");
+        assert!(!err.contains("hunter2"));
+    }
+}
+
+/// Three sidecars on a six-node Redis Cluster (three primaries, a replica each) act as
+/// one fleet: a cold key asked of all three at once reaches the origin once; under
+/// steady load, each key is refreshed at most once per freshness window among them;
+/// and a primary killed under load gives no 5xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_on_a_cluster_are_one_fleet_through_a_failover() {
+    use std::sync::atomic::AtomicBool;
+
+    let mut cluster = support::RedisCluster::start_failing_over_after(Duration::from_secs(2));
+    let (origin, calls, gate) = origin(0).await;
+    let mut args: Vec<String> = [
+        "--upstream",
+        &format!("http://{origin}"),
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "1s",
+        "--grace",
+        "60s",
+        "--lease",
+        "30s",
+        "--cold-wait",
+        "30s",
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    for url in cluster.urls() {
+        args.extend(["--redis-cluster".to_owned(), url]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let fleet = [
+        Sidecar::start(&args),
+        Sidecar::start(&args),
+        Sidecar::start(&args),
+    ];
+    const KEYS: u64 = 6;
+
+    // Cold: every key asked of every sidecar at once, five times each.
+    let mut asked = Vec::new();
+    for n in 0..KEYS {
+        for sidecar in &fleet {
+            for _ in 0..5 {
+                let addr = sidecar.listen;
+                asked.push(tokio::spawn(async move {
+                    fetch(addr, &format!("/items/{n}"), &[]).await
+                }));
+            }
+        }
+    }
+    assert!(
+        eventually(HANG, || async { calls.load(Ordering::SeqCst) >= KEYS }).await,
+        "every key's fill reaches the origin"
+    );
+    gate.send_replace(true);
+    for task in asked {
+        let got = joined(task, HANG, "a cold request").await;
+        assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        KEYS,
+        "one origin call per key for the three sidecars"
+    );
+
+    // Load on every sidecar and key, counting what is answered and any 5xx.
+    let stop = Arc::new(AtomicBool::new(false));
+    let listens: Vec<SocketAddr> = fleet.iter().map(|s| s.listen).collect();
+    let workers: Vec<_> = (0..6)
+        .map(|w| {
+            let (stop, listens) = (stop.clone(), listens.clone());
+            tokio::spawn(async move {
+                let (mut answered, mut failed) = (0u64, Vec::new());
+                let mut i = w;
+                while !stop.load(Ordering::Relaxed) {
+                    let addr = listens[i % listens.len()];
+                    let got = fetch(addr, &format!("/items/{}", i as u64 % KEYS), &[]).await;
+                    if got.status.is_server_error() {
+                        failed.push(format!("{}: {}", got.status, got.body));
+                    }
+                    answered += 1;
+                    i += 1;
+                }
+                (answered, failed)
+            })
+        })
+        .collect();
+
+    // Steady: at most one refresh per key per window among the three.
+    let (before, started) = (calls.load(Ordering::SeqCst), Instant::now());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (refreshed, took) = (calls.load(Ordering::SeqCst) - before, started.elapsed());
+    let windows = took.as_secs() + 2;
+    assert!(
+        refreshed <= KEYS * windows,
+        "{refreshed} origin calls for {KEYS} keys in {took:?} (windows of 1s)"
+    );
+    assert!(refreshed >= KEYS, "entries were refreshed: {refreshed}");
+
+    // A primary dies under load; its replica takes over.
+    let victim = cluster.primaries()[0];
+    cluster.server(victim).kill();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            cluster.primaries().len() == 3
+        })
+        .await,
+        "no replica took over from the killed primary on {victim}"
+    );
+    cluster.wait_formed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answered = 0;
+    for worker in workers {
+        let (n, failed) = joined(worker, HANG, "a load worker").await;
+        assert!(failed.is_empty(), "5xx under a failover: {failed:?}");
+        answered += n;
+    }
+    eprintln!("{answered} answered through the failover; {refreshed} refreshes in {took:?}");
+    assert!(answered > 100, "only {answered} requests were answered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fills_once_then_hits_over_tcp_and_reports_health() {
+    let mut redis = RedisServer::start();
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--redis",
+        &redis.url(),
+        "--follow-origin",
+        "false",
+        "--fresh",
+        "60s",
+        "--admin",
+        "127.0.0.1:0",
+        "--metrics",
+        "127.0.0.1:0",
+    ]);
+    let first = fetch(sidecar.listen, "/items/1", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.x_cache(), "miss");
+    assert_eq!(first.body, "/items/1 call 1");
+    let second = fetch(sidecar.listen, "/items/1", &[]).await;
+    assert_eq!(second.x_cache(), "hit");
+    assert_eq!(second.body, "/items/1 call 1");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the origin is called once");
+
+    // `--metrics` on port 0: the address it prints is the one it bound, and serves the
+    // counts of what was just answered.
+    let metrics = fetch(
+        sidecar.metrics.expect("a metrics listener"),
+        "/metrics",
+        &[],
+    )
+    .await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    let hits = metrics
+        .body
+        .lines()
+        .find(|l| l.starts_with("stampede_guard_requests_total") && l.contains("outcome=\"hit\""))
+        .unwrap_or_else(|| panic!("no hit counter in:\n{}", metrics.body));
+    assert!(hits.ends_with(" 1"), "{hits}");
+
+    let admin = sidecar.admin.expect("an admin listener");
+    let health = fetch(admin, "/healthz", &[]).await;
+    assert_eq!(health.status, StatusCode::OK);
+    let health: serde_json::Value = serde_json::from_str(&health.body).unwrap();
+    assert_eq!(health["redis"], "up", "{health}");
+    assert_eq!(health["notices"], "connected", "{health}");
+    assert_eq!(health["draining"], false, "{health}");
+    assert_eq!(fetch(admin, "/readyz", &[]).await.status, StatusCode::OK);
+    // The origin's paths are not shadowed: the admin paths go to the origin.
+    let through = fetch(sidecar.listen, "/healthz", &[]).await;
+    assert_eq!(through.body, "/healthz call 2");
+
+    // Redis gone: still healthy (it serves from L1), and says so.
+    redis.kill();
+    let health = fetch(admin, "/healthz", &[]).await;
+    assert_eq!(health.status, StatusCode::OK);
+    let health: serde_json::Value = serde_json::from_str(&health.body).unwrap();
+    assert_eq!(health["redis"], "down", "{health}");
+    let hit = fetch(sidecar.listen, "/items/1", &[]).await;
+    assert_eq!(
+        (hit.x_cache(), hit.body.as_str()),
+        ("hit", "/items/1 call 1")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A Redis that refuses connections, seen from outside: every answer is served, from the
+/// origin once per key and then from the local cache, saying `detail=local-only` once the
+/// breaker opened; the sidecar's log says why (the refusal) when it starts, once when
+/// Redis first fails and once when the breaker opens, not once per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_redis_is_said_once_with_its_cause() {
+    let (origin, calls, _gate) = origin(u64::MAX).await;
+    let refused = format!("redis://127.0.0.1:{}", support::server::free_port());
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--redis",
+        &refused,
+    ]);
+    let mut local_only = 0;
+    for n in 0..300 {
+        let got = fetch(sidecar.listen, &format!("/max-age-60/{}", n % 20), &[]).await;
+        assert_eq!(got.status, StatusCode::OK, "request {n}: {}", got.body);
+        let status = got.headers["cache-status"].to_str().unwrap();
+        local_only += usize::from(status.contains("detail=local-only"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 20, "{}", sidecar.log());
+    assert!(local_only >= 250, "{local_only} of 300 said local-only");
+    let log = sidecar.log();
+    let lines = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    let failed = log
+        .lines()
+        .find(|l| l.contains("Redis failed"))
+        .unwrap_or_default();
+    assert!(failed.contains("Connection refused"), "{log}");
+    assert_eq!(lines("Redis failed"), 1, "{log}");
+    assert_eq!(lines("Redis unavailable"), 1, "{log}");
+    // And the sidecar's own line at start, which says why too.
+    assert_eq!(lines("Redis does not answer"), 1, "{log}");
+    assert_eq!(lines("Connection refused"), 3, "{log}");
+}

@@ -726,7 +726,8 @@ impl PolicyBuilder {
         self
     }
 
-    /// Checks the settings and builds the policy.
+    /// Checks the settings and builds the policy: each check by what it is about, in
+    /// this order (the first setting found wrong is the one named).
     pub fn build(self) -> Result<Policy, ConfigError> {
         if let Some(error) = self.header_error {
             return Err(error);
@@ -738,237 +739,295 @@ impl PolicyBuilder {
                 (p.refresh_timeout + defaults::COLD_WAIT_MARGIN).min(Duration::from_secs(60));
         }
         check_route(&p.route)?;
-        ConfigError::nonzero("fresh_ttl", p.fresh_ttl)?;
-        ConfigError::nonzero("lease_ttl", p.lease_ttl)?;
-        ConfigError::nonzero("refresh_timeout", p.refresh_timeout)?;
-        ConfigError::nonzero("pass_timeout", p.pass_timeout)?;
-        if p.pass_timeout > Duration::from_secs(3600) {
-            return Err(ConfigError::invalid("pass_timeout", "at most 1 hour"));
-        }
-        ConfigError::nonzero("error_backoff", p.error_backoff)?;
-        match p.watchdog {
-            None if p.refresh_timeout > p.lease_ttl => {
-                // Named after what the user set: a short lease against the default
-                // refresh timeout is the lease's doing.
-                return Err(if self.refresh_timeout_set {
-                    ConfigError::invalid(
-                        "refresh_timeout",
-                        format!(
-                            "{:?} is longer than lease_ttl ({:?}) and there is no watchdog: \
-                             the refresh would outlive its lease",
-                            p.refresh_timeout, p.lease_ttl
-                        ),
-                    )
-                } else {
-                    ConfigError::invalid(
-                        "lease_ttl",
-                        format!(
-                            "{:?} is shorter than refresh_timeout ({:?}, its default) and \
-                             there is no watchdog: the refresh would outlive its lease; set \
-                             refresh_timeout to at most the lease, or a watchdog",
-                            p.lease_ttl, p.refresh_timeout
-                        ),
-                    )
-                });
-            }
-            Some(max) if max < p.lease_ttl || max > Duration::from_secs(3600) => {
-                return Err(ConfigError::invalid(
-                    "watchdog",
-                    format!(
-                        "{max:?} must be between lease_ttl ({:?}) and 1 hour",
-                        p.lease_ttl
-                    ),
-                ));
-            }
-            Some(max) if p.refresh_timeout > max => {
-                return Err(ConfigError::invalid(
+        check_times(&p)?;
+        check_lease(&p, self.refresh_timeout_set)?;
+        check_soft_timeout(&p)?;
+        check_backoff(&p, self.error_backoff_set)?;
+        check_bounds(&p)?;
+        check_storing(&p)?;
+        check_early(&p)?;
+        check_adaptive(&p)?;
+        check_origin_bounds(&p)?;
+        Ok(p)
+    }
+}
+
+/// At most a day: the longest an entry's windows, a lease and what the origin may ask.
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// The times that may not be zero, and the pass timeout's bound.
+fn check_times(p: &Policy) -> Result<(), ConfigError> {
+    ConfigError::nonzero("fresh_ttl", p.fresh_ttl)?;
+    ConfigError::nonzero("lease_ttl", p.lease_ttl)?;
+    ConfigError::nonzero("refresh_timeout", p.refresh_timeout)?;
+    ConfigError::nonzero("pass_timeout", p.pass_timeout)?;
+    if p.pass_timeout > Duration::from_secs(3600) {
+        return Err(ConfigError::invalid("pass_timeout", "at most 1 hour"));
+    }
+    ConfigError::nonzero("error_backoff", p.error_backoff)?;
+    Ok(())
+}
+
+/// The lease outlasts the refresh: by itself, or renewed by the watchdog within its
+/// bounds (a check that fails on a default names the setting the user did set).
+fn check_lease(p: &Policy, refresh_timeout_set: bool) -> Result<(), ConfigError> {
+    match p.watchdog {
+        None if p.refresh_timeout > p.lease_ttl => {
+            // Named after what the user set: a short lease against the default
+            // refresh timeout is the lease's doing.
+            return Err(if refresh_timeout_set {
+                ConfigError::invalid(
                     "refresh_timeout",
                     format!(
-                        "{:?} is longer than the watchdog's maximum ({max:?})",
-                        p.refresh_timeout
-                    ),
-                ));
-            }
-            _ => {}
-        }
-        if let Some(soft) = p.soft_timeout
-            && (soft.is_zero() || soft > p.refresh_timeout)
-        {
-            return Err(ConfigError::invalid(
-                "soft_timeout",
-                format!(
-                    "{soft:?} must be above zero and at most refresh_timeout ({:?})",
-                    p.refresh_timeout
-                ),
-            ));
-        }
-        if p.error_backoff > p.lease_ttl {
-            // As for the refresh timeout: named after what the user set.
-            return Err(if self.error_backoff_set {
-                ConfigError::invalid(
-                    "error_backoff",
-                    format!(
-                        "{:?} is longer than lease_ttl ({:?})",
-                        p.error_backoff, p.lease_ttl
+                        "{:?} is longer than lease_ttl ({:?}) and there is no watchdog: \
+                         the refresh would outlive its lease",
+                        p.refresh_timeout, p.lease_ttl
                     ),
                 )
             } else {
                 ConfigError::invalid(
                     "lease_ttl",
                     format!(
-                        "{:?} is shorter than error_backoff ({:?}, its default): set \
-                         error_backoff to at most the lease",
-                        p.lease_ttl, p.error_backoff
+                        "{:?} is shorter than refresh_timeout ({:?}, its default) and \
+                         there is no watchdog: the refresh would outlive its lease; set \
+                         refresh_timeout to at most the lease, or a watchdog",
+                        p.lease_ttl, p.refresh_timeout
                     ),
                 )
             });
         }
-        let day = Duration::from_secs(24 * 3600);
-        for (field, value) in [
-            ("fresh_ttl", p.fresh_ttl),
-            ("grace", p.grace),
-            ("stale_if_error", p.stale_if_error),
-            ("lease_ttl", p.lease_ttl),
-            ("keep", p.keep),
-            ("min_fresh", p.min_fresh),
-            ("max_fresh", p.max_fresh),
-        ] {
-            if value > day {
-                return Err(ConfigError::invalid(field, "at most 24 hours"));
-            }
-        }
-        if p.cold_wait > Duration::from_secs(60) {
+        Some(max) if max < p.lease_ttl || max > Duration::from_secs(3600) => {
             return Err(ConfigError::invalid(
-                "cold_wait",
-                "at most 60 s: a request should not wait longer than that for a cache",
-            ));
-        }
-        for (field, value) in [
-            ("fresh_ttl", p.fresh_ttl),
-            ("grace", p.grace),
-            ("stale_if_error", p.stale_if_error),
-            ("lease_ttl", p.lease_ttl),
-            ("error_backoff", p.error_backoff),
-            ("keep", p.keep),
-            ("min_fresh", p.min_fresh),
-            ("max_fresh", p.max_fresh),
-        ] {
-            if !value.subsec_nanos().is_multiple_of(1_000_000) {
-                return Err(ConfigError::invalid(
-                    field,
-                    format!("{value:?} is not a whole number of milliseconds"),
-                ));
-            }
-        }
-        if let ColdMiss::Reject { retry_after } = p.cold_miss {
-            ConfigError::nonzero("cold_miss", retry_after)?;
-        }
-        if p.statuses.is_empty() {
-            return Err(ConfigError::invalid(
-                "cacheable_statuses",
-                "must name at least one status",
-            ));
-        }
-        if let Some(bad) = p.statuses.iter().find(|s| {
-            s.is_informational()
-                || **s == StatusCode::PARTIAL_CONTENT
-                || **s == StatusCode::NOT_MODIFIED
-        }) {
-            return Err(ConfigError::invalid(
-                "cacheable_statuses",
-                format!("{bad} cannot be served from a cache"),
-            ));
-        }
-        if p.max_body == 0 {
-            return Err(ConfigError::Zero { field: "max_body" });
-        }
-        if p.max_body > defaults::MAX_BODY_LIMIT {
-            return Err(ConfigError::invalid(
-                "max_body",
-                format!("at most {} bytes", defaults::MAX_BODY_LIMIT),
-            ));
-        }
-        if let KeyQuery::Only(names) = &p.key_query
-            && names.iter().any(String::is_empty)
-        {
-            return Err(ConfigError::invalid("key_query", "empty parameter name"));
-        }
-        if !p.fresh_jitter.is_zero() && p.fresh_jitter >= p.fresh_ttl {
-            return Err(ConfigError::invalid(
-                "fresh_jitter",
+                "watchdog",
                 format!(
-                    "{:?} must be less than the fresh TTL ({:?})",
-                    p.fresh_jitter, p.fresh_ttl
+                    "{max:?} must be between lease_ttl ({:?}) and 1 hour",
+                    p.lease_ttl
                 ),
             ));
         }
-        if let Some(fraction) = p.early.fraction
-            && !(fraction > 0.0 && fraction < 1.0)
-        {
+        Some(max) if p.refresh_timeout > max => {
             return Err(ConfigError::invalid(
-                "eager_refresh",
-                format!("{fraction} must be between 0 and 1 (exclusive)"),
-            ));
-        }
-        if let Some(beta) = p.early.beta
-            && !(beta > 0.0 && beta <= 100.0)
-        {
-            return Err(ConfigError::invalid(
-                "xfetch",
-                format!("{beta} must be above 0 and at most 100"),
-            ));
-        }
-        if let Some(adaptive) = p.adaptive {
-            let why = if !(1.0..=100.0).contains(&adaptive.factor) {
-                Some(format!(
-                    "the factor {} must be between 1 and 100",
-                    adaptive.factor
-                ))
-            } else if adaptive.floor > adaptive.ceiling {
-                Some(format!(
-                    "the floor {:?} is above the ceiling {:?}",
-                    adaptive.floor, adaptive.ceiling
-                ))
-            } else if adaptive.ceiling > day {
-                Some("the ceiling is at most 24 hours".to_owned())
-            } else if p.watchdog.is_none() && adaptive.floor < p.refresh_timeout {
-                Some(format!(
-                    "the floor {:?} is below the refresh timeout ({:?}): a refresh would \
-                     outlive its lease",
-                    adaptive.floor, p.refresh_timeout
-                ))
-            } else if [adaptive.floor, adaptive.ceiling]
-                .iter()
-                .any(|d| !d.subsec_nanos().is_multiple_of(1_000_000))
-            {
-                Some("the floor and the ceiling are whole milliseconds".to_owned())
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                return Err(ConfigError::invalid("adaptive_lease_ttl", why));
-            }
-        }
-        if p.tags.iter().any(|t| t.trim().is_empty()) {
-            return Err(ConfigError::invalid("tags", "an empty tag"));
-        }
-        if p.min_fresh > p.max_fresh {
-            return Err(ConfigError::invalid(
-                "min_fresh",
+                "refresh_timeout",
                 format!(
-                    "{:?} is longer than max_fresh ({:?})",
-                    p.min_fresh, p.max_fresh
+                    "{:?} is longer than the watchdog's maximum ({max:?})",
+                    p.refresh_timeout
                 ),
             ));
         }
-        if p.max_fresh.is_zero() {
-            return Err(ConfigError::Zero { field: "max_fresh" });
-        }
-        if p.hit_for_pass > Duration::from_secs(3600) {
-            return Err(ConfigError::invalid("hit_for_pass", "at most 1 hour"));
-        }
-        Ok(p)
+        _ => {}
     }
+    Ok(())
+}
+
+/// A soft timeout is within the refresh timeout.
+fn check_soft_timeout(p: &Policy) -> Result<(), ConfigError> {
+    if let Some(soft) = p.soft_timeout
+        && (soft.is_zero() || soft > p.refresh_timeout)
+    {
+        return Err(ConfigError::invalid(
+            "soft_timeout",
+            format!(
+                "{soft:?} must be above zero and at most refresh_timeout ({:?})",
+                p.refresh_timeout
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The back-off after an error holds the lease off no longer than the lease lasts.
+fn check_backoff(p: &Policy, error_backoff_set: bool) -> Result<(), ConfigError> {
+    if p.error_backoff > p.lease_ttl {
+        // As for the refresh timeout: named after what the user set.
+        return Err(if error_backoff_set {
+            ConfigError::invalid(
+                "error_backoff",
+                format!(
+                    "{:?} is longer than lease_ttl ({:?})",
+                    p.error_backoff, p.lease_ttl
+                ),
+            )
+        } else {
+            ConfigError::invalid(
+                "lease_ttl",
+                format!(
+                    "{:?} is shorter than error_backoff ({:?}, its default): set \
+                     error_backoff to at most the lease",
+                    p.lease_ttl, p.error_backoff
+                ),
+            )
+        });
+    }
+    Ok(())
+}
+
+/// Windows of at most a day, a cold wait of at most a minute, whole milliseconds.
+fn check_bounds(p: &Policy) -> Result<(), ConfigError> {
+    for (field, value) in [
+        ("fresh_ttl", p.fresh_ttl),
+        ("grace", p.grace),
+        ("stale_if_error", p.stale_if_error),
+        ("lease_ttl", p.lease_ttl),
+        ("keep", p.keep),
+        ("min_fresh", p.min_fresh),
+        ("max_fresh", p.max_fresh),
+    ] {
+        if value > DAY {
+            return Err(ConfigError::invalid(field, "at most 24 hours"));
+        }
+    }
+    if p.cold_wait > Duration::from_secs(60) {
+        return Err(ConfigError::invalid(
+            "cold_wait",
+            "at most 60 s: a request should not wait longer than that for a cache",
+        ));
+    }
+    for (field, value) in [
+        ("fresh_ttl", p.fresh_ttl),
+        ("grace", p.grace),
+        ("stale_if_error", p.stale_if_error),
+        ("lease_ttl", p.lease_ttl),
+        ("error_backoff", p.error_backoff),
+        ("keep", p.keep),
+        ("min_fresh", p.min_fresh),
+        ("max_fresh", p.max_fresh),
+    ] {
+        if !value.subsec_nanos().is_multiple_of(1_000_000) {
+            return Err(ConfigError::invalid(
+                field,
+                format!("{value:?} is not a whole number of milliseconds"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What is stored and keyed: the cold miss's retry, the statuses, the body's bound,
+/// the query parameters.
+fn check_storing(p: &Policy) -> Result<(), ConfigError> {
+    if let ColdMiss::Reject { retry_after } = p.cold_miss {
+        ConfigError::nonzero("cold_miss", retry_after)?;
+    }
+    if p.statuses.is_empty() {
+        return Err(ConfigError::invalid(
+            "cacheable_statuses",
+            "must name at least one status",
+        ));
+    }
+    if let Some(bad) = p.statuses.iter().find(|s| {
+        s.is_informational()
+            || **s == StatusCode::PARTIAL_CONTENT
+            || **s == StatusCode::NOT_MODIFIED
+    }) {
+        return Err(ConfigError::invalid(
+            "cacheable_statuses",
+            format!("{bad} cannot be served from a cache"),
+        ));
+    }
+    if p.max_body == 0 {
+        return Err(ConfigError::Zero { field: "max_body" });
+    }
+    if p.max_body > defaults::MAX_BODY_LIMIT {
+        return Err(ConfigError::invalid(
+            "max_body",
+            format!("at most {} bytes", defaults::MAX_BODY_LIMIT),
+        ));
+    }
+    if let KeyQuery::Only(names) = &p.key_query
+        && names.iter().any(String::is_empty)
+    {
+        return Err(ConfigError::invalid("key_query", "empty parameter name"));
+    }
+    Ok(())
+}
+
+/// Freshness spread and early refresh within their ranges.
+fn check_early(p: &Policy) -> Result<(), ConfigError> {
+    if !p.fresh_jitter.is_zero() && p.fresh_jitter >= p.fresh_ttl {
+        return Err(ConfigError::invalid(
+            "fresh_jitter",
+            format!(
+                "{:?} must be less than the fresh TTL ({:?})",
+                p.fresh_jitter, p.fresh_ttl
+            ),
+        ));
+    }
+    if let Some(fraction) = p.early.fraction
+        && !(fraction > 0.0 && fraction < 1.0)
+    {
+        return Err(ConfigError::invalid(
+            "eager_refresh",
+            format!("{fraction} must be between 0 and 1 (exclusive)"),
+        ));
+    }
+    if let Some(beta) = p.early.beta
+        && !(beta > 0.0 && beta <= 100.0)
+    {
+        return Err(ConfigError::invalid(
+            "xfetch",
+            format!("{beta} must be above 0 and at most 100"),
+        ));
+    }
+    Ok(())
+}
+
+/// An adaptive lease TTL's factor, floor and ceiling.
+fn check_adaptive(p: &Policy) -> Result<(), ConfigError> {
+    if let Some(adaptive) = p.adaptive {
+        let why = if !(1.0..=100.0).contains(&adaptive.factor) {
+            Some(format!(
+                "the factor {} must be between 1 and 100",
+                adaptive.factor
+            ))
+        } else if adaptive.floor > adaptive.ceiling {
+            Some(format!(
+                "the floor {:?} is above the ceiling {:?}",
+                adaptive.floor, adaptive.ceiling
+            ))
+        } else if adaptive.ceiling > DAY {
+            Some("the ceiling is at most 24 hours".to_owned())
+        } else if p.watchdog.is_none() && adaptive.floor < p.refresh_timeout {
+            Some(format!(
+                "the floor {:?} is below the refresh timeout ({:?}): a refresh would \
+                 outlive its lease",
+                adaptive.floor, p.refresh_timeout
+            ))
+        } else if [adaptive.floor, adaptive.ceiling]
+            .iter()
+            .any(|d| !d.subsec_nanos().is_multiple_of(1_000_000))
+        {
+            Some("the floor and the ceiling are whole milliseconds".to_owned())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(ConfigError::invalid("adaptive_lease_ttl", why));
+        }
+    }
+    Ok(())
+}
+
+/// Tags, the floor and ceiling of what the origin may ask, hit-for-pass.
+fn check_origin_bounds(p: &Policy) -> Result<(), ConfigError> {
+    if p.tags.iter().any(|t| t.trim().is_empty()) {
+        return Err(ConfigError::invalid("tags", "an empty tag"));
+    }
+    if p.min_fresh > p.max_fresh {
+        return Err(ConfigError::invalid(
+            "min_fresh",
+            format!(
+                "{:?} is longer than max_fresh ({:?})",
+                p.min_fresh, p.max_fresh
+            ),
+        ));
+    }
+    if p.max_fresh.is_zero() {
+        return Err(ConfigError::Zero { field: "max_fresh" });
+    }
+    if p.hit_for_pass > Duration::from_secs(3600) {
+        return Err(ConfigError::invalid("hit_for_pass", "at most 1 hour"));
+    }
+    Ok(())
 }
 
 fn check_route(route: &str) -> Result<(), ConfigError> {

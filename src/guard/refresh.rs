@@ -18,12 +18,12 @@ use super::inflight::Refresh;
 use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
 use super::read::{Parts, Read, parts_kept, read_body};
 use super::route::Route;
-use super::stream::Stream;
+use super::stream::{Stream, Writer};
 use crate::cache::{Freshness, L2Read, Stored, entry, l2_read};
 use crate::http::conditional;
 use crate::http::response::{self, NotStored};
 use crate::keys::{CacheKeys, LocalKey};
-use crate::lease::{Acquire, AcquireOutcome};
+use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease};
 use crate::metrics::Event;
 use crate::notify::Ending;
 use crate::notify::Interest;
@@ -166,16 +166,45 @@ where
     ReqBody: FillBody,
     B: OriginBody,
 {
-    let policy = &route.policy;
-    // Another instance may have refreshed already: take its entry rather than the lease.
+    let lease = match looked_again(&route, &keys, &current).await {
+        Looked::Adopted => return None,
+        Looked::Down => None,
+        Looked::Up { seen } => match taken(&route, &keys, seen).await {
+            Taken::Leased(lease) => Some(lease),
+            Taken::Unavailable => None,
+            Taken::Adopted => return None,
+            Taken::HeldOff(hold_off) => return Some(hold_off),
+        },
+    };
+    let fill = match lease {
+        Some(lease) => Fill::leased(&route, keys, lease, None),
+        None => Fill::local(&route, keys, current.response.token, None),
+    }
+    .refreshing();
+    asked_and_kept(&route, fill, &current, request, inner).await
+}
+
+/// What L2 said before the lease is asked for.
+enum Looked {
+    /// Another instance refreshed already: its entry is taken, nothing to do.
+    Adopted,
+    /// Redis answers; `seen` is the newest entry's token this refresh knows of (one
+    /// written after it is another's refresh).
+    Up { seen: FencingToken },
+    /// Redis does not: the refresh goes on in this process alone.
+    Down,
+}
+
+/// Reads L2 again: another instance may have refreshed already, and its entry is taken
+/// rather than the lease.
+async fn looked_again(route: &Route, keys: &CacheKeys, current: &Stored) -> Looked {
     let read = if route.shared.store.is_local_only() {
         Err(())
     } else {
-        l2_read(&route.shared.store, &keys, route.policy.max_body)
+        l2_read(&route.shared.store, keys, route.policy.max_body)
             .await
             .map_err(|_| route.stats.record(Event::RedisError))
     };
-    // The newest entry this refresh knows of: one written after it is another's refresh.
     let mut seen = current.response.token;
     // Started before the entry went stale (see `early`): L2 holding that same entry,
     // fresh, is no reason to stop. (An entry of an earlier subscription epoch, served
@@ -186,7 +215,7 @@ where
                 .shared
                 .epoch
                 .load(std::sync::atomic::Ordering::Relaxed);
-    let redis_up = match read {
+    match read {
         // An expired entry is never taken (it would stand in for nothing), but is known:
         // what is written after it is another instance's refresh.
         // Nor is one purged by a tag: it is what this refresh replaces.
@@ -194,7 +223,6 @@ where
             if stored.freshness() == Freshness::Expired || route.purge_of(&stored).is_some() =>
         {
             seen = seen.max(stored.response.token);
-            true
         }
         Ok(L2Read::Found(stored))
             if stored.response.token > current.response.token
@@ -202,55 +230,62 @@ where
         {
             let fresh = stored.freshness() == Freshness::Fresh;
             seen = seen.max(stored.response.token);
-            route.put_l1(&keys, stored).await;
+            route.put_l1(keys, stored).await;
             if fresh {
                 route.stats.record(Event::RefreshAdopted);
-                return None;
+                return Looked::Adopted;
             }
             // Newer, but stale too: it is served meanwhile, and refreshed here.
-            true
         }
-        Ok(L2Read::Garbage(_)) => {
-            route.stats.record(Event::DecodeFailure);
-            true
-        }
-        Ok(_) => true,
-        Err(()) => false,
-    };
-    // The bucket this refresh listens to for the holder's fill notice (see below).
+        Ok(L2Read::Garbage(_)) => route.stats.record(Event::DecodeFailure),
+        Ok(_) => {}
+        Err(()) => return Looked::Down,
+    }
+    Looked::Up { seen }
+}
+
+/// What asking for the lease came to.
+enum Taken {
+    Leased(Lease),
+    /// Redis failed the acquire: the refresh goes on in this process alone.
+    Unavailable,
+    /// Another instance wrote the entry meanwhile: taken, nothing to do.
+    Adopted,
+    /// Another instance holds the lease: the key is left alone this long, listening.
+    HeldOff(HoldOff),
+}
+
+/// Asks for the key's lease, with `seen` the newest token known. When another instance
+/// holds it, the key is left alone until its fill notice comes, which reaches this
+/// process only while it listens to the key's bucket: it listens (for as long as the
+/// hold-off lasts), then looks at the lease once more, so that a fill that landed
+/// between the two is found (`Written`) rather than missed.
+async fn taken(route: &Route, keys: &CacheKeys, seen: FencingToken) -> Taken {
     let mut listening = None;
-    let lease = loop {
-        if !redis_up {
-            break None;
-        }
+    loop {
         let acquired = route
             .shared
             .leases
-            .try_acquire_fill(&keys, route.label(), route.lease_ttl(), seen)
+            .try_acquire_fill(keys, route.label(), route.lease_ttl(), seen)
             .await;
         let outcome = match acquired {
             Acquire::Outcome(outcome) => outcome,
             // Written by another instance since the look above: take it.
             Acquire::Written => {
                 if let Ok(L2Read::Found(stored)) =
-                    l2_read(&route.shared.store, &keys, route.policy.max_body).await
+                    l2_read(&route.shared.store, keys, route.policy.max_body).await
                 {
-                    route.put_l1(&keys, stored).await;
+                    route.put_l1(keys, stored).await;
                 }
                 route.stats.record(Event::RefreshAdopted);
-                return None;
+                return Taken::Adopted;
             }
         };
         match outcome {
-            AcquireOutcome::Acquired(lease) => break Some(lease),
+            AcquireOutcome::Acquired(lease) => return Taken::Leased(lease),
             AcquireOutcome::Busy { retry_after, .. } => {
                 let ttl = route.lease_ttl();
                 let hold_off = retry_after.map_or(ttl, |left| left.min(ttl));
-                // The key is left alone until the holder's fill notice comes, which
-                // reaches this process only while it listens to the key's bucket: listen
-                // (for as long as the hold-off lasts), then look at the lease once more,
-                // so that a fill that landed between the two is found (`Written`) rather
-                // than missed.
                 if listening.is_none() {
                     let shared = &route.shared;
                     let within = shared.store.command_timeout();
@@ -261,118 +296,126 @@ where
                     }
                 }
                 route.stats.record(Event::RefreshBusy);
-                return Some(HoldOff {
+                return Taken::HeldOff(HoldOff {
                     lasting: hold_off,
                     listening: listening.flatten(),
                 });
             }
             other => {
                 route.stats.record(Event::RefreshRedisError);
-                lease_unavailable(&route, other);
-                break None;
+                lease_unavailable(route, other);
+                return Taken::Unavailable;
             }
         }
-    };
-    let fill = match lease {
-        Some(lease) => Fill::leased(&route, keys, lease, None),
-        None => Fill::local(&route, keys, current.response.token, None),
     }
-    .refreshing();
-    let failed = || HoldOff::of(policy.error_backoff);
+}
+
+/// Calls the origin, asking whether the entry changed when it can (its validators),
+/// and keeps what it answers: the entry renewed by a `304`, or the new answer stored.
+async fn asked_and_kept<S, ReqBody, B>(
+    route: &Route,
+    fill: Fill,
+    current: &Stored,
+    request: Request<ReqBody>,
+    inner: S,
+) -> Option<HoldOff>
+where
+    S: Inner<ReqBody, B>,
+    ReqBody: FillBody,
+    B: OriginBody,
+{
     let (mut request, asked) = asked(request);
     // Asked after `asked` is split off: the answer is keyed by what the caller asked.
     // (Not for an entry read in parts, whose body is not held: a 304 could not renew
     // it; the answer is read whole.)
     let conditional = current.in_parts().is_none()
         && conditional::ask_if_changed(&mut request, current.response.status, &current.headers());
-    let (mut fill, origin) = match fill.call(inner, request).await {
+    let (fill, origin) = match fill.call(inner, request).await {
         Answered::Called(fill, origin) => (fill, origin),
-        Answered::Stopped(_) => return failed(),
+        Answered::Stopped(_) => return HoldOff::of(route.policy.error_backoff),
     };
     if conditional {
         counted_revalidation(&route.stats, &origin);
     }
     let response = match origin {
         Called::Answered(response) => response,
-        Called::TimedOut => return given_up(&route, fill, Event::RefreshTimeout, None).await,
+        Called::TimedOut => return given_up(route, fill, Event::RefreshTimeout, None).await,
         Called::Error(_) => {
             route.stats.record(Event::OriginError);
-            return given_up(&route, fill, Event::RefreshOriginError, None).await;
+            return given_up(route, fill, Event::RefreshOriginError, None).await;
         }
     };
     let (parts, body) = response.into_parts();
     let head = http::Response::from_parts(parts, ());
-    // Unchanged: the entry is renewed with the body it has.
     if conditional && head.status() == StatusCode::NOT_MODIFIED {
-        if !conditional::is_about(&current.headers(), head.headers()) {
-            // A 304 about another entry than the one asked about: nothing to renew.
-            return given_up(&route, fill, Event::RefreshOriginError, None).await;
-        }
-        if fill.renew(&current, head, &asked).await.is_err() {
-            // Ended already.
-            route.stats.record(Event::RefreshNotStored);
-            return failed();
-        }
-        route.stats.record(Event::RefreshRevalidated);
-        return None;
+        return renewed(route, fill, current, head, &asked).await;
     }
-    // An answer that may not be stored is no better than a failure here (its body is
-    // not read): the stale entry stays, and the fleet leaves the origin alone for the
-    // back-off.
+    kept(route, fill, head, body, &asked).await
+}
+
+/// A `304`: the entry is renewed with the body it has, unless it is about another.
+async fn renewed(
+    route: &Route,
+    fill: Fill,
+    current: &Stored,
+    head: http::Response<()>,
+    asked: &Request<()>,
+) -> Option<HoldOff> {
+    if !conditional::is_about(&current.headers(), head.headers()) {
+        // A 304 about another entry than the one asked about: nothing to renew.
+        return given_up(route, fill, Event::RefreshOriginError, None).await;
+    }
+    if fill.renew(current, head, asked).await.is_err() {
+        // Ended already.
+        route.stats.record(Event::RefreshNotStored);
+        return HoldOff::of(route.policy.error_backoff);
+    }
+    route.stats.record(Event::RefreshRevalidated);
+    None
+}
+
+/// The origin's new answer: judged at its head (one that may not be stored is no
+/// better than a failure here, and its body is not read: the stale entry stays, and
+/// the fleet leaves the origin alone for the back-off), then its body read as a cold
+/// fill's is (its parts written as they come), under the watchdog as the call was, and
+/// stored.
+async fn kept<B: OriginBody>(
+    route: &Route,
+    mut fill: Fill,
+    head: http::Response<()>,
+    body: B,
+    asked: &Request<()>,
+) -> Option<HoldOff> {
     let declared = response::declared_length(head.headers());
-    let max = policy.max_body as u64;
+    let max = route.policy.max_body as u64;
     let fits = |len: u64| len <= max && head.headers().len() <= entry::MAX_HEADERS;
-    match response::storable(policy, &head) {
+    match response::storable(&route.policy, &head) {
         Err(_) if response::is_failure(head.status()) => {
-            return given_up(&route, fill, Event::RefreshOriginError, None).await;
+            return given_up(route, fill, Event::RefreshOriginError, None).await;
         }
-        Err(why) => return given_up(&route, fill, Event::RefreshNotStored, Some(why)).await,
+        Err(why) => return given_up(route, fill, Event::RefreshNotStored, Some(why)).await,
         Ok(()) if !fits(declared.unwrap_or(0)) => {
             let why = Some(NotStored::TooLarge);
-            return given_up(&route, fill, Event::RefreshNotStored, why).await;
+            return given_up(route, fill, Event::RefreshNotStored, why).await;
         }
         Ok(()) => {}
     }
-    // Its body, read as a cold fill's is (its parts written as they come), under the
-    // watchdog as the call was.
     let mut writer = Stream::writer();
-    let mut parts = Parts::of(&route, &fill, &head, true);
-    let reading = read_body(&route, body, declared, &mut writer, &mut parts, fits);
+    let mut parts = Parts::of(route, &fill, &head, true);
+    let reading = read_body(route, body, declared, &mut writer, &mut parts, fits);
     let read = match fill.hold(reading).await {
         Ok(read) => read,
         Err(lost) => {
             if let Some(parts) = parts {
-                parts.drop(&route).await;
+                parts.drop(route).await;
             }
             fill.stopped(lost).await;
-            return failed();
+            return HoldOff::of(route.policy.error_backoff);
         }
     };
     fill.parts_written(parts.as_ref().map_or(0, Parts::usable));
     let (event, why) = match read {
-        Read::Whole => {
-            let kept = fill.keep(&asked, head, writer.gathered()).await;
-            if !parts_kept(&kept)
-                && let Some(parts) = parts
-            {
-                parts.drop(&route).await;
-            }
-            return match kept {
-                Kept::Stored { put, .. } => {
-                    if matches!(put, Put::Written { to_l2: true, .. }) {
-                        route.stats.record(Event::RefreshWritten);
-                    }
-                    None
-                }
-                // Another variant's, filled by someone else: nothing failed.
-                Kept::Elsewhere { .. } => None,
-                // Ended already.
-                Kept::NotStored { .. } => {
-                    route.stats.record(Event::RefreshNotStored);
-                    failed()
-                }
-            };
-        }
+        Read::Whole => return stored(route, fill, head, writer, parts, asked).await,
         Read::Trailers => (Event::RefreshNotStored, Some(NotStored::Trailers)),
         Read::Abandoned => (Event::RefreshNotStored, Some(NotStored::TooLarge)),
         Read::Failed(_) | Read::Short => {
@@ -385,9 +428,41 @@ where
         }
     };
     if let Some(parts) = parts {
-        parts.drop(&route).await;
+        parts.drop(route).await;
     }
-    given_up(&route, fill, event, why).await
+    given_up(route, fill, event, why).await
+}
+
+/// A body read whole: the entry written (its parts dropped if it was not kept).
+async fn stored(
+    route: &Route,
+    fill: Fill,
+    head: http::Response<()>,
+    writer: Writer,
+    parts: Option<Parts>,
+    asked: &Request<()>,
+) -> Option<HoldOff> {
+    let kept = fill.keep(asked, head, writer.gathered()).await;
+    if !parts_kept(&kept)
+        && let Some(parts) = parts
+    {
+        parts.drop(route).await;
+    }
+    match kept {
+        Kept::Stored { put, .. } => {
+            if matches!(put, Put::Written { to_l2: true, .. }) {
+                route.stats.record(Event::RefreshWritten);
+            }
+            None
+        }
+        // Another variant's, filled by someone else: nothing failed.
+        Kept::Elsewhere { .. } => None,
+        // Ended already.
+        Kept::NotStored { .. } => {
+            route.stats.record(Event::RefreshNotStored);
+            HoldOff::of(route.policy.error_backoff)
+        }
+    }
 }
 
 /// A refresh that stored nothing (`event`; `why` the answer was not stored, if it came):

@@ -322,115 +322,33 @@ where
 {
     let mut rekeys = 0;
     loop {
-        let mut redis = if route.shared.store.is_local_only() {
-            Redis::Failed
-        } else {
-            Redis::Usable
-        };
-        match route.shared.marks.get(keys.entry()) {
-            // Its last answer could not be stored: nothing in the caches to look for,
-            // but the callers that come while one asks the origin share its answer, if
-            // it may be shared (else each asks the origin itself).
-            // (A range goes to the origin, which answers it: a fill asks for the whole,
-            // and an answer that is not stored may not say its length.)
-            Some(Mark::Pass) if !asked.ranged => {
-                route.stats.record(Event::HitForPass);
-                redis = Redis::Passing;
-            }
-            // Its last answer here was its caller's alone: no fill to wait for.
-            Some(Mark::Pass | Mark::Private) => {
-                route.stats.record(Event::HitForPass);
-                return passthrough(&route, inner, request, XCache::Pass).await;
-            }
-            // The origin just failed for it: what may stand in, does, at once.
-            Some(Mark::BackOff) => {
-                if let Some(stale) = usable_on_error(&route, &fallback, asked.kind) {
-                    return Ok(stale);
+        let mut redis = match marked(&route, &keys, asked, &fallback) {
+            Marked::Look => {
+                if route.shared.store.is_local_only() {
+                    Redis::Failed
+                } else {
+                    Redis::Usable
                 }
             }
-            None => {}
-        }
+            Marked::Passing => Redis::Passing,
+            Marked::Pass => return passthrough(&route, inner, request, XCache::Pass).await,
+            Marked::Stale(response) => return Ok(response),
+        };
         // Registered before looking in L2: a fill notice that comes between the look and
         // this request's own fill is then seen, and the fill takes that entry instead.
         let wait = route.shared.notices.wait_for(keys.entry().into());
-        let read = if redis == Redis::Usable {
-            let names = route.reads_names(&keys);
-            // A body in parts that L1 would not keep, or asked for a range of, is read
-            // part by part as it is answered (a range: only the parts it spans).
-            let whole_up_to = if asked.ranged {
-                0
-            } else {
-                // (Room for its headers and L1's own bookkeeping: L1 weighs all of it.)
-                let max_entry = route.shared.l1.max_entry().saturating_sub(64 * 1024);
-                usize::try_from(max_entry).unwrap_or(usize::MAX)
-            };
-            let (store, max) = (&route.shared.store, route.policy.max_body);
-            l2_read_with_names(store, &keys, max, names, whole_up_to).await
-        } else {
-            Ok((L2Read::Miss, None))
-        };
-        let read = read.map(|(read, record)| {
-            // What its URL varies on, as kept in Redis: an instance that started later,
-            // or missed the notice, learns it here (before it would key alike).
-            if let Some(names) = record.as_deref().and_then(vary::parse) {
-                let _ = route.learn(&keys, &names);
-            }
-            read
-        });
-        match read {
-            Ok(L2Read::Found(stored)) if route.is_gone(&stored) => {
-                route.stats.record(Event::L2Miss);
-            }
-            Ok(L2Read::Found(stored)) => 'found: {
-                if let Check::Learn(names) = route.check(&stored, &keys, request.headers()) {
-                    // Another variant (its `Vary` names a header the request's key did
-                    // not include): learned from, kept for the fleet, and the request
-                    // keyed again below. It stays the entry of requests it answers.
-                    route.stats.record(Event::L2Miss);
-                    if let Ok(Some(all)) = route.learn(&keys, &names) {
-                        route.keep_names(&keys, &all).await;
-                    }
-                    route.put_l1(&keys, stored).await;
-                    break 'found;
-                }
-                route.stats.record(Event::L2Hit);
-                route.put_l1(&keys, stored.clone()).await;
-                let found = Found {
-                    stored: &stored,
-                    age: stored.age(),
-                    local: keys.local,
-                    keys: Some(&keys),
-                    early: early::due(
-                        &route.policy.early,
-                        &route.recompute,
-                        stored.response.fresh_for,
-                        stored.age(),
-                    ),
-                };
-                if let Some(response) = answer(&route, found, asked, &request, &inner) {
-                    return Ok(response);
-                }
-                if fallback
-                    .as_ref()
-                    .is_none_or(|f| f.response.token < stored.response.token)
-                {
-                    fallback = Some(stored);
-                }
-            }
-            Ok(L2Read::Miss) if redis == Redis::Usable => route.stats.record(Event::L2Miss),
-            Ok(L2Read::Miss) => {}
-            Ok(L2Read::Garbage(reason)) => {
-                route.stats.record(Event::DecodeFailure);
-                route.stats.record(Event::L2Miss);
-                tracing::debug!(entry = keys.entry(), reason, "garbage at an entry's key");
-            }
-            Err(error) => {
-                redis = Redis::Failed;
-                route.stats.record(Event::RedisError);
-                tracing::debug!(%error, "cache read failed; going on without Redis");
-            }
+        if let Some(stored) = from_l2(&route, &keys, asked, request.headers(), &mut redis).await
+            && let Some(response) = answered(
+                &route,
+                stored,
+                (&keys, asked),
+                &request,
+                &inner,
+                &mut fallback,
+            )
+        {
+            return Ok(response);
         }
-
         if !route.same_names(&keys) && rekeys < MAX_REKEYS {
             // The URL learned a `Vary` header since the key was made: this caller's
             // entry has another key now (a fill may have stored it already).
@@ -472,4 +390,158 @@ where
             },
         }
     }
+}
+
+/// What the fleet's marks on a key say a request does.
+enum Marked<B: Body> {
+    /// Nothing: look in L2.
+    Look,
+    /// Its last answer could not be stored: nothing in the caches to look for, but the
+    /// callers that come while one asks the origin share its answer, if it may be shared
+    /// (else each asks the origin itself).
+    Passing,
+    /// Its last answer here was its caller's alone: no fill to wait for.
+    Pass,
+    /// The origin just failed for it: what may stand in, does, at once.
+    Stale(Response<ResponseBody<B>>),
+}
+
+fn marked<B: Body>(
+    route: &Route,
+    keys: &CacheKeys,
+    asked: Asked,
+    fallback: &Option<Arc<Stored>>,
+) -> Marked<B> {
+    match route.shared.marks.get(keys.entry()) {
+        // (A range goes to the origin, which answers it: a fill asks for the whole, and
+        // an answer that is not stored may not say its length.)
+        Some(Mark::Pass) if !asked.ranged => {
+            route.stats.record(Event::HitForPass);
+            Marked::Passing
+        }
+        Some(Mark::Pass | Mark::Private) => {
+            route.stats.record(Event::HitForPass);
+            Marked::Pass
+        }
+        Some(Mark::BackOff) => match usable_on_error(route, fallback, asked.kind) {
+            Some(stale) => Marked::Stale(stale),
+            None => Marked::Look,
+        },
+        None => Marked::Look,
+    }
+}
+
+/// Looks in L2 (when Redis may be asked): an entry found there is put in L1, and given
+/// back when it may answer the request; a read that failed marks Redis as failed for
+/// this request.
+async fn from_l2(
+    route: &Route,
+    keys: &CacheKeys,
+    asked: Asked,
+    headers: &http::HeaderMap,
+    redis: &mut Redis,
+) -> Option<Arc<Stored>> {
+    let read = if *redis == Redis::Usable {
+        l2_looked(route, keys, asked).await
+    } else {
+        Ok(L2Read::Miss)
+    };
+    match read {
+        Ok(L2Read::Found(stored)) if route.is_gone(&stored) => {
+            route.stats.record(Event::L2Miss);
+        }
+        Ok(L2Read::Found(stored)) => {
+            if let Check::Learn(names) = route.check(&stored, keys, headers) {
+                // Another variant (its `Vary` names a header the request's key did not
+                // include): learned from, kept for the fleet, and the request keyed
+                // again. It stays the entry of requests it answers.
+                route.stats.record(Event::L2Miss);
+                if let Ok(Some(all)) = route.learn(keys, &names) {
+                    route.keep_names(keys, &all).await;
+                }
+                route.put_l1(keys, stored).await;
+                return None;
+            }
+            route.stats.record(Event::L2Hit);
+            route.put_l1(keys, stored.clone()).await;
+            return Some(stored);
+        }
+        Ok(L2Read::Miss) if *redis == Redis::Usable => route.stats.record(Event::L2Miss),
+        Ok(L2Read::Miss) => {}
+        Ok(L2Read::Garbage(reason)) => {
+            route.stats.record(Event::DecodeFailure);
+            route.stats.record(Event::L2Miss);
+            tracing::debug!(entry = keys.entry(), reason, "garbage at an entry's key");
+        }
+        Err(error) => {
+            *redis = Redis::Failed;
+            route.stats.record(Event::RedisError);
+            tracing::debug!(%error, "cache read failed; going on without Redis");
+        }
+    }
+    None
+}
+
+/// The answer an entry found in L2 gives the request, if it may; else it may stand in
+/// later, as the newest one found (`fallback`).
+fn answered<S, ReqBody, ResBody>(
+    route: &Arc<Route>,
+    stored: Arc<Stored>,
+    (keys, asked): (&CacheKeys, Asked),
+    request: &Request<ReqBody>,
+    inner: &S,
+    fallback: &mut Option<Arc<Stored>>,
+) -> Option<Response<ResponseBody<ResBody>>>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: FillBody,
+    ResBody: OriginBody,
+{
+    let found = Found {
+        stored: &stored,
+        age: stored.age(),
+        local: keys.local,
+        keys: Some(keys),
+        early: early::due(
+            &route.policy.early,
+            &route.recompute,
+            stored.response.fresh_for,
+            stored.age(),
+        ),
+    };
+    if let Some(response) = answer(route, found, asked, request, inner) {
+        return Some(response);
+    }
+    if fallback
+        .as_ref()
+        .is_none_or(|f| f.response.token < stored.response.token)
+    {
+        *fallback = Some(stored);
+    }
+    None
+}
+
+/// Reads the key's entry from L2, with what its URL varies on as kept in Redis: an
+/// instance that started later, or missed the notice, learns it here (before it would
+/// key alike). A body in parts that L1 would not keep, or asked for a range of, is read
+/// part by part as it is answered (a range: only the parts it spans).
+async fn l2_looked(
+    route: &Route,
+    keys: &CacheKeys,
+    asked: Asked,
+) -> Result<L2Read, crate::store::StoreError> {
+    let names = route.reads_names(keys);
+    let whole_up_to = if asked.ranged {
+        0
+    } else {
+        // (Room for its headers and L1's own bookkeeping: L1 weighs all of it.)
+        let max_entry = route.shared.l1.max_entry().saturating_sub(64 * 1024);
+        usize::try_from(max_entry).unwrap_or(usize::MAX)
+    };
+    let (store, max) = (&route.shared.store, route.policy.max_body);
+    let (read, record) = l2_read_with_names(store, keys, max, names, whole_up_to).await?;
+    if let Some(names) = record.as_deref().and_then(vary::parse) {
+        let _ = route.learn(keys, &names);
+    }
+    Ok(read)
 }

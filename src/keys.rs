@@ -180,11 +180,7 @@ impl KeySpace {
     /// and a user both named `acme`) gives unrelated hashes. (For the tests of that: the
     /// keys themselves hash with `push_hash`.)
     #[cfg(test)]
-    fn hash_id(
-        &self,
-        kind: &str,
-        value: impl AsRef<[u8]>,
-    ) -> Result<String, ConfigError> {
+    fn hash_id(&self, kind: &str, value: impl AsRef<[u8]>) -> Result<String, ConfigError> {
         check_label("scope", kind, 32, false)?;
         Ok(self.hash_unchecked(kind, value.as_ref()))
     }

@@ -524,30 +524,12 @@ async fn claim(
         if redis == Redis::Failed {
             return local(slot);
         }
-        let leases = &route.shared.leases;
-        let acquired = leases
-            .try_acquire_fill(keys, route.label(), route.lease_ttl(), found)
-            .await;
-        let outcome = match acquired {
-            Acquire::Outcome(outcome) => outcome,
-            // Another instance's fill landed since the caller looked (its notice may
-            // still be on its way).
-            Acquire::Written => match landed_meanwhile(route, keys, found, true).await {
-                Some(stored) => return Claimed::Landed(stored),
-                // Not an entry that serves (garbage, say): take the lease as usual.
-                None => {
-                    let newest = FencingToken::new(u64::MAX);
-                    match leases
-                        .try_acquire_fill(keys, route.label(), route.lease_ttl(), newest)
-                        .await
-                    {
-                        Acquire::Outcome(outcome) => outcome,
-                        // Said written again, and still nothing that serves: the fill goes
-                        // ahead on its own.
-                        Acquire::Written => return local(slot),
-                    }
-                }
-            },
+        let outcome = match lease_asked(route, keys, found).await {
+            LeaseAsked::Outcome(outcome) => outcome,
+            LeaseAsked::Landed(stored) => return Claimed::Landed(stored),
+            // Said written twice, and still nothing that serves: the fill goes ahead
+            // on its own.
+            LeaseAsked::Written => return local(slot),
         };
         match outcome {
             AcquireOutcome::Acquired(lease) if !route.same_names(keys) => {
@@ -586,31 +568,10 @@ async fn claim(
                     route.stats.record(Event::ColdWaitStarted);
                     tokio::time::Instant::now()
                 });
-                let woke = wait_for_remote(route, keys, wait, deadline).await;
-                let event = match &woke {
-                    Woke::Entry(_) => Event::ColdWaitNotified,
-                    Woke::Ended(_) => Event::ColdWaitEnded,
-                    Woke::TimedOut => Event::ColdWaitTimedOut,
-                    // The holder may be gone: try the lease again.
-                    Woke::Look => continue,
-                };
-                route.stats.record(event);
-                route.stats.cold_wait_seconds.record(since.elapsed());
-                return match woke {
-                    Woke::Entry(stored) => Claimed::Landed(stored),
-                    // Its answer may not be stored, and whether it could be shared is not
-                    // said: one call of this process finds out for all its callers (a
-                    // private answer then sends the others on their own).
-                    Woke::Ended(Ended::Pass) => local(route.shared.budget.try_take()),
-                    // The lease is held off now: the next look decides.
-                    Woke::Ended(Ended::BackedOff) if !stand_aside => continue,
-                    Woke::Ended(Ended::BackedOff) => Claimed::Done(Landed::StoodAside),
-                    Woke::Ended(Ended::Rekey) => Claimed::Done(Landed::Rekey),
-                    // The holder's entry did not come in time.
-                    Woke::TimedOut | Woke::Look if stand_aside => Claimed::Done(Landed::StoodAside),
-                    // One call of this process for all its callers, without the lease.
-                    Woke::TimedOut | Woke::Look => local(route.shared.budget.try_take()),
-                };
+                let waiting = (since, deadline, stand_aside);
+                if let Some(claimed) = waited(route, keys, wait, found, waiting).await {
+                    return claimed;
+                }
             }
             other => {
                 lease_unavailable(route, other);
@@ -618,6 +579,79 @@ async fn claim(
             }
         }
     }
+}
+
+/// What asking for the lease came to, the entry found meanwhile taken into account.
+enum LeaseAsked {
+    Outcome(AcquireOutcome),
+    /// Another instance's fill landed since the caller looked (its notice may still be
+    /// on its way).
+    Landed(Arc<Stored>),
+    /// Said written, twice, and nothing found that serves.
+    Written,
+}
+
+/// Asks for the key's lease, with `found` the newest token the caller knows of. Said
+/// written (another instance's fill landed since the caller looked), the entry is taken;
+/// if none serves (garbage, say), the lease is asked for as usual.
+async fn lease_asked(route: &Route, keys: &CacheKeys, found: FencingToken) -> LeaseAsked {
+    let leases = &route.shared.leases;
+    let acquired = leases
+        .try_acquire_fill(keys, route.label(), route.lease_ttl(), found)
+        .await;
+    if let Acquire::Outcome(outcome) = acquired {
+        return LeaseAsked::Outcome(outcome);
+    }
+    if let Some(stored) = landed_meanwhile(route, keys, found, true).await {
+        return LeaseAsked::Landed(stored);
+    }
+    let newest = FencingToken::new(u64::MAX);
+    match leases
+        .try_acquire_fill(keys, route.label(), route.lease_ttl(), newest)
+        .await
+    {
+        Acquire::Outcome(outcome) => LeaseAsked::Outcome(outcome),
+        Acquire::Written => LeaseAsked::Written,
+    }
+}
+
+/// Waits for another instance's fill of the key (its holder has the lease), until
+/// `deadline`: what the caller then claims, or `None` to ask for the lease again (the
+/// holder may be gone, or its lease is held off now). `since` the wait began, for the
+/// metric; `stand_aside`: a caller with an entry to serve does not fill.
+async fn waited(
+    route: &Arc<Route>,
+    keys: &CacheKeys,
+    wait: &mut Wait,
+    found: FencingToken,
+    (since, deadline, stand_aside): (tokio::time::Instant, tokio::time::Instant, bool),
+) -> Option<Claimed> {
+    let local = |slot| Claimed::Fill(Fill::local(route, keys.clone(), found, slot));
+    let woke = wait_for_remote(route, keys, wait, deadline).await;
+    let event = match &woke {
+        Woke::Entry(_) => Event::ColdWaitNotified,
+        Woke::Ended(_) => Event::ColdWaitEnded,
+        Woke::TimedOut => Event::ColdWaitTimedOut,
+        // The holder may be gone: try the lease again.
+        Woke::Look => return None,
+    };
+    route.stats.record(event);
+    route.stats.cold_wait_seconds.record(since.elapsed());
+    Some(match woke {
+        Woke::Entry(stored) => Claimed::Landed(stored),
+        // Its answer may not be stored, and whether it could be shared is not said: one
+        // call of this process finds out for all its callers (a private answer then
+        // sends the others on their own).
+        Woke::Ended(Ended::Pass) => local(route.shared.budget.try_take()),
+        // The lease is held off now: the next look decides.
+        Woke::Ended(Ended::BackedOff) if !stand_aside => return None,
+        Woke::Ended(Ended::BackedOff) => Claimed::Done(Landed::StoodAside),
+        Woke::Ended(Ended::Rekey) => Claimed::Done(Landed::Rekey),
+        // The holder's entry did not come in time.
+        Woke::TimedOut | Woke::Look if stand_aside => Claimed::Done(Landed::StoodAside),
+        // One call of this process for all its callers, without the lease.
+        Woke::TimedOut | Woke::Look => local(route.shared.budget.try_take()),
+    })
 }
 
 /// An entry that landed while the caller looked: in L1 (free to check), or in L2 when

@@ -25,6 +25,7 @@ use super::answer::{
     usable_on_error,
 };
 use super::body::ResponseBody;
+use super::budget;
 use super::complete::{complete, not_kept};
 use super::fill::{Answered, Fill, Stopped, lease_unavailable};
 use super::inflight::{Failure, Joined, Landed, Lead, Own, Waiting};
@@ -39,7 +40,7 @@ use crate::http::conditional;
 use crate::http::request::{Asked, Kind};
 use crate::http::response;
 use crate::keys::CacheKeys;
-use crate::lease::{Acquire, AcquireOutcome, FencingToken};
+use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease};
 use crate::metrics::Event;
 use crate::notify::{Ending, Wait};
 use crate::policy::ColdMiss;
@@ -532,22 +533,9 @@ async fn claim(
             LeaseAsked::Written => return local(slot),
         };
         match outcome {
-            AcquireOutcome::Acquired(lease) if !route.same_names(keys) => {
-                // The URL learned a `Vary` header since this fill's key was made: the
-                // key is not its callers' any more.
-                Fill::leased(route, keys.clone(), lease, None)
-                    .end(Ending::Gone)
-                    .await;
-                return Claimed::Done(Landed::Rekey);
-            }
             AcquireOutcome::Acquired(lease) => {
                 let notified = waiting_since.is_some() || wait.has_notice();
-                let fill = Fill::leased(route, keys.clone(), lease, slot);
-                if let Some(stored) = landed_meanwhile(route, keys, found, notified).await {
-                    fill.end(Ending::Gone).await;
-                    return Claimed::Landed(stored);
-                }
-                return Claimed::Fill(fill);
+                return leased(route, keys, lease, slot, (found, notified)).await;
             }
             AcquireOutcome::Busy {
                 held_off: true,
@@ -556,11 +544,12 @@ async fn claim(
                 // The last holder failed and keeps the fleet away: no fill to wait for.
                 let left = retry_after.unwrap_or(policy.error_backoff);
                 route.shared.marks.set(keys.entry(), Mark::BackOff, left);
-                if stand_aside {
-                    return Claimed::Done(Landed::StoodAside);
-                }
-                // Counted as a fill without Redis (`LocalOnly`), which it is.
-                return local(slot);
+                // Else counted as a fill without Redis (`LocalOnly`), which it is.
+                return if stand_aside {
+                    Claimed::Done(Landed::StoodAside)
+                } else {
+                    local(slot)
+                };
             }
             AcquireOutcome::Busy { .. } => {
                 drop(slot);
@@ -579,6 +568,30 @@ async fn claim(
             }
         }
     }
+}
+
+/// The lease taken: the fill is the caller's, unless the URL learned a `Vary` header
+/// since the fill's key was made (the key is not its callers' any more), or another
+/// fill landed meanwhile (looked for in Redis when a notice said so).
+async fn leased(
+    route: &Arc<Route>,
+    keys: &CacheKeys,
+    lease: Lease,
+    slot: Option<budget::Slot>,
+    (found, notified): (FencingToken, bool),
+) -> Claimed {
+    if !route.same_names(keys) {
+        Fill::leased(route, keys.clone(), lease, None)
+            .end(Ending::Gone)
+            .await;
+        return Claimed::Done(Landed::Rekey);
+    }
+    let fill = Fill::leased(route, keys.clone(), lease, slot);
+    if let Some(stored) = landed_meanwhile(route, keys, found, notified).await {
+        fill.end(Ending::Gone).await;
+        return Claimed::Landed(stored);
+    }
+    Claimed::Fill(fill)
 }
 
 /// What asking for the lease came to, the entry found meanwhile taken into account.

@@ -40,6 +40,7 @@ use crate::keys::CacheKeys;
 use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease, LeaseLost};
 use crate::metrics::Event;
 use crate::notify::{Ending, Notice};
+use crate::store::StoreError;
 
 /// What a fill works under.
 enum Claim {
@@ -509,48 +510,10 @@ impl Fill {
             route.shared.marks.clear(self.keys.entry());
             return route.put_l1_only(&self.keys, stored).await;
         };
-        let keys = &self.keys;
         route.held(lease.held_for());
+        let written = self.written(&lease, &stored, write).await;
+        let keys = &self.keys;
         let shared = &route.shared;
-        let filled = shared.notices.fill_channel(keys.entry());
-        let channels = Channels {
-            filled: &filled,
-            broadcast: shared.notices.channel(),
-        };
-        let renewed = match write {
-            Write::Whole => None,
-            Write::Renew(revalidated) => {
-                let response = stored.to_response();
-                let renewal = l2_revalidate(
-                    &shared.store,
-                    keys,
-                    &lease,
-                    revalidated,
-                    &response,
-                    channels,
-                );
-                match renewal.await {
-                    Ok(Renewal::Renewed { released }) => Some(Ok((true, released))),
-                    Ok(Renewal::Refused { released }) => Some(Ok((false, released))),
-                    // Not the entry that was revalidated any more: write all of it.
-                    Ok(Renewal::Gone) => None,
-                    Err(error) => Some(Err(error)),
-                }
-            }
-        };
-        let written = match renewed {
-            Some(written) => written,
-            None => l2_write(
-                &shared.store,
-                keys,
-                &lease,
-                &stored,
-                channels,
-                self.parts_written,
-            )
-            .await
-            .map(|outcome| (outcome.written, outcome.released)),
-        };
         match written {
             Ok((true, released)) => {
                 written_release(&lease, released);
@@ -573,22 +536,7 @@ impl Fill {
                     token = lease.fencing_token().get(),
                     "fenced write refused: a newer lease or entry exists"
                 );
-                // What Redis holds serves the fill's callers only if it may serve at all:
-                // newer than the fill's, not past its grace, not purged since, and by its
-                // own `Vary` an answer to what the fill asked. Else (an invalidation
-                // refused the write, or the newer entry is gone, or a purge reached it)
-                // the fill's own answer goes to them, stored nowhere.
-                if let Ok(L2Read::Found(newer)) =
-                    l2_read(&shared.store, keys, route.policy.max_body).await
-                    && newer.response.token > stored.response.token
-                    && newer.freshness() != Freshness::Expired
-                    && route.purge_of(&newer).is_none()
-                    && matches!(route.check(&newer, keys, asked.headers()), Check::Serves)
-                {
-                    route.put_l1(keys, newer.clone()).await;
-                    return Put::Newer(newer);
-                }
-                Put::Refused(stored)
+                refused(&route, keys, stored, asked).await
             }
             Err(_) => {
                 // Written or not, released or not: unknown. The lease ends by its TTL;
@@ -602,6 +550,38 @@ impl Fill {
                 route.put_l1_only(keys, stored).await
             }
         }
+    }
+
+    /// The fenced write to L2 (which releases the lease): the entry renewed by a `304`
+    /// (its metadata), or written whole; whether it was written, and whether the lease
+    /// was released.
+    async fn written(
+        &self,
+        lease: &Lease,
+        stored: &Arc<Stored>,
+        write: Write,
+    ) -> Result<(bool, bool), StoreError> {
+        let (shared, keys) = (&self.route.shared, &self.keys);
+        let filled = shared.notices.fill_channel(keys.entry());
+        let channels = Channels {
+            filled: &filled,
+            broadcast: shared.notices.channel(),
+        };
+        if let Write::Renew(revalidated) = write {
+            let response = stored.to_response();
+            let renewal =
+                l2_revalidate(&shared.store, keys, lease, revalidated, &response, channels);
+            match renewal.await? {
+                Renewal::Renewed { released } => return Ok((true, released)),
+                Renewal::Refused { released } => return Ok((false, released)),
+                // Not the entry that was revalidated any more: write all of it.
+                Renewal::Gone => {}
+            }
+        }
+        let parts = self.parts_written;
+        l2_write(&shared.store, keys, lease, stored, channels, parts)
+            .await
+            .map(|outcome| (outcome.written, outcome.released))
     }
 
     /// Ends the fill without a write, and says how to the fleet: the key is marked here
@@ -760,4 +740,23 @@ pub(crate) fn not_stored(route: &Route, why: NotStored) {
 /// The fenced write released the lease (or found it gone): counted as a release.
 fn written_release(lease: &Lease, released: bool) {
     lease.record_end(if released { "released" } else { "not_owner" });
+}
+
+/// A fenced write refused (a newer lease or entry exists): what Redis holds serves the
+/// fill's callers only if it may serve at all: newer than the fill's, not past its
+/// grace, not purged since, and by its own `Vary` an answer to what the fill asked.
+/// Else (an invalidation refused the write, or the newer entry is gone, or a purge
+/// reached it) the fill's own answer goes to them, stored nowhere.
+async fn refused(route: &Route, keys: &CacheKeys, stored: Arc<Stored>, asked: &Request<()>) -> Put {
+    if let Ok(L2Read::Found(newer)) =
+        l2_read(&route.shared.store, keys, route.policy.max_body).await
+        && newer.response.token > stored.response.token
+        && newer.freshness() != Freshness::Expired
+        && route.purge_of(&newer).is_none()
+        && matches!(route.check(&newer, keys, asked.headers()), Check::Serves)
+    {
+        route.put_l1(keys, newer.clone()).await;
+        return Put::Newer(newer);
+    }
+    Put::Refused(stored)
 }

@@ -312,94 +312,169 @@ async fn listen(
     interests: Arc<Interests>,
     hears: Weak<dyn Hears>,
 ) {
-    let mut backoff = Duration::from_millis(50);
     let connect = store.connect_timeout();
-    let timeout = SUBSCRIPTION_DEADLINE.max(connect);
+    let listener = Listener {
+        timeout: SUBSCRIPTION_DEADLINE.max(connect),
+        store,
+        channel,
+        purges_key,
+        state,
+        waiters,
+        interests,
+        hears,
+    };
+    let mut backoff = Duration::from_millis(50);
     // Whether the log said that Redis refused the buckets' channels (once).
     let mut refused = false;
     // What the log said last, so that a retry every second says nothing new.
     let mut lost = false;
     loop {
-        if let Ok(mut pubsub) = store.pubsub(connect).await
-            && let Ok(Ok(())) = tokio::time::timeout(timeout, pubsub.subscribe(&channel)).await
+        if let Ok(mut pubsub) = listener.store.pubsub(connect).await
+            && let Ok(Ok(())) =
+                tokio::time::timeout(listener.timeout, pubsub.subscribe(&listener.channel)).await
         {
             if std::mem::replace(&mut lost, false) {
                 tracing::info!("stampede-guard's notice subscription is back");
             }
-            // Purges sent while the subscription was down are recorded: read them back
-            // (after subscribing, so that none falls between the two), beside the
-            // notices, for as long as this subscription lasts.
-            let Some(guard) = hears.upgrade() else { return };
-            let owed = guard.subscribed();
-            drop(guard);
-            let Some(shared) = state.upgrade() else {
+            if let Lasted::GuardGone = listener.up(pubsub, &mut backoff, &mut refused).await {
                 return;
-            };
-            let subscribed = shared.subscribed.clone();
-            let read_back = AbortOnDrop(tokio::spawn(read_back(
-                store.clone(),
-                ReadBack::new(purges_key.clone(), owed.since),
-                owed.episode,
-                Arc::downgrade(&shared),
-                hears.clone(),
-            )));
-            drop(shared);
-            subscribed.send_replace(true);
-            let (mut sink, mut messages) = pubsub.split();
-            let mut ping = tokio::time::interval(PING_EVERY);
-            ping.tick().await;
-            // The buckets still wanted when the last connection was lost, if any.
-            interests.lost();
-            loop {
-                tokio::select! {
-                    message = messages.next() => {
-                        let Some(message) = message else { break };
-                        let Some(guard) = hears.upgrade() else { return };
-                        deliver(&*guard, &waiters, message.get_payload_bytes());
-                    }
-                    () = interests.wanted() => {
-                        if !subscribe_wanted(&mut sink, &interests, &channel, timeout, &mut refused).await {
-                            break;
-                        }
-                    }
-                    _ = ping.tick() => {
-                        let Some(guard) = hears.upgrade() else { return };
-                        guard.tick();
-                        drop(guard);
-                        let pong = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
-                        if !matches!(pong, Ok(Ok(_))) {
-                            break;
-                        }
-                        // Healthy for a ping: only now is a reconnect quick again (a
-                        // server that takes SUBSCRIBE and drops us is not retried at 20/s).
-                        backoff = Duration::from_millis(50);
-                        // A wake-up lost in a race costs a second at most.
-                        if !subscribe_wanted(&mut sink, &interests, &channel, timeout, &mut refused).await {
-                            break;
-                        }
-                        // The buckets nobody has wanted for a while, in one command.
-                        let idle = interests.take_idle();
-                        if !idle.is_empty() {
-                            let names: Vec<String> =
-                                idle.iter().map(|b| channel_of(&channel, *b)).collect();
-                            let done = tokio::time::timeout(timeout, sink.unsubscribe(&names));
-                            if !matches!(done.await, Ok(Ok(()))) {
-                                break;
-                            }
-                        }
-                    }
-                }
             }
-            // What it read stays noted; what it did not is owed again, from the same
-            // place, by the next subscription's.
-            drop(read_back);
-            subscribed.send_replace(false);
-            interests.lost();
             lost = true;
             tracing::warn!("stampede-guard lost its notice subscription; reconnecting");
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// What the subscription's task holds, for each subscription it makes.
+struct Listener {
+    store: RedisStore,
+    channel: String,
+    purges_key: String,
+    state: Weak<State>,
+    waiters: Arc<Waiters>,
+    interests: Arc<Interests>,
+    hears: Weak<dyn Hears>,
+    /// The deadline of each command on the subscription.
+    timeout: Duration,
+}
+
+/// How a subscription ended.
+enum Lasted {
+    /// The connection failed, or a command on it did not answer in time.
+    Lost,
+    /// The guard went: nothing to listen for.
+    GuardGone,
+}
+
+impl Listener {
+    /// A subscription up, until it is lost. Purges sent while it was down are recorded:
+    /// they are read back (after subscribing, so that none falls between the two), beside
+    /// the notices, for as long as it lasts. What the read-back read stays noted; what it
+    /// did not is owed again, from the same place, by the next subscription's.
+    async fn up(
+        &self,
+        pubsub: redis::aio::PubSub,
+        backoff: &mut Duration,
+        refused: &mut bool,
+    ) -> Lasted {
+        let Some(guard) = self.hears.upgrade() else {
+            return Lasted::GuardGone;
+        };
+        let owed = guard.subscribed();
+        drop(guard);
+        let Some(shared) = self.state.upgrade() else {
+            return Lasted::GuardGone;
+        };
+        let subscribed = shared.subscribed.clone();
+        let read_back = AbortOnDrop(tokio::spawn(read_back(
+            self.store.clone(),
+            ReadBack::new(self.purges_key.clone(), owed.since),
+            owed.episode,
+            Arc::downgrade(&shared),
+            self.hears.clone(),
+        )));
+        drop(shared);
+        subscribed.send_replace(true);
+        if let Lasted::GuardGone = self.heard(pubsub, backoff, refused).await {
+            return Lasted::GuardGone;
+        }
+        drop(read_back);
+        subscribed.send_replace(false);
+        self.interests.lost();
+        Lasted::Lost
+    }
+
+    /// Delivers what the subscription hears, subscribes the buckets wanted, and checks
+    /// it every second, until it is lost.
+    async fn heard(
+        &self,
+        pubsub: redis::aio::PubSub,
+        backoff: &mut Duration,
+        refused: &mut bool,
+    ) -> Lasted {
+        let (mut sink, mut messages) = pubsub.split();
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.tick().await;
+        // The buckets still wanted when the last connection was lost, if any.
+        self.interests.lost();
+        let (interests, channel, timeout) = (&self.interests, &self.channel, self.timeout);
+        loop {
+            tokio::select! {
+                message = messages.next() => {
+                    let Some(message) = message else { return Lasted::Lost };
+                    let Some(guard) = self.hears.upgrade() else { return Lasted::GuardGone };
+                    deliver(&*guard, &self.waiters, message.get_payload_bytes());
+                }
+                () = interests.wanted() => {
+                    if !subscribe_wanted(&mut sink, interests, channel, timeout, refused).await {
+                        return Lasted::Lost;
+                    }
+                }
+                _ = ping.tick() => {
+                    if let Err(lasted) = self.checked(&mut sink, backoff, refused).await {
+                        return lasted;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Once a second: the guard's tick, a `PING`, the buckets wanted since (a wake-up
+    /// lost in a race costs a second at most), and those nobody has wanted for a while
+    /// let go, in one command.
+    async fn checked(
+        &self,
+        sink: &mut redis::aio::PubSubSink,
+        backoff: &mut Duration,
+        refused: &mut bool,
+    ) -> Result<(), Lasted> {
+        let Some(guard) = self.hears.upgrade() else {
+            return Err(Lasted::GuardGone);
+        };
+        guard.tick();
+        drop(guard);
+        let timeout = self.timeout;
+        let pong = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
+        if !matches!(pong, Ok(Ok(_))) {
+            return Err(Lasted::Lost);
+        }
+        // Healthy for a ping: only now is a reconnect quick again (a server that takes
+        // SUBSCRIBE and drops us is not retried at 20/s).
+        *backoff = Duration::from_millis(50);
+        if !subscribe_wanted(sink, &self.interests, &self.channel, timeout, refused).await {
+            return Err(Lasted::Lost);
+        }
+        let idle = self.interests.take_idle();
+        if !idle.is_empty() {
+            let names: Vec<String> = idle.iter().map(|b| channel_of(&self.channel, *b)).collect();
+            let done = tokio::time::timeout(timeout, sink.unsubscribe(&names));
+            if !matches!(done.await, Ok(Ok(()))) {
+                return Err(Lasted::Lost);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -253,45 +253,11 @@ where
     B::Error: Into<BoxError>,
 {
     let stream = writer.stream().clone();
-    let max = route.policy.max_body as u64;
-    let too_large = |len: u64| len > max || head.headers().len() > crate::cache::entry::MAX_HEADERS;
     let landed = match read {
         Read::Whole | Read::Trailers => {
-            let len = stream.len();
-            let why = match read {
-                Read::Trailers => Some(NotStored::Trailers),
-                _ if too_large(len) => Some(NotStored::TooLarge),
-                _ => None,
-            };
-            if why == Some(NotStored::TooLarge) {
-                route.said_too_large(len);
-            }
-            // One buffer of its own only for what may be stored.
-            let body = if why.is_none() {
-                writer.gathered()
-            } else {
-                Bytes::new()
-            };
-            let gathered = body.clone();
-            let (landed, kept) =
-                whole(route, fill, head, body, &stream, asked, why, published).await;
-            if !kept && let Some(parts) = parts {
-                parts.drop(route).await;
-            }
-            // Ended only now, and once stored, the flight closed to newcomers: a caller
-            // whose answer ended finds the entry when it asks again.
-            if let (Landed::Entry { kept: true, .. }, _) = &landed {
-                lead.retire();
-            }
-            writer.finish();
-            // (Only with the body this fill read: a newer entry's is not its readers'.)
-            if let (Landed::Entry { stored, .. }, _) = &landed
-                && stored.response.body.as_ptr() == gathered.as_ptr()
-                && !gathered.is_empty()
-            {
-                stream.settle(&gathered);
-            }
-            return landed;
+            let trailers = matches!(read, Read::Trailers);
+            let read = (head, writer, published, parts);
+            return read_whole(route, fill, trailers, read, asked, lead).await;
         }
         // The fill ends (and the fleet backs off) first, then the flight closes to
         // newcomers, and only then do its readers see the cut: a caller that comes
@@ -334,6 +300,57 @@ where
     };
     if let Some(parts) = parts {
         parts.drop(route).await;
+    }
+    landed
+}
+
+/// A body read to its end (with `trailers`, which are not stored): the entry stored if
+/// it may be, the parts of one that is not deleted, and the stream finished; once
+/// stored, the flight closes to newcomers (a caller whose answer ended finds the entry
+/// when it asks again).
+async fn read_whole<B: Body, E>(
+    route: &Route,
+    fill: Fill,
+    trailers: bool,
+    (head, writer, published, parts): (Response<()>, Writer, bool, Option<Parts>),
+    asked: Arc<Request<()>>,
+    lead: &Lead,
+) -> (Landed, Option<Own<B, E>>) {
+    let stream = writer.stream().clone();
+    let len = stream.len();
+    let too_large = len > route.policy.max_body as u64
+        || head.headers().len() > crate::cache::entry::MAX_HEADERS;
+    let why = if trailers {
+        Some(NotStored::Trailers)
+    } else if too_large {
+        Some(NotStored::TooLarge)
+    } else {
+        None
+    };
+    if why == Some(NotStored::TooLarge) {
+        route.said_too_large(len);
+    }
+    // One buffer of its own only for what may be stored.
+    let body = if why.is_none() {
+        writer.gathered()
+    } else {
+        Bytes::new()
+    };
+    let gathered = body.clone();
+    let (landed, kept) = whole(route, fill, head, body, &stream, asked, why, published).await;
+    if !kept && let Some(parts) = parts {
+        parts.drop(route).await;
+    }
+    if let (Landed::Entry { kept: true, .. }, _) = &landed {
+        lead.retire();
+    }
+    writer.finish();
+    // (Only with the body this fill read: a newer entry's is not its readers'.)
+    if let (Landed::Entry { stored, .. }, _) = &landed
+        && stored.response.body.as_ptr() == gathered.as_ptr()
+        && !gathered.is_empty()
+    {
+        stream.settle(&gathered);
     }
     landed
 }

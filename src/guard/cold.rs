@@ -28,7 +28,7 @@ use super::body::ResponseBody;
 use super::budget;
 use super::complete::{complete, not_kept};
 use super::fill::{Answered, Fill, Stopped, lease_unavailable};
-use super::inflight::{Failure, Joined, Landed, Lead, Own, Waiting};
+use super::inflight::{Failure, Joined, Landed, Lead, Own, SharedAnswer, Waiting};
 use super::marks::Mark;
 use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
 use super::outcome::XCache;
@@ -206,38 +206,8 @@ fn answer_landed<B: OriginBody, E>(
             kept,
             variant_of,
         } => {
-            // Stored under another key (it varies on a header the caller's key did not
-            // include): only for callers of that variant. Else at the caller's key: for
-            // callers its own `Vary` lets it answer (it may have come from elsewhere).
-            let serves = match variant_of {
-                // (The leader's request is the one the origin saw.)
-                Some(asked) => {
-                    is_leader || response::same_variant(&stored.headers(), asked.headers(), headers)
-                }
-                None => match route.check(stored, keys, headers) {
-                    Check::Serves => true,
-                    Check::Learn(names) => {
-                        let _ = route.learn(keys, &names);
-                        false
-                    }
-                },
-            };
-            if !serves {
-                return Next::Rekey;
-            }
-            // An answer to be revalidated on every use (`no-cache`) is its caller's
-            // alone: each other caller asks the origin itself.
-            if !is_leader && response::reuse(&stored.headers()) == response::Reuse::Never {
-                return Next::PassThrough;
-            }
-            route.stats.record(Event::Miss);
-            if asked.conditional
-                && let Some(not_modified) = filled_not_modified(stored, *kept, headers)
-            {
-                route.stats.record(Event::NotModified);
-                return Next::Answer(not_modified);
-            }
-            Next::Answer(serve_filled(stored, *kept, kind))
+            let caller = (is_leader, keys, headers, asked);
+            answer_entry(route, stored, *kept, variant_of.as_deref(), caller)
         }
         Landed::Shared {
             response,
@@ -247,20 +217,7 @@ fn answer_landed<B: OriginBody, E>(
             if *failure && let Some(stale) = usable_on_error(route, fallback, kind) {
                 return Next::Answer(stale);
             }
-            if !is_leader && response.leader_only {
-                return Next::PassThrough;
-            }
-            if !is_leader
-                && !response::same_variant(&response.headers, origin_saw.headers(), headers)
-            {
-                return Next::Rekey;
-            }
-            route.stats.record(if response.storing {
-                Event::Miss
-            } else {
-                Event::Pass
-            });
-            Next::Answer(serve_shared(response, kind, !is_leader))
+            answer_shared(route, response, origin_saw, (is_leader, headers, kind))
         }
         Landed::Pass => match own.take() {
             Some(own) => answer_own(route, own, kind),
@@ -282,6 +239,72 @@ fn answer_landed<B: OriginBody, E>(
             None => Next::Rekey,
         },
     }
+}
+
+/// A fill's entry, to a caller (`is_leader`, its `keys`, the `headers` it sent and what
+/// it `asked`). Stored under another key (`variant_of`: it varies on a header the
+/// caller's key did not include), it is only for callers of that variant. Else at the
+/// caller's key: for callers its own `Vary` lets it answer (it may have come from
+/// elsewhere).
+fn answer_entry<B: OriginBody, E>(
+    route: &Route,
+    stored: &Arc<Stored>,
+    kept: bool,
+    variant_of: Option<&Request<()>>,
+    (is_leader, keys, headers, asked): (bool, &CacheKeys, &http::HeaderMap, Asked),
+) -> Next<B, E> {
+    let serves = match variant_of {
+        // (The leader's request is the one the origin saw.)
+        Some(asked) => {
+            is_leader || response::same_variant(&stored.headers(), asked.headers(), headers)
+        }
+        None => match route.check(stored, keys, headers) {
+            Check::Serves => true,
+            Check::Learn(names) => {
+                let _ = route.learn(keys, &names);
+                false
+            }
+        },
+    };
+    if !serves {
+        return Next::Rekey;
+    }
+    // An answer to be revalidated on every use (`no-cache`) is its caller's alone: each
+    // other caller asks the origin itself.
+    if !is_leader && response::reuse(&stored.headers()) == response::Reuse::Never {
+        return Next::PassThrough;
+    }
+    route.stats.record(Event::Miss);
+    if asked.conditional
+        && let Some(not_modified) = filled_not_modified(stored, kept, headers)
+    {
+        route.stats.record(Event::NotModified);
+        return Next::Answer(not_modified);
+    }
+    Next::Answer(serve_filled(stored, kept, asked.kind))
+}
+
+/// An answer the fill shared, not stored: for the leader, and for the others unless it
+/// is the leader's only, or of another variant than theirs (the origin saw the
+/// leader's request).
+fn answer_shared<B: OriginBody, E>(
+    route: &Route,
+    response: &Arc<SharedAnswer>,
+    origin_saw: &Request<()>,
+    (is_leader, headers, kind): (bool, &http::HeaderMap, Kind),
+) -> Next<B, E> {
+    if !is_leader && response.leader_only {
+        return Next::PassThrough;
+    }
+    if !is_leader && !response::same_variant(&response.headers, origin_saw.headers(), headers) {
+        return Next::Rekey;
+    }
+    route.stats.record(if response.storing {
+        Event::Miss
+    } else {
+        Event::Pass
+    });
+    Next::Answer(serve_shared(response, kind, !is_leader))
 }
 
 /// The answer only the caller that led may have, as its answer (without its body, to

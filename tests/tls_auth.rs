@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use stampede_guard::metrics::Event;
 use stampede_guard::{Policy, RedisStore, StampedeGuard};
-#[cfg(feature = "tls")]
 use support::TIMEOUT;
+#[cfg(feature = "tls")]
 use support::TlsServer;
 use support::web::{self, Origin, get, keys, send};
 use support::{Redis, Store};

@@ -4,7 +4,7 @@
 The library (src/lib.rs) and each binary (src/bin/NAME/main.rs, src/bin/NAME.rs) are
 graphs of their own. Edges come from every `use` tree (groups, nesting, `self`, renames)
 and every inline `crate::`, `super::` and `self::` path outside comments and
-`#[cfg(test)]` modules, and from paths that start with the name of a child module; each
+`#[cfg(test)]` modules (inline or in a file of their own), and from paths that start with the name of a child module; each
 name is followed through `pub use` re-exports to the module that defines it.
 
 Prints the number of modules, edges and circles (strongly connected components of more
@@ -58,7 +58,8 @@ def strip(src):
             j += 1
         i = j
     out.append(src[i:])
-    return ''.join(out)
+    # A test module in a file of its own (`#[cfg(test)] mod tests;`) is one too.
+    return re.sub(r'#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*;', '', ''.join(out))
 
 
 def expand(tree):

@@ -21,6 +21,7 @@ use super::ranged;
 use super::route::Route;
 use super::vary::{self, Check};
 use crate::cache::{Instant, L2Read, Stored, l2_read_with_names};
+use crate::http::invalidation;
 use crate::http::range::Ranged;
 use crate::http::request::{self, Asked};
 use crate::keys::CacheKeys;
@@ -136,13 +137,13 @@ impl<S> Guard<S> {
                 let (route, inner) = (route.clone(), self.inner.clone());
                 // A change through an unsafe method: what is cached of its URI goes.
                 let changes = (route.policy.invalidate_on_unsafe()
-                    && !request.method().is_safe()
+                    && invalidation::changes(request.method())
                     && route.policy.cache)
-                    .then(|| unsafe_target(&request));
+                    .then(|| invalidation::target(&request));
                 return ResponseFuture::new(async move {
                     let response = passthrough(&route, inner, request, XCache::Bypass).await?;
                     if let Some(target) = changes {
-                        let named = changed_uris(&target, &response);
+                        let named = invalidation::changed_uris(&target, &response);
                         invalidate_after(&route, target, named).await;
                     }
                     Ok(response)
@@ -239,33 +240,6 @@ impl<S> Guard<S> {
     }
 }
 
-/// What an unsafe request changed: its URI and host, as a GET of them would be keyed.
-fn unsafe_target<B>(request: &Request<B>) -> Request<()> {
-    let mut target = Request::new(());
-    *target.uri_mut() = request.uri().clone();
-    *target.headers_mut() = request.headers().clone();
-    target
-}
-
-/// What a successful unsafe request changed (RFC 9111 §4.4): `None` if it did not
-/// succeed (2xx, 3xx); else the same-origin URIs its answer names in `Location` and
-/// `Content-Location`, besides its own.
-fn changed_uris<B>(target: &Request<()>, response: &Response<B>) -> Option<Vec<http::Uri>> {
-    let status = response.status();
-    if !(status.is_success() || status.is_redirection()) {
-        return None;
-    }
-    Some(
-        [http::header::LOCATION, http::header::CONTENT_LOCATION]
-            .iter()
-            .filter_map(|name| response.headers().get(name))
-            .filter_map(|value| value.to_str().ok())
-            .filter_map(|value| value.parse::<http::Uri>().ok())
-            .filter(|uri| same_origin(uri, target))
-            .collect(),
-    )
-}
-
 /// Invalidates what a successful unsafe request changed: its URI's entries and those
 /// of `named`. A Redis failure costs only the other instances' copies (counted).
 async fn invalidate_after(route: &Route, mut target: Request<()>, named: Option<Vec<http::Uri>>) {
@@ -274,32 +248,14 @@ async fn invalidate_after(route: &Route, mut target: Request<()>, named: Option<
         route.stats.record(Event::RedisError);
     }
     for uri in named {
-        // The path and query named, under the authority the request had (if its URI
-        // carried one, as HTTP/2's do): keyed as a GET of it would be.
-        let mut parts = target.uri().clone().into_parts();
-        parts.path_and_query = match uri.path_and_query() {
-            Some(path) => Some(path.clone()),
-            None => continue,
+        let Some(named) = invalidation::named_uri(&target, &uri) else {
+            continue;
         };
-        *target.uri_mut() = http::Uri::from_parts(parts).unwrap_or_default();
+        *target.uri_mut() = named;
         if route.invalidate(&target).await.is_err() {
             route.stats.record(Event::RedisError);
         }
     }
-}
-
-/// Whether `uri` (from a `Location`) names the origin `request` went to: a path, or an
-/// absolute URI of the same host.
-fn same_origin(uri: &http::Uri, request: &Request<()>) -> bool {
-    let Some(authority) = uri.authority() else {
-        return uri.path().starts_with('/');
-    };
-    let host = request
-        .headers()
-        .get(http::header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| request.uri().authority().map(http::uri::Authority::as_str));
-    host.is_some_and(|host| host.eq_ignore_ascii_case(authority.as_str()))
 }
 
 /// How many times a request looks again under a new key, after its URL learned a

@@ -10,6 +10,7 @@
 //!   say about how long it may be reused;
 //! * `conditional`: conditional requests, from clients and to the origin;
 //! * `range`: range requests, answered from a whole body;
+//! * `invalidation`: what a successful unsafe request changed (RFC 9111 §4.4);
 //! * `response`: which answers may be stored and shared, and their `Vary`;
 //! * `structured`: Structured Field dictionaries, as `CDN-Cache-Control` is one.
 
@@ -17,6 +18,7 @@ pub(crate) mod conditional;
 pub(crate) mod date;
 pub(crate) mod directives;
 pub(crate) mod forward;
+pub(crate) mod invalidation;
 pub(crate) mod range;
 pub(crate) mod request;
 pub(crate) mod response;

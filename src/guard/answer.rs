@@ -1,26 +1,26 @@
-//! Answering a caller: from an entry (a hit, or a stale entry while its refresh
-//! starts), from the origin straight (a pass-through, bounded by the route's pass
-//! timeout), from an entry that may stand in for a failed origin, or with the guard's
-//! own answer when nothing may (`502`, `504`, or the route's `503`). Each answer's
-//! `x-cache` and `cache-status` come from one [`XCache`].
+//! Answering a caller from what the guard has: the one decision on an entry found for
+//! a request (a hit, a stale entry served while its refresh starts, a `304`, or expired:
+//! not an answer), made in [`lookup`] and carried out in [`answer`], the one place a
+//! refresh is started; a request passed through to the origin (bounded by the route's
+//! pass timeout); an entry that may stand in for a failed origin, else the guard's own
+//! answer. The responses themselves are built in [`respond`](super::respond).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{HeaderValue, RETRY_AFTER};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 
 use super::body::ResponseBody;
-use super::inflight::{Failure, SharedAnswer};
+use super::inflight::Failure;
 use super::origin::{FillBody, Inner, OriginBody, call_through};
-use super::outcome::{XCache, age_value, concat_status};
+use super::outcome::XCache;
 use super::refresh::spawn_refresh;
+use super::respond::{mark_forwarded, own_answer, rejected, serve, serve_aged, serve_not_modified};
 use super::route::Route;
 use crate::cache::{Freshness, Stored};
-use crate::http::conditional::{NOT_MODIFIED_HEADERS, not_modified};
+use crate::http::conditional::not_modified;
 use crate::http::request::{Asked, Kind};
-use crate::http::{CACHE_STATUS_NAME, X_CACHE_NAME};
 use crate::keys::{CacheKeys, LocalKey};
 use crate::metrics::Event;
 use crate::policy::ColdMiss;
@@ -39,9 +39,33 @@ pub(crate) struct Found<'a> {
     pub(crate) early: bool,
 }
 
-/// Answers from an entry that is fresh (a hit) or stale (served, and refreshed in the
-/// background with a clone of the service); `None` for an expired one. A conditional
-/// request that the entry meets gets `304` (see `http::conditional`).
+/// What an entry found for a request answers it with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lookup {
+    /// A hit, and whether the entry is due for its early refresh.
+    Fresh { refresh: bool },
+    /// Served stale while it is refreshed.
+    Stale,
+    /// Not an answer: the caller fills it (or waits for the fill).
+    Expired,
+}
+
+/// The one decision on an entry found for a request: where it is in its life for this
+/// process, and, fresh, whether its early refresh is due.
+pub(crate) fn lookup(route: &Route, found: &Found<'_>) -> Lookup {
+    match freshness(route, found.stored, found.age) {
+        Freshness::Fresh => Lookup::Fresh {
+            refresh: found.early,
+        },
+        Freshness::Stale => Lookup::Stale,
+        Freshness::Expired => Lookup::Expired,
+    }
+}
+
+/// Carries out [`lookup`]: a hit, or a stale entry served while its refresh starts in
+/// the background with a clone of the service (the one place a refresh is started);
+/// `None` for an expired one. A conditional request that the entry meets gets `304`
+/// (see `http::conditional`).
 pub(crate) fn answer<S, ReqBody, ResBody>(
     route: &Arc<Route>,
     found: Found<'_>,
@@ -54,28 +78,30 @@ where
     ReqBody: FillBody,
     ResBody: OriginBody,
 {
+    let (x_cache, refresh) = match lookup(route, &found) {
+        Lookup::Fresh { refresh } => {
+            route.stats.record(Event::Hit);
+            (XCache::Hit, refresh)
+        }
+        Lookup::Stale => {
+            route.stats.record(Event::Stale);
+            (XCache::Stale, true)
+        }
+        Lookup::Expired => return None,
+    };
     let Found {
         stored,
         age,
         local,
         keys,
-        early,
+        ..
     } = found;
-    let x_cache = match freshness(route, stored, age) {
-        Freshness::Fresh => {
-            route.stats.record(Event::Hit);
-            if early && spawn_refresh(route, local, keys, stored.clone(), request, inner) {
-                route.stats.record(Event::EarlyRefresh);
-            }
-            XCache::Hit
-        }
-        Freshness::Stale => {
-            route.stats.record(Event::Stale);
-            spawn_refresh(route, local, keys, stored.clone(), request, inner);
-            XCache::Stale
-        }
-        Freshness::Expired => return None,
-    };
+    if refresh
+        && spawn_refresh(route, local, keys, stored.clone(), request, inner)
+        && x_cache == XCache::Hit
+    {
+        route.stats.record(Event::EarlyRefresh);
+    }
     if asked.conditional
         && not_modified(stored.response.status, &stored.headers(), request.headers())
     {
@@ -124,147 +150,6 @@ fn freshness(route: &Route, stored: &Stored, age: Duration) -> Freshness {
     }
 }
 
-/// A response from a stored entry, with its `age`, `x-cache` and `cache-status`.
-pub(crate) fn serve<B: Body>(
-    stored: &Stored,
-    kind: Kind,
-    x_cache: XCache,
-) -> Response<ResponseBody<B>> {
-    serve_aged(stored, stored.age(), kind, x_cache)
-}
-
-/// The answer from the entry a fill came to: `kept` when it is in the caches (else it
-/// is the fill's own answer, after its write was refused).
-pub(crate) fn serve_filled<B: Body>(
-    stored: &Stored,
-    kept: bool,
-    kind: Kind,
-) -> Response<ResponseBody<B>> {
-    let age = stored.age();
-    let mut response = Response::new(body_for(kind, stored));
-    *response.status_mut() = stored.response.status;
-    *response.headers_mut() = stored.answer_headers(
-        age_value(age.as_secs()),
-        XCache::Miss.value(),
-        XCache::Miss.of_entry(ttl(stored, age), kept),
-    );
-    response
-}
-
-/// [`serve`], for an entry known to be `age` old.
-pub(crate) fn serve_aged<B: Body>(
-    stored: &Stored,
-    age: Duration,
-    kind: Kind,
-    x_cache: XCache,
-) -> Response<ResponseBody<B>> {
-    let cached = &stored.response;
-    let mut response = Response::new(body_for(kind, stored));
-    *response.status_mut() = cached.status;
-    *response.headers_mut() = stored.answer_headers(
-        age_value(age.as_secs()),
-        x_cache.value(),
-        x_cache.of_entry(ttl(stored, age), true),
-    );
-    response
-}
-
-/// The answer from the entry a fill came to (`kept` when it is in the caches), to a
-/// conditional request: `304` if the entry meets its condition (RFC 9111 §4.3.2: the
-/// entry was just filled or validated), else `None`.
-pub(crate) fn filled_not_modified<B: Body>(
-    stored: &Stored,
-    kept: bool,
-    request: &http::HeaderMap,
-) -> Option<Response<ResponseBody<B>>> {
-    not_modified(stored.response.status, &stored.headers(), request)
-        .then(|| serve_not_modified(stored, stored.age(), XCache::Miss, kept))
-}
-
-/// `304 Not Modified` from an entry `age` old (`kept` when it is in the caches): no
-/// body, the stored headers RFC 9110 §15.4.5 asks for, and the layer's own.
-fn serve_not_modified<B: Body>(
-    stored: &Stored,
-    age: Duration,
-    x_cache: XCache,
-    kept: bool,
-) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(ResponseBody::empty());
-    *response.status_mut() = StatusCode::NOT_MODIFIED;
-    let stored_headers = stored.headers();
-    let headers = response.headers_mut();
-    for name in NOT_MODIFIED_HEADERS {
-        for value in stored_headers.get_all(&name) {
-            headers.append(name.clone(), value.clone());
-        }
-    }
-    headers.insert(http::header::AGE, age_value(age.as_secs()));
-    headers.insert(X_CACHE_NAME, x_cache.value());
-    headers.insert(CACHE_STATUS_NAME, x_cache.of_entry(ttl(stored, age), kept));
-    response
-}
-
-/// The freshness an entry `age` old has left, in whole seconds (RFC 9211's `ttl`):
-/// rounded up while fresh, negative once stale.
-fn ttl(stored: &Stored, age: Duration) -> i64 {
-    let fresh_for = stored.response.fresh_for;
-    if age < fresh_for {
-        let left = fresh_for - age;
-        (left.as_secs() + u64::from(left.subsec_nanos() > 0)) as i64
-    } else {
-        -((age - fresh_for).as_secs() as i64) - 1
-    }
-}
-
-/// The body of an answer of `kind` from a whole `body`: none for a HEAD.
-fn body_for<B: Body>(kind: Kind, stored: &Stored) -> ResponseBody<B> {
-    match (kind, stored.in_parts()) {
-        (Kind::Get, None) => ResponseBody::full(stored.response.body.clone()),
-        (Kind::Get, Some(parts)) => ResponseBody::parts(parts.clone(), 0, parts.len()),
-        (Kind::Head, _) => ResponseBody::empty(),
-    }
-}
-
-/// An answer of the origin that the callers of its fill share, as its body streams:
-/// `miss` while it may be stored, else `pass`; `collapsed` (RFC 9211) for a caller
-/// that joined the fill another caller led.
-pub(crate) fn serve_shared<B: Body>(
-    shared: &SharedAnswer,
-    kind: Kind,
-    joined: bool,
-) -> Response<ResponseBody<B>> {
-    let body = match kind {
-        Kind::Get => ResponseBody::shared(shared.body.reader()),
-        Kind::Head => ResponseBody::empty(),
-    };
-    let mut response = Response::new(body);
-    *response.status_mut() = shared.status;
-    *response.headers_mut() = shared.headers.clone();
-    let x_cache = if shared.storing {
-        XCache::Miss
-    } else {
-        XCache::Pass
-    };
-    let headers = response.headers_mut();
-    headers.insert(X_CACHE_NAME, x_cache.value());
-    headers.append(
-        CACHE_STATUS_NAME,
-        if joined {
-            XCache::collapsed()
-        } else {
-            x_cache.forwarded()
-        },
-    );
-    response
-}
-
-/// Marks an answer that is not from an entry: `x-cache`, and this cache's member of
-/// `cache-status`, after those of the caches the origin's answer came through.
-pub(crate) fn mark_forwarded(headers: &mut http::HeaderMap, x_cache: XCache) {
-    headers.insert(X_CACHE_NAME, x_cache.value());
-    headers.append(CACHE_STATUS_NAME, x_cache.forwarded());
-}
-
 /// Passes a request through to the origin: its answer as it comes, not stored, marked
 /// `x_cache`; the guard's `504` when its head did not come within the route's pass
 /// timeout.
@@ -281,7 +166,11 @@ where
 {
     let Some(response) = call_through((&route.policy, &route.stats), inner, request).await? else {
         route.stats.record(Event::OriginFailed);
-        return Ok(own_answer(route, Failure::Timeout, x_cache));
+        return Ok(own_answer(
+            Failure::Timeout,
+            x_cache,
+            route.policy.error_backoff,
+        ));
     };
     let mut response = response.map(ResponseBody::stream);
     mark_forwarded(response.headers_mut(), x_cache);
@@ -315,37 +204,7 @@ pub(crate) fn failed<B: Body>(
         return stale;
     }
     route.stats.record(Event::OriginFailed);
-    own_answer(route, failure, XCache::Miss)
-}
-
-/// The guard's own answer to a failed origin, for a request that was to be answered
-/// `x_cache` (a fill's, `miss`; a pass-through's, `pass` or `bypass`): empty, `Retry-After`
-/// the route's error back-off, and a `cache-status` that says why.
-fn own_answer<B: Body>(
-    route: &Route,
-    failure: Failure,
-    x_cache: XCache,
-) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(ResponseBody::empty());
-    *response.status_mut() = failure.status();
-    let headers = response.headers_mut();
-    headers.insert(RETRY_AFTER, whole_seconds(route.policy.error_backoff));
-    headers.insert(X_CACHE_NAME, x_cache.value());
-    let status = match (x_cache, failure) {
-        (XCache::Bypass, _) => concat_status!("fwd=bypass; detail=origin-timeout"),
-        (_, Failure::Error) => concat_status!("fwd=uri-miss; detail=origin-error"),
-        (_, Failure::Timeout) => concat_status!("fwd=uri-miss; detail=origin-timeout"),
-        (_, Failure::LeaseLost) => concat_status!("fwd=uri-miss; detail=lease-lost"),
-        (_, Failure::Panicked) => concat_status!("fwd=uri-miss; detail=origin-panicked"),
-        (_, Failure::Cancelled) => concat_status!("fwd=uri-miss; detail=fill-cancelled"),
-    };
-    headers.insert(CACHE_STATUS_NAME, HeaderValue::from_static(status));
-    response
-}
-
-/// A duration as a `Retry-After`: whole seconds, rounded up, at least 1.
-fn whole_seconds(duration: Duration) -> HeaderValue {
-    HeaderValue::from(duration.as_secs_f64().ceil().max(1.0) as u64)
+    own_answer(failure, XCache::Miss, route.policy.error_backoff)
 }
 
 /// The caller need not wait for a fill that leaves the origin alone: the entry that may
@@ -364,14 +223,5 @@ pub(crate) fn stood_aside<B: Body>(
         ColdMiss::Reject { retry_after } => retry_after,
         _ => route.policy.error_backoff,
     };
-    let mut response = Response::new(ResponseBody::empty());
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    let headers = response.headers_mut();
-    headers.insert(RETRY_AFTER, whole_seconds(retry_after));
-    headers.insert(X_CACHE_NAME, XCache::Miss.value());
-    headers.insert(
-        CACHE_STATUS_NAME,
-        HeaderValue::from_static(concat_status!("detail=cold-wait")),
-    );
-    response
+    rejected(retry_after)
 }

@@ -20,10 +20,7 @@ use http_body::Body;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use super::answer::{
-    failed, filled_not_modified, mark_forwarded, serve, serve_filled, serve_shared, stood_aside,
-    usable_on_error,
-};
+use super::answer::{failed, stood_aside, usable_on_error};
 use super::body::ResponseBody;
 use super::budget;
 use super::complete::{complete, not_kept};
@@ -32,6 +29,7 @@ use super::inflight::{Failure, Joined, Landed, Lead, Own, SharedAnswer, Waiting}
 use super::marks::Mark;
 use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
 use super::outcome::XCache;
+use super::respond::{filled_not_modified, mark_forwarded, serve, serve_filled, serve_shared};
 use super::route::Route;
 use super::stream::Stream;
 use super::vary::Check;

@@ -192,7 +192,9 @@
 //! * `complete`: a cold fill's answer, from its head to how the fill lands: who may
 //!   have it, its body streamed to them, and whether it is stored;
 //! * `refresh`: refreshing a stale entry in the background;
-//! * `answer`: answering from an entry, a fill's result or a pass-through;
+//! * `respond`: the responses, built from an entry, a shared answer or the guard's own;
+//! * `answer`: the one decision on an entry found (where a refresh starts), a
+//!   pass-through, and what stands in for a failed origin;
 //! * `cold`: a cold miss, from claiming the fill to what each waiter gets;
 //! * `service`, `future`: the Tower service and its future (the request path);
 //! * `layer`: the Tower layer of one route;
@@ -219,6 +221,7 @@ mod purge;
 mod ranged;
 mod read;
 mod refresh;
+mod respond;
 mod route;
 mod service;
 mod shared;

@@ -50,69 +50,12 @@ pub(crate) fn fill_request<B, F: Default>(
     learned: &[HeaderName],
     request: &Request<B>,
 ) -> Request<F> {
-    let uri = request.uri();
-    let mut path_and_query = uri.path().to_owned();
-    let mut first = true;
-    keyed_query(policy, uri, &mut |param| {
-        path_and_query.push(if first { '?' } else { '&' });
-        path_and_query.push_str(param);
-        first = false;
-    });
-    // Relative: the host, if any, travels in one place only, the Host header, and is the
-    // same value the key was made of.
-    let new_uri = Uri::builder()
-        .path_and_query(path_and_query)
-        .build()
-        .unwrap_or_else(|_| Uri::from_static("/"));
-
-    let keyed = |name: &HeaderName| policy.key_headers.contains(name) || learned.contains(name);
     let given = request.headers();
-    let mut headers = HeaderMap::with_capacity(given.keys_len());
-    if policy.strict_forwarding {
-        // (The names a URL varies on include the route's keyed headers: each once.)
-        let learned = learned.iter().filter(|n| !policy.key_headers.contains(n));
-        for name in policy
-            .key_headers
-            .iter()
-            .chain(learned)
-            .chain(&policy.forward_headers)
-        {
-            // (A learned `Vary: Range` is not one: see `response::vary_names`.)
-            if *name == header::RANGE || *name == header::IF_RANGE {
-                continue;
-            }
-            for value in given.get_all(name) {
-                headers.append(name.clone(), value.clone());
-            }
-        }
-        for (name, allowed) in [
-            (header::AUTHORIZATION, policy.allow_authorization),
-            (header::COOKIE, policy.allow_cookies),
-        ] {
-            if allowed {
-                for value in given.get_all(&name) {
-                    headers.append(name.clone(), value.clone());
-                }
-            }
-        }
+    let mut headers = if policy.strict_forwarding {
+        strictly_forwarded(policy, learned, given)
     } else {
-        let listed = connection_listed(given);
-        for (name, value) in given {
-            let dropped = HOP_BY_HOP.contains(name)
-                || NOT_FOR_A_FILL.contains(name)
-                || name.as_str() == "keep-alive"
-                || name.as_str() == "proxy-connection"
-                // A keyed header stays even where `Connection` lists it: the entry is
-                // keyed on it, so the fill must ask with it.
-                || (listed.contains(name) && !keyed(name))
-                || (*name == header::AUTHORIZATION && !policy.allow_authorization)
-                || (*name == header::COOKIE && !policy.allow_cookies)
-                || (POISONING_HEADERS.contains(&name.as_str()) && !keyed(name));
-            if !dropped {
-                headers.append(name.clone(), value.clone());
-            }
-        }
-    }
+        forwarded(policy, learned, given)
+    };
     headers.remove(header::HOST);
     if (policy.key_host || learned.contains(&header::HOST))
         && let Some(host) = host(request).and_then(|h| http::HeaderValue::from_bytes(h).ok())
@@ -121,13 +64,87 @@ pub(crate) fn fill_request<B, F: Default>(
     }
     let mut fill = Request::new(F::default());
     *fill.method_mut() = Method::GET;
-    *fill.uri_mut() = new_uri;
+    *fill.uri_mut() = fill_uri(policy, request.uri());
     *fill.version_mut() = request.version();
     *fill.headers_mut() = headers;
     if policy.forward_extensions() {
         *fill.extensions_mut() = request.extensions().clone();
     }
     fill
+}
+
+/// The URI a fill asks for: the path and the keyed query, relative (the host, if any,
+/// travels in one place only, the `Host` header, and is the same value the key was made
+/// of).
+fn fill_uri(policy: &Policy, uri: &Uri) -> Uri {
+    let mut path_and_query = uri.path().to_owned();
+    let mut first = true;
+    keyed_query(policy, uri, &mut |param| {
+        path_and_query.push(if first { '?' } else { '&' });
+        path_and_query.push_str(param);
+        first = false;
+    });
+    Uri::builder()
+        .path_and_query(path_and_query)
+        .build()
+        .unwrap_or_else(|_| Uri::from_static("/"))
+}
+
+/// With `strict_forwarding`: the keyed and learned headers, the route's
+/// `forward_headers`, and `Authorization` and `Cookie` where the route allows them.
+fn strictly_forwarded(policy: &Policy, learned: &[HeaderName], given: &HeaderMap) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(given.keys_len());
+    // (The names a URL varies on include the route's keyed headers: each once.)
+    let learned = learned.iter().filter(|n| !policy.key_headers.contains(n));
+    for name in policy
+        .key_headers
+        .iter()
+        .chain(learned)
+        .chain(&policy.forward_headers)
+    {
+        // (A learned `Vary: Range` is not one: see `response::vary_names`.)
+        if *name == header::RANGE || *name == header::IF_RANGE {
+            continue;
+        }
+        for value in given.get_all(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    for (name, allowed) in [
+        (header::AUTHORIZATION, policy.allow_authorization),
+        (header::COOKIE, policy.allow_cookies),
+    ] {
+        if allowed {
+            for value in given.get_all(&name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    headers
+}
+
+/// By default: the headers as a proxy forwards them, less what is dropped (see
+/// [`fill_request`]).
+fn forwarded(policy: &Policy, learned: &[HeaderName], given: &HeaderMap) -> HeaderMap {
+    let keyed = |name: &HeaderName| policy.key_headers.contains(name) || learned.contains(name);
+    let mut headers = HeaderMap::with_capacity(given.keys_len());
+    let listed = connection_listed(given);
+    for (name, value) in given {
+        let dropped = HOP_BY_HOP.contains(name)
+            || NOT_FOR_A_FILL.contains(name)
+            || name.as_str() == "keep-alive"
+            || name.as_str() == "proxy-connection"
+            // A keyed header stays even where `Connection` lists it: the entry is keyed
+            // on it, so the fill must ask with it.
+            || (listed.contains(name) && !keyed(name))
+            || (*name == header::AUTHORIZATION && !policy.allow_authorization)
+            || (*name == header::COOKIE && !policy.allow_cookies)
+            || (POISONING_HEADERS.contains(&name.as_str()) && !keyed(name));
+        if !dropped {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers
 }
 
 /// Removes the hop-by-hop headers (RFC 9110 §7.6.1) and those the `Connection` header

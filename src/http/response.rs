@@ -183,7 +183,6 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
     if headers.contains_key(header::SET_COOKIE) {
         return Err(NotStored::SetCookie);
     }
-    let mut found = None;
     // On a route that follows the origin, a field targeted at this cache
     // (`CDN-Cache-Control`, `Surrogate-Control`) says whether to store, in place of
     // `Cache-Control`; but `private` there is always obeyed.
@@ -192,17 +191,6 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
     } else {
         header::CACHE_CONTROL
     };
-    let fields = headers
-        .get_all(header::CACHE_CONTROL)
-        .iter()
-        .map(|v| (v, false))
-        .chain(
-            (targeted != header::CACHE_CONTROL)
-                .then(|| headers.get_all(&targeted).iter().map(|v| (v, true)))
-                .into_iter()
-                .flatten(),
-        );
-    let overridden = targeted != header::CACHE_CONTROL;
     // `must-understand` (RFC 9111 §5.2.2.3): a cache that knows the status's caching
     // rules follows them and ignores `no-store`; one that does not, stores nothing.
     let must_understand = headers
@@ -215,9 +203,46 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
     if must_understand && !understood {
         return Err(NotStored::Status);
     }
+    if let Some(why) = forbidden(policy, headers, &targeted, must_understand) {
+        return Err(why);
+    }
+    vary_names(headers)?;
+    if policy.follow_origin {
+        return directives::reusable(policy, response.status(), headers).map_err(|why| match why {
+            NotReused::Status => NotStored::Status,
+            NotReused::NoFreshness => NotStored::NoFreshness,
+        });
+    }
+    if !policy.is_cacheable_status(response.status()) {
+        return Err(NotStored::Status);
+    }
+    Ok(())
+}
+
+/// The strongest directive that forbids storing, wherever it stands: in `Cache-Control`,
+/// or in the field `targeted` at this cache, which overrides `Cache-Control` but for
+/// `private`. A field that is not text is private.
+fn forbidden(
+    policy: &Policy,
+    headers: &HeaderMap,
+    targeted: &HeaderName,
+    must_understand: bool,
+) -> Option<NotStored> {
+    let overridden = *targeted != header::CACHE_CONTROL;
+    let fields = headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .map(|v| (v, false))
+        .chain(
+            overridden
+                .then(|| headers.get_all(targeted).iter().map(|v| (v, true)))
+                .into_iter()
+                .flatten(),
+        );
+    let mut found = None;
     for (value, is_targeted) in fields {
         let Ok(value) = value.to_str() else {
-            return Err(NotStored::Private);
+            return Some(NotStored::Private);
         };
         for directive in value.split(',') {
             let name = directive.split('=').next().unwrap_or("").trim();
@@ -227,7 +252,6 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
             if !counts {
                 continue;
             }
-            // The strongest directive wins, wherever it stands.
             let why = if name.eq_ignore_ascii_case("private") {
                 NotStored::Private
             } else if name.eq_ignore_ascii_case("no-store") {
@@ -244,20 +268,7 @@ pub(crate) fn storable<B>(policy: &Policy, response: &Response<B>) -> Result<(),
             found = Some(found.map_or(why, |f: NotStored| f.strongest(why)));
         }
     }
-    if let Some(why) = found {
-        return Err(why);
-    }
-    vary_names(headers)?;
-    if policy.follow_origin {
-        return directives::reusable(policy, response.status(), headers).map_err(|why| match why {
-            NotReused::Status => NotStored::Status,
-            NotReused::NoFreshness => NotStored::NoFreshness,
-        });
-    }
-    if !policy.is_cacheable_status(response.status()) {
-        return Err(NotStored::Status);
-    }
-    Ok(())
+    found
 }
 
 /// What of an answer made for one caller may be given to others without asking the

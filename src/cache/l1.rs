@@ -238,6 +238,13 @@ impl L1 {
             // The front has not had it: nothing to remove there.
             return false;
         }
+        self.to_front(key, &stored, changes);
+        true
+    }
+
+    /// Puts in the front an entry moka holds now, or, when another change to the shard
+    /// came between, promotes it there.
+    fn to_front(&self, key: LocalKey, stored: &Arc<Stored>, changes: u64) {
         match self.front.put(key, stored.clone(), changes) {
             front::Put::Inserted(dropped) => self.drop_variant(dropped),
             // Another change to the shard came between: the front left the key out. A
@@ -248,7 +255,7 @@ impl L1 {
                 for _ in 0..4 {
                     let changes = self.front.changes(&key);
                     match self.moka.get(&key) {
-                        Some(held) if Arc::ptr_eq(&held, &stored) => {
+                        Some(held) if Arc::ptr_eq(&held, stored) => {
                             if let front::Put::Inserted(dropped) =
                                 self.front.promote(key, held, changes)
                             {
@@ -262,7 +269,6 @@ impl L1 {
                 }
             }
         }
-        true
     }
 
     /// Drops from moka the variant the front dropped past the cap, if it is still that

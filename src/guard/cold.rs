@@ -459,29 +459,46 @@ where
         (Called::Answered(head), Some(current), Some(true)) => {
             // (A 304 has no body.)
             let (parts, _) = head.into_parts();
-            let head = Response::from_parts(parts, ());
-            match fill.renew(&current, head, &asked).await {
-                Ok(put) => {
-                    let renewed = Landed::Entry {
-                        stored: put.entry().clone(),
-                        kept: put.is_kept(),
-                        variant_of: None,
-                    };
-                    (renewed, None)
-                }
-                // Renewed, it may not be stored (ended already): the renewed answer goes
-                // to its callers as any answer that may not be stored does.
-                Err((renewed, why)) => {
-                    let body = Stream::whole(current.response.body.clone());
-                    not_kept(&route, renewed, &body, why, false, asked, false)
-                }
-            }
+            renewed(
+                &route,
+                fill,
+                &current,
+                Response::from_parts(parts, ()),
+                asked,
+            )
+            .await
         }
         (_, _, Some(_)) => {
             fill.end(Ending::Error).await;
             (Landed::Failed(Failure::Error), None)
         }
         (origin, _, None) => complete(&route, fill, origin, asked, lead).await,
+    }
+}
+
+/// The entry `current` that a fill asked about, renewed by the origin's `304`: in the
+/// caches, or, where it may not be stored (ended already), its renewed answer goes to
+/// its callers as any answer that may not be stored does.
+async fn renewed<B: OriginBody, E>(
+    route: &Arc<Route>,
+    fill: Fill,
+    current: &Stored,
+    not_modified: Response<()>,
+    asked: Arc<Request<()>>,
+) -> (Landed, Option<Own<B, E>>) {
+    match fill.renew(current, not_modified, &asked).await {
+        Ok(put) => {
+            let renewed = Landed::Entry {
+                stored: put.entry().clone(),
+                kept: put.is_kept(),
+                variant_of: None,
+            };
+            (renewed, None)
+        }
+        Err((renewed, why)) => {
+            let body = Stream::whole(current.response.body.clone());
+            not_kept(route, renewed, &body, why, false, asked, false)
+        }
     }
 }
 
@@ -530,16 +547,9 @@ async fn claim(
     loop {
         // A slot of the budget first, then the lease: a lease held while waiting for a
         // slot could run out before the origin is even called.
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let slot = route.shared.budget.take_within(left).await;
-        if slot.is_none() {
-            if !over_budget {
-                route.stats.record(Event::FillOverBudget);
-                over_budget = true;
-            }
-            if stand_aside {
-                return Claimed::Done(Landed::StoodAside);
-            }
+        let slot = budget_slot(route, deadline, &mut over_budget).await;
+        if slot.is_none() && stand_aside {
+            return Claimed::Done(Landed::StoodAside);
         }
         // A request waits on Redis at most once: if its cache read failed, it does not
         // also wait on the lease.
@@ -566,10 +576,9 @@ async fn claim(
                 let left = retry_after.unwrap_or(policy.error_backoff);
                 route.shared.marks.set(keys.entry(), Mark::BackOff, left);
                 // Else counted as a fill without Redis (`LocalOnly`), which it is.
-                return if stand_aside {
-                    Claimed::Done(Landed::StoodAside)
-                } else {
-                    local(slot)
+                return match stand_aside {
+                    true => Claimed::Done(Landed::StoodAside),
+                    false => local(slot),
                 };
             }
             AcquireOutcome::Busy { .. } => {
@@ -589,6 +598,22 @@ async fn claim(
             }
         }
     }
+}
+
+/// A slot of the refresh budget within what is left of the cold wait; the fill's first
+/// time without one is counted.
+async fn budget_slot(
+    route: &Route,
+    deadline: tokio::time::Instant,
+    over_budget: &mut bool,
+) -> Option<budget::Slot> {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let slot = route.shared.budget.take_within(left).await;
+    if slot.is_none() && !*over_budget {
+        route.stats.record(Event::FillOverBudget);
+        *over_budget = true;
+    }
+    slot
 }
 
 /// The lease taken: the fill is the caller's, unless the URL learned a `Vary` header

@@ -262,6 +262,17 @@ async fn invalidate_after(route: &Route, mut target: Request<()>, named: Option<
 /// `Vary` header while it waited, before it goes to the origin uncached.
 const MAX_REKEYS: usize = 3;
 
+/// The request's keys made again, if it has looked again fewer than [`MAX_REKEYS`]
+/// times (counted in `rekeys`) and may be keyed.
+fn rekey<B>(route: &Route, request: &Request<B>, rekeys: &mut usize) -> Option<CacheKeys> {
+    if *rekeys >= MAX_REKEYS {
+        return None;
+    }
+    let new = route.keys_for(request)?;
+    *rekeys += 1;
+    Some(new)
+}
+
 /// Past L1: what the fleet said about the key, L2, then a cold fill.
 async fn handle<S, ReqBody, ResBody>(
     route: Arc<Route>,
@@ -279,13 +290,9 @@ where
     let mut rekeys = 0;
     loop {
         let mut redis = match marked(&route, &keys, asked, &fallback) {
-            Marked::Look => {
-                if route.shared.store.is_local_only() {
-                    Redis::Failed
-                } else {
-                    Redis::Usable
-                }
-            }
+            // (A local-only store has no Redis to look in.)
+            Marked::Look if route.shared.store.is_local_only() => Redis::Failed,
+            Marked::Look => Redis::Usable,
             Marked::Passing => Redis::Passing,
             Marked::Pass => return passthrough(&route, inner, request, XCache::Pass).await,
             Marked::Stale(response) => return Ok(response),
@@ -305,16 +312,15 @@ where
         {
             return Ok(response);
         }
-        if !route.same_names(&keys) && rekeys < MAX_REKEYS {
-            // The URL learned a `Vary` header since the key was made: this caller's
-            // entry has another key now (a fill may have stored it already).
-            if let Some(new) = route.keys_for(&request) {
-                rekeys += 1;
-                keys = new;
-                // What was found under the old key is not this key's.
-                fallback = None;
-                continue;
-            }
+        // The URL learned a `Vary` header since the key was made: this caller's entry has
+        // another key now (a fill may have stored it already).
+        if !route.same_names(&keys)
+            && let Some(new) = rekey(&route, &request, &mut rekeys)
+        {
+            keys = new;
+            // What was found under the old key is not this key's.
+            fallback = None;
+            continue;
         }
         let caller = Caller {
             request: &request,
@@ -333,9 +339,8 @@ where
                 route.stats.record(Event::Pass);
                 return passthrough(&route, inner, request, XCache::Pass).await;
             }
-            Next::Rekey => match route.keys_for(&request) {
-                Some(new) if rekeys < MAX_REKEYS => {
-                    rekeys += 1;
+            Next::Rekey => match rekey(&route, &request, &mut rekeys) {
+                Some(new) => {
                     keys = new;
                     fallback = None;
                 }

@@ -151,7 +151,9 @@ pub(crate) async fn landed<B: OriginBody, E>(
     fallback: &Option<Arc<Stored>>,
 ) -> Next<B, E> {
     let kind = asked.kind;
-    let Flight { waiting, own } = flight;
+    // (The wait is kept to the end: the caller is counted by the flight until it made
+    // what it answers with.)
+    let Flight { mut waiting, own } = flight;
     let is_leader = own.is_some();
     let policy = &route.policy;
     let landed = match (policy.soft_timeout, fallback) {
@@ -297,12 +299,17 @@ fn answer_shared<B: OriginBody, E>(
     if !is_leader && !response::same_variant(&response.headers, origin_saw.headers(), headers) {
         return Next::Rekey;
     }
+    let Some(answer) = serve_shared(response, kind, !is_leader) else {
+        // Its stream moved past its start: this caller asks the origin itself.
+        route.stats.record(Event::FillTooLate);
+        return Next::PassThrough;
+    };
     route.stats.record(if response.storing {
         Event::Miss
     } else {
         Event::Pass
     });
-    Next::Answer(serve_shared(response, kind, !is_leader))
+    Next::Answer(answer)
 }
 
 /// The answer only the caller that led may have, as its answer (without its body, to

@@ -17,7 +17,10 @@
 //!   first, and its callers get the entry it made (or the answer, if it may not be
 //!   stored), with exact headers; a longer one (or one declared longer) is handed to
 //!   every caller of the fill as it comes: each reads the same frames at its own pace,
-//!   and a caller that joins mid-fill gets the frames so far, then the rest.
+//!   and a caller that joins mid-fill gets the frames so far, then the rest. The stream
+//!   holds the whole body while it may be stored; an answer that will not be (or that
+//!   grew past `max_body`) is held as a window its readers read in step with the
+//!   origin, and the fill stops once nobody reads it (see `stream`).
 //!
 //! When the body is whole, the answer is stored if it may be and fits the route's
 //! `max_body`; the stream ends only after the write, so that a caller whose answer
@@ -150,12 +153,13 @@ async fn read<B: OriginBody, E>(
     // What a qualified `no-cache` names is never stored nor shared: not even with the
     // callers that join while the body streams.
     response::strip_no_cache_fields(head.headers_mut());
-    let mut writer = Stream::writer();
-    let stream = writer.stream().clone();
     let max = route.policy.max_body as u64;
     let too_large = |len: u64| len > max || head.headers().len() > crate::cache::entry::MAX_HEADERS;
     let storable = response::storable(&route.policy, &head).is_ok();
     let declared = declared_length(head.headers());
+    let storing = storable && !too_large(declared.unwrap_or(0));
+    let mut writer = writer_for(lead, storing);
+    let stream = writer.stream().clone();
     // The answer as every caller of the fill gets it, its body as far as it came (of
     // `len` bytes): stored, if it may be and can still fit.
     let publish = |len: u64| Landed::Shared {
@@ -169,22 +173,21 @@ async fn read<B: OriginBody, E>(
         failure,
         origin_saw: asked.clone(),
     };
-    // Held until it is this long, or known not to be stored.
-    let stream_from = STREAM_FROM.min(max);
-    let mut published = false;
-    if declared.is_some_and(|d| d > stream_from) {
-        lead.publish(publish(0));
-        published = true;
+    let mut handing = Handing {
+        lead,
+        publish,
+        stream: stream.clone(),
+        // Held until it is this long, or known not to be stored.
+        stream_from: STREAM_FROM.min(max),
+        published: false,
+        retired: false,
+    };
+    if declared.is_some_and(|d| d > handing.stream_from) {
+        handing.publish(0);
     }
-    let storing = storable && !too_large(declared.unwrap_or(0));
     let mut parts = Parts::of(route, &fill, &head, storing);
-    let reading = read_body(route, body, declared, &mut writer, &mut parts, |len| {
-        if !published && len > stream_from {
-            lead.publish(publish(len));
-            published = true;
-        }
-        // (Read whole, stored or not: the callers that share it get all of it.)
-        true
+    let reading = read_body(route, body, declared, &mut writer, &mut parts, max, |len| {
+        handing.grew(len)
     });
     // Under the watchdog only what may be stored: an answer that will not be is not
     // cut at the watchdog's maximum for its readers (its lease, no longer renewed, runs
@@ -198,6 +201,8 @@ async fn read<B: OriginBody, E>(
         reading.await
     };
     fill.parts_written(parts.as_ref().map_or(0, Parts::usable));
+    let published = handing.published;
+    drop(handing);
     ended(
         route,
         fill,
@@ -207,6 +212,51 @@ async fn read<B: OriginBody, E>(
         lead,
     )
     .await
+}
+
+/// The stream of a fill's body: held whole while it may be stored (`storing`, up to
+/// `max_body`); else a window (see `stream`), its start kept for the callers of the
+/// flight that have yet to read it.
+fn writer_for(lead: &Lead, storing: bool) -> Writer {
+    let mut writer = Stream::writer();
+    writer.awaited_by(lead.waiting());
+    if !storing {
+        writer.bound();
+    }
+    writer
+}
+
+/// Who a fill's stream is handed to as its body grows: every caller of the flight, once
+/// it is longer than `stream_from` (or declared so); and once the stream let go of its
+/// start (it keeps a window), none that comes after: those start a fill of their own.
+struct Handing<'a, P> {
+    lead: &'a Lead,
+    /// The answer as the callers get it, its body `len` bytes so far.
+    publish: P,
+    stream: Arc<Stream>,
+    stream_from: u64,
+    published: bool,
+    retired: bool,
+}
+
+impl<P: Fn(u64) -> Landed> Handing<'_, P> {
+    fn publish(&mut self, len: u64) {
+        self.lead.publish((self.publish)(len));
+        self.published = true;
+    }
+
+    /// The body is `len` bytes long: read on (it is read to its end, stored or not,
+    /// while anyone reads it).
+    fn grew(&mut self, len: u64) -> bool {
+        if !self.published && len > self.stream_from {
+            self.publish(len);
+        }
+        if !self.retired && self.stream.let_go_of_start() {
+            self.lead.retire();
+            self.retired = true;
+        }
+        true
+    }
 }
 
 /// An answer that is its caller's alone (`why` it is not stored): streamed to it as it
@@ -282,6 +332,22 @@ where
             fill.end(Ending::Error).await;
             retire_and_cut(lead, writer);
             (Landed::Failed(Failure::Error), None)
+        }
+        // Nobody reads an answer that will not be stored: the origin's body is let go
+        // (its connection closed), as for any answer not stored, and not as a failure
+        // unless it was one.
+        Read::Deserted => {
+            route.stats.record(Event::FillDeserted);
+            let len = stream.len();
+            if len > route.policy.max_body as u64 {
+                route.said_too_large(len);
+                not_stored(route, NotStored::TooLarge);
+            }
+            let failure = response::is_failure(head.status());
+            fill.end(if failure { Ending::Error } else { Ending::Pass })
+                .await;
+            retire_and_cut(lead, writer);
+            (Landed::Pass, None)
         }
         Read::Stalled => {
             route.stats.record(Event::OriginTimeout);

@@ -19,6 +19,7 @@
 //! is the table "Every way a fill ends" in the [guard's docs](super).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use http::{Request, Response};
@@ -118,8 +119,9 @@ type Slot = watch::Receiver<Option<Arc<Landed>>>;
 /// The cold fills in flight in one route, one per key.
 #[derive(Default)]
 pub(crate) struct Flights {
-    /// Each flight, with the last invalidation of its key known here when it began.
-    map: Mutex<HashMap<Arc<str>, (Slot, Option<FencingToken>)>>,
+    /// Each flight, with the last invalidation of its key known here when it began, and
+    /// how many of its callers have yet to be answered.
+    map: Mutex<HashMap<Arc<str>, (Slot, Option<FencingToken>, Arc<AtomicUsize>)>>,
 }
 
 /// A caller's place in the flight of a key.
@@ -136,14 +138,38 @@ pub(crate) enum Joined<B: Body, E> {
     Follow(Waiting),
 }
 
-/// A wait for the outcome of a flight.
-pub(crate) struct Waiting(Slot);
+/// A wait for the outcome of a flight, counted by the flight until it is dropped: a
+/// caller keeps it until it has made what it answers with (the reader of a stream the
+/// fill shares, whose start is kept for it meanwhile: see `stream`).
+pub(crate) struct Waiting(
+    Slot,
+    // Never read: kept for its drop, which counts the caller answered.
+    #[allow(dead_code)] Counted,
+);
+
+/// One of a flight's callers that has yet to be answered.
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// The right, and the duty, to run the fill of a key.
 pub(crate) struct Lead {
     tx: watch::Sender<Option<Arc<Landed>>>,
     key: Arc<str>,
     flights: Arc<Flights>,
+    /// How many of its callers have yet to be answered.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl Flights {
@@ -163,20 +189,23 @@ impl Flights {
             .map
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((slot, began_after)) = map.get(key)
+        if let Some((slot, began_after, waiting)) = map.get(key)
             && *began_after == invalidated
         {
-            return Joined::Follow(Waiting(slot.clone()));
+            return Joined::Follow(Waiting(slot.clone(), Counted::new(waiting)));
         }
         let (tx, rx) = watch::channel(None);
-        map.insert(key.clone(), (rx.clone(), invalidated));
+        let waiting = Arc::new(AtomicUsize::new(0));
+        map.insert(key.clone(), (rx.clone(), invalidated, waiting.clone()));
+        let counted = Counted::new(&waiting);
         let lead = Lead {
             tx,
             key: key.clone(),
             flights: self.clone(),
+            waiting,
         };
         let (own_tx, own_rx) = oneshot::channel();
-        Joined::Lead(lead, Waiting(rx), own_tx, own_rx)
+        Joined::Lead(lead, Waiting(rx, counted), own_tx, own_rx)
     }
 
     #[cfg(test)]
@@ -200,6 +229,12 @@ impl Lead {
 }
 
 impl Lead {
+    /// How many of the flight's callers have yet to be answered (each until it made
+    /// what it answers with).
+    pub(crate) fn waiting(&self) -> Arc<AtomicUsize> {
+        self.waiting.clone()
+    }
+
     /// Lets the callers that come from now on start a flight of their own (they find
     /// the entry the fill stored, or fill again), while those that joined still get
     /// this one's outcome: the fill has stored what it will, and ends.
@@ -215,7 +250,7 @@ impl Lead {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if map
             .get(&self.key)
-            .is_some_and(|(slot, _)| slot.same_channel(&self.tx.subscribe()))
+            .is_some_and(|(slot, _, _)| slot.same_channel(&self.tx.subscribe()))
         {
             map.remove(&self.key);
         }
@@ -229,8 +264,9 @@ impl Drop for Lead {
 }
 
 impl Waiting {
-    /// The outcome; [`Failure::Cancelled`] when the fill ended without one.
-    pub(crate) async fn landed(mut self) -> Arc<Landed> {
+    /// The outcome; [`Failure::Cancelled`] when the fill ended without one. The caller
+    /// stays counted until it drops this wait.
+    pub(crate) async fn landed(&mut self) -> Arc<Landed> {
         match self.0.wait_for(Option::is_some).await {
             Ok(landed) => match &*landed {
                 Some(landed) => landed.clone(),
@@ -293,13 +329,13 @@ mod tests {
     async fn followers_get_the_leaders_outcome_and_the_flight_ends() {
         let flights = Arc::new(Flights::default());
         let key: Arc<str> = Arc::from("k");
-        let Joined::Lead(lead, leader, _, _) = flights.join(&key, None) else {
+        let Joined::Lead(lead, mut leader, _, _) = flights.join(&key, None) else {
             panic!("the first is the leader");
         };
-        let Joined::Follow(follower) = flights.join(&key, None) else {
+        let Joined::Follow(mut follower) = flights.join(&key, None) else {
             panic!("the second follows");
         };
-        let follower = tokio::spawn(follower.landed());
+        let follower = tokio::spawn(async move { follower.landed().await });
         lead.finish(Landed::Pass);
         assert!(matches!(*follower.await.unwrap(), Landed::Pass));
         assert!(matches!(*leader.landed().await, Landed::Pass));
@@ -314,7 +350,7 @@ mod tests {
     async fn a_flight_that_began_before_an_invalidation_is_not_joined() {
         let flights = Arc::new(Flights::default());
         let key: Arc<str> = Arc::from("k");
-        let Joined::Lead(old, old_waiting, _, _) = flights.join(&key, None) else {
+        let Joined::Lead(old, mut old_waiting, _, _) = flights.join(&key, None) else {
             panic!("the first is the leader");
         };
         let invalidated = Some(FencingToken::new(7));
@@ -337,10 +373,10 @@ mod tests {
         let Joined::Lead(lead, _, _, _) = flights.join(&key, None) else {
             panic!("the first is the leader");
         };
-        let Joined::Follow(waiting) = flights.join(&key, None) else {
+        let Joined::Follow(mut waiting) = flights.join(&key, None) else {
             panic!("the second follows");
         };
-        let waiter = tokio::spawn(waiting.landed());
+        let waiter = tokio::spawn(async move { waiting.landed().await });
         // As when the fill's task is aborted.
         drop(lead);
         assert!(matches!(
@@ -348,5 +384,38 @@ mod tests {
             Landed::Failed(Failure::Cancelled)
         ));
         assert_eq!(flights.len(), 0);
+    }
+
+    /// Each caller of a flight is counted until it drops its wait (after it made what it
+    /// answers with), whether it led or followed, and whatever the fill came to.
+    #[tokio::test]
+    async fn a_flight_counts_its_callers_until_each_is_answered() {
+        let flights = Arc::new(Flights::default());
+        let key: Arc<str> = Arc::from("k");
+        let Joined::Lead(lead, mut leader, _, _) = flights.join(&key, None) else {
+            panic!("the first is the leader");
+        };
+        let waiting = lead.waiting();
+        let Joined::Follow(follower) = flights.join(&key, None) else {
+            panic!("the second follows");
+        };
+        assert_eq!(waiting.load(Ordering::Acquire), 2);
+        lead.publish(Landed::Pass);
+        assert!(matches!(*leader.landed().await, Landed::Pass));
+        assert_eq!(
+            waiting.load(Ordering::Acquire),
+            2,
+            "until its wait is dropped"
+        );
+        drop(leader);
+        drop(follower);
+        assert_eq!(waiting.load(Ordering::Acquire), 0);
+        let Joined::Follow(late) = flights.join(&key, None) else {
+            panic!("joins the flight still open");
+        };
+        assert_eq!(waiting.load(Ordering::Acquire), 1);
+        drop(late);
+        lead.finish(Landed::Pass);
+        assert_eq!(waiting.load(Ordering::Acquire), 0);
     }
 }

@@ -66,7 +66,12 @@
 //!   then the rest); a body of at most 64 KiB is read whole first, so that its callers
 //!   get the entry with its exact headers. A body that fails mid-way is cut for every
 //!   reader ([`BodyError::FillCut`]), never ended as if whole, and nothing is stored.
-//!   Answers larger than the route's `max_body` are shared the same way, not stored.
+//!   Answers larger than the route's `max_body` (declared, or grown past it) are shared
+//!   the same way, not stored, and held only as a window of 1 MiB beyond their slowest
+//!   reader, whatever their length: the readers read in step with the origin, one that
+//!   does not move for the refresh timeout is cut, a caller that comes once the start
+//!   was let go asks the origin itself, and once nobody reads it the fill stops reading
+//!   the origin (within a second). A fill holds at most `max_body`, then that window.
 //! * A **conditional** request (`If-None-Match`, `If-Modified-Since`) that the entry it
 //!   is answered from meets gets `304` (`http::conditional`); a refresh of an entry with a
 //!   validator asks the origin the same way, and a `304` renews the entry with its body.

@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use super::fill::{Fill, Kept, Put};
 use super::origin::OriginBody;
 use super::route::Route;
-use super::stream::{Stream, Writer};
+use super::stream::{Room, Stream, Writer};
 use crate::cache::{PART, l2_drop_parts, l2_write_part};
 use crate::http::directives::lifetimes;
 use crate::lease::{FencingToken, LeaseLost};
@@ -36,6 +36,9 @@ pub(crate) enum Read<E> {
     /// The reader stopped reading: the body grew past what it wanted (see
     /// [`read_body`]).
     Abandoned,
+    /// Nobody read the stream of an answer that will not be stored, nor waited to
+    /// (see `stream`): the reading stopped.
+    Deserted,
 }
 
 /// Reads `body` into `writer`'s stream until it ends (`declared`: the length its head
@@ -43,19 +46,38 @@ pub(crate) enum Read<E> {
 /// while the answer may be stored (`parts`), and telling `grew` the stream's length
 /// after each frame (when it answers `false`, the reading stops: [`Read::Abandoned`]).
 /// No frame for the route's refresh timeout is a stall.
+///
+/// The stream holds the whole body up to `hold` bytes; past it (or from the start, when
+/// the writer is bounded already) only a window, read in step with its readers, a
+/// reader that holds it back for the refresh timeout dropped from it, and the reading
+/// stopped when nobody reads it ([`Read::Deserted`]; see `stream`).
 pub(crate) async fn read_body<B: OriginBody>(
     route: &Route,
     body: B,
     declared: Option<u64>,
     writer: &mut Writer,
     parts: &mut Option<Parts>,
+    hold: u64,
     mut grew: impl FnMut(u64) -> bool,
 ) -> Read<B::Error> {
     let idle = route.policy.refresh_timeout;
     let stream = writer.stream().clone();
     let mut body = std::pin::pin!(body);
+    let dropped = |readers: usize| {
+        for _ in 0..readers {
+            route.stats.record(Event::FillReaderDropped);
+        }
+    };
     loop {
-        let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+        if writer.room(idle, dropped).await == Room::Deserted {
+            return Read::Deserted;
+        }
+        let frame = tokio::select! {
+            biased;
+            frame = tokio::time::timeout(idle, body.frame()) => frame,
+            () = writer.deserted() => return Read::Deserted,
+        };
+        let Ok(frame) = frame else {
             return Read::Stalled;
         };
         let data: Bytes = match frame {
@@ -72,6 +94,9 @@ pub(crate) async fn read_body<B: OriginBody>(
         writer.push(data);
         if !grew(stream.len()) {
             return Read::Abandoned;
+        }
+        if stream.len() > hold {
+            writer.bound();
         }
         if let Some(parts) = parts {
             parts.write_ready(route, &stream).await;

@@ -402,7 +402,16 @@ async fn kept<B: OriginBody>(
     }
     let mut writer = Stream::writer();
     let mut parts = Parts::of(route, &fill, &head, true);
-    let reading = read_body(route, body, declared, &mut writer, &mut parts, fits);
+    // (Held whole: a refresh has no reader, and stops past what fits.)
+    let reading = read_body(
+        route,
+        body,
+        declared,
+        &mut writer,
+        &mut parts,
+        u64::MAX,
+        fits,
+    );
     let read = match fill.hold(reading).await {
         Ok(read) => read,
         Err(lost) => {
@@ -417,7 +426,7 @@ async fn kept<B: OriginBody>(
     let (event, why) = match read {
         Read::Whole => return stored(route, fill, head, writer, parts, asked).await,
         Read::Trailers => (Event::RefreshNotStored, Some(NotStored::Trailers)),
-        Read::Abandoned => (Event::RefreshNotStored, Some(NotStored::TooLarge)),
+        Read::Abandoned | Read::Deserted => (Event::RefreshNotStored, Some(NotStored::TooLarge)),
         Read::Failed(_) | Read::Short => {
             route.stats.record(Event::OriginError);
             (Event::RefreshOriginError, None)

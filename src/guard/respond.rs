@@ -122,13 +122,16 @@ fn body_for<B: Body>(kind: Kind, stored: &Stored) -> ResponseBody<B> {
 /// An answer of the origin that the callers of its fill share, as its body streams:
 /// `miss` while it may be stored, else `pass`; `collapsed` (RFC 9211) for a caller
 /// that joined the fill another caller led.
+///
+/// `None` when its stream let go of its start already (it keeps only a window, see
+/// `stream`): the caller cannot have it whole.
 pub(crate) fn serve_shared<B: Body>(
     shared: &SharedAnswer,
     kind: Kind,
     joined: bool,
-) -> Response<ResponseBody<B>> {
+) -> Option<Response<ResponseBody<B>>> {
     let body = match kind {
-        Kind::Get => ResponseBody::shared(shared.body.reader()),
+        Kind::Get => ResponseBody::shared(shared.body.join()?),
         Kind::Head => ResponseBody::empty(),
     };
     let mut response = Response::new(body);
@@ -149,7 +152,7 @@ pub(crate) fn serve_shared<B: Body>(
             x_cache.forwarded()
         },
     );
-    response
+    Some(response)
 }
 
 /// Marks an answer that is not from an entry: `x-cache`, and this cache's member of

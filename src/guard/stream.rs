@@ -4,10 +4,35 @@
 //! The fill appends each frame as it arrives ([`Writer::push`]); every reader
 //! ([`Reader`]) holds only its place, and takes the frames from there at its own pace,
 //! the same `Bytes` for all (never a copy per reader). A reader that joins mid-fill
-//! gets the frames so far, then the rest. The fill never waits for a reader: a slow
-//! client holds back neither the fill nor the others, and what the stream holds is the
-//! object once (when the fill stores it, its frames are swapped for slices of the
-//! stored body: [`Writer::settle`]).
+//! gets the frames so far, then the rest.
+//!
+//! # What a stream holds
+//!
+//! While its answer may be stored, a stream holds the whole body (at most the route's
+//! `max_body`, which the fill then stores): the fill never waits for a reader, and a
+//! slow client holds back neither the fill nor the others (when the fill stores it, its
+//! frames are swapped for slices of the stored body: [`Stream::settle`]).
+//!
+//! Once its answer will not be stored (it says so at its head, or grew past
+//! `max_body`), the stream is **bounded** ([`Writer::bound`]) and holds a window:
+//!
+//! * frames that every reader has read are let go, once the stream holds more than
+//!   [`WINDOW`] (below that, its start is kept for the callers that join late);
+//! * the fill reads the origin's next frame only while the stream holds less than
+//!   [`WINDOW`] beyond its slowest reader ([`Writer::room`]): the readers read in step
+//!   with the origin, and the slowest paces the fill;
+//! * a reader that held the fill back and did not move for a whole `lag` (the route's
+//!   refresh timeout, what the origin is given between two frames) is dropped from it:
+//!   its body fails ([`BodyError::FillCut`]), and the others go on (a slow reader that
+//!   moves paces them);
+//! * a caller of the fill that has not made its reader yet (counted by the flight, see
+//!   [`Writer::awaited_by`]) keeps the start held; one that comes after the start was
+//!   let go gets no reader ([`Stream::join`] is `None`) and asks the origin itself;
+//! * when no caller reads it or waits to for [`DESERTED_AFTER`], the fill stops
+//!   ([`Writer::deserted`]) and lets go of the origin's body (closing its connection).
+//!
+//! So a fill that will not be stored holds at most [`WINDOW`] and a frame, and one that
+//! may be, at most `max_body` and then the window.
 //!
 //! How the body ended is part of the stream: a reader that reaches the end of a body
 //! that failed or was cut gets an error ([`BodyError::FillCut`]), never a clean end, so
@@ -19,10 +44,30 @@
 //!
 //! [`BodyError::FillCut`]: super::BodyError::FillCut
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use tokio::sync::Notify;
+
+/// What a bounded stream holds beyond its slowest reader, and how much of its start it
+/// keeps for the callers that join late: 1 MiB. Enough for a reader to take frames while
+/// the next come (a socket on a fast link holds a few hundred KiB), and small enough
+/// that a crowd of fills, each paced by its own slow client, holds little: 16 of them,
+/// 16 MiB.
+pub(crate) const WINDOW: u64 = 1024 * 1024;
+
+/// How long a bounded stream goes on with no reader, and no caller of its fill waiting
+/// to read it, before its fill stops reading the origin: half a second, so that the
+/// origin's connection is closed within a second of the last client leaving.
+pub(crate) const DESERTED_AFTER: Duration = Duration::from_millis(500);
+
+/// How often a writer that waits looks again at what it waits for (a caller of the fill
+/// that gave up before making its reader is counted by the flight, not the stream).
+const LOOK_AGAIN: Duration = Duration::from_millis(100);
 
 /// How a stream ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,17 +83,45 @@ enum End {
 #[derive(Debug, Default)]
 pub(crate) struct Stream {
     state: Mutex<State>,
+    /// Told when a reader of a bounded stream moved on or went away, while its writer
+    /// waits for room.
+    freed: Notify,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    /// The frames so far, and where each starts in the body.
-    frames: Vec<Bytes>,
-    starts: Vec<u64>,
+    /// The frames held, and where each starts in the body.
+    frames: VecDeque<Bytes>,
+    starts: VecDeque<u64>,
+    /// Where the first frame held starts: what comes before was let go (bounded).
+    base: u64,
     len: u64,
     end: Option<End>,
     /// The readers waiting for more.
     waiting: Vec<Waker>,
+    /// Each reader's place, by slot (`None`: a free slot).
+    places: Vec<Option<Place>>,
+    /// Set once the stream holds only a window: what it holds beyond its slowest reader.
+    window: Option<u64>,
+    /// The callers of the fill that have not made their reader yet (see
+    /// [`Writer::awaited_by`]).
+    awaited: Option<Arc<AtomicUsize>>,
+    /// Those callers waited too long: the start may be let go without them.
+    start_released: bool,
+    /// The writer waits for a reader to move on.
+    writer_waits: bool,
+    /// Since when nobody reads it, nor waits to (see [`Writer::deserted`]).
+    alone_since: Option<tokio::time::Instant>,
+}
+
+/// A reader's place.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    at: u64,
+    /// It moved since its writer began to wait for room.
+    moved: bool,
+    /// Dropped from the stream: it held the fill back too long.
+    dropped: bool,
 }
 
 /// The fill's end of a stream: the one that appends to it, and ends it once.
@@ -63,6 +136,7 @@ pub(crate) struct Writer {
 #[derive(Debug)]
 pub(crate) struct Reader {
     stream: Arc<Stream>,
+    slot: usize,
     at: u64,
     until: u64,
     /// The end was read (an error is given once).
@@ -74,6 +148,115 @@ pub(crate) enum Next {
     Data(Bytes),
     End,
     Cut,
+}
+
+/// Whether the writer of a bounded stream may read on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// It may read the next frame.
+    Go,
+    /// No caller reads it, nor waits to, for [`DESERTED_AFTER`]: stop.
+    Deserted,
+}
+
+/// What a writer that waits finds, at one look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    Go,
+    /// Held back by readers (or callers yet to read) at the stream's floor.
+    Held,
+    /// No room, and nobody reads, nor waits to.
+    Alone,
+}
+
+impl State {
+    /// How many callers of the fill have yet to make their reader (none once released).
+    fn awaited(&self) -> usize {
+        match &self.awaited {
+            Some(count) if !self.start_released => count.load(Ordering::Acquire),
+            _ => 0,
+        }
+    }
+
+    fn readers(&self) -> impl Iterator<Item = &Place> {
+        self.places.iter().flatten().filter(|place| !place.dropped)
+    }
+
+    /// Where the slowest reader is: what may not be let go. The start while a caller has
+    /// yet to make its reader; nothing beyond what is held when nobody reads.
+    fn floor(&self) -> u64 {
+        if self.awaited() > 0 {
+            return self.base;
+        }
+        self.readers()
+            .map(|place| place.at)
+            .min()
+            .unwrap_or(self.base)
+    }
+
+    /// Lets go of the frames every reader has read, in a bounded stream that holds more
+    /// than its window (or let go of its start already: nobody can join from it).
+    fn trim(&mut self) {
+        let Some(window) = self.window else {
+            return;
+        };
+        let floor = self.floor();
+        while let (Some(frame), Some(start)) = (self.frames.front(), self.starts.front()) {
+            let held = self.len - self.base;
+            if start + frame.len() as u64 > floor || (self.base == 0 && held <= window) {
+                break;
+            }
+            self.base = start + frame.len() as u64;
+            self.frames.pop_front();
+            self.starts.pop_front();
+        }
+    }
+
+    /// Whether a bounded stream's writer may read on.
+    fn look(&self) -> Look {
+        let Some(window) = self.window else {
+            return Look::Go;
+        };
+        if self.len.saturating_sub(self.floor()) < window {
+            Look::Go
+        } else if self.awaited() == 0 && self.readers().next().is_none() {
+            Look::Alone
+        } else {
+            Look::Held
+        }
+    }
+
+    /// Starts a wait for room: every reader's moves are counted from now.
+    fn wait_from_here(&mut self) {
+        for place in self.places.iter_mut().flatten() {
+            place.moved = false;
+        }
+    }
+
+    /// Drops the readers that hold the stream back and did not move since the wait
+    /// began; a start held for callers that have yet to make their reader is let go.
+    /// How many were dropped.
+    fn drop_stuck(&mut self) -> usize {
+        if self.awaited() > 0 {
+            self.start_released = true;
+        }
+        let (len, window) = (self.len, self.window.unwrap_or(0));
+        let mut dropped = 0;
+        for place in self.places.iter_mut().flatten() {
+            if !place.dropped && !place.moved && place.at.saturating_add(window) <= len {
+                place.dropped = true;
+                dropped += 1;
+            }
+        }
+        self.trim();
+        dropped
+    }
+
+    /// The frame that holds `at` (held: at or past the base, before the end).
+    fn frame_at(&self, at: u64) -> (&Bytes, u64) {
+        let index = self.starts.partition_point(|start| *start <= at) - 1;
+        (&self.frames[index], self.starts[index])
+    }
 }
 
 impl Stream {
@@ -96,19 +279,47 @@ impl Stream {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // A reader or writer that panicked left no half-made change: every change is
-        // one push or one assignment.
+        // one push, one pop or one assignment.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A reader of the whole body, from its start.
+    /// A reader of the whole body, from its start (cut at once if its start was let go:
+    /// see [`join`](Self::join)).
     pub(crate) fn reader(self: &Arc<Self>) -> Reader {
         self.range(0, u64::MAX)
     }
 
+    /// A reader of the whole body for a caller that joins the fill: `None` once the
+    /// stream let go of its start (it keeps a window, and moved past it): the caller
+    /// asks the origin itself.
+    pub(crate) fn join(self: &Arc<Self>) -> Option<Reader> {
+        if self.lock().base > 0 {
+            return None;
+        }
+        Some(self.reader())
+    }
+
     /// A reader of the bytes from `start` up to `end` (exclusive).
     pub(crate) fn range(self: &Arc<Self>, start: u64, end: u64) -> Reader {
+        let mut state = self.lock();
+        let place = Some(Place {
+            at: start,
+            moved: true,
+            dropped: false,
+        });
+        let slot = match state.places.iter().position(Option::is_none) {
+            Some(slot) => {
+                state.places[slot] = place;
+                slot
+            }
+            None => {
+                state.places.push(place);
+                state.places.len() - 1
+            }
+        };
         Reader {
             stream: self.clone(),
+            slot,
             at: start,
             until: end,
             done: false,
@@ -116,21 +327,22 @@ impl Stream {
     }
 
     /// The bytes from `start` up to `end` (which came already): a slice of one frame,
-    /// or a copy of the frames they span.
+    /// or a copy of the frames they span. Only of a stream that holds its start (one
+    /// whose answer may be stored): empty where the bytes were let go.
     pub(crate) fn slice(&self, start: u64, end: u64) -> Bytes {
         let state = self.lock();
         let end = end.min(state.len);
-        if start >= end {
+        if start >= end || start < state.base {
             return Bytes::new();
         }
         let first = state.starts.partition_point(|s| *s <= start) - 1;
-        let frame_start = state.starts[first];
-        let frame = &state.frames[first];
+        let (frame, frame_start) = (&state.frames[first], state.starts[first]);
         if end <= frame_start + frame.len() as u64 {
             return frame.slice((start - frame_start) as usize..(end - frame_start) as usize);
         }
         let mut out = BytesMut::with_capacity((end - start) as usize);
-        for (frame, frame_start) in state.frames[first..].iter().zip(&state.starts[first..]) {
+        let frames = state.frames.range(first..).zip(state.starts.range(first..));
+        for (frame, frame_start) in frames {
             if *frame_start >= end {
                 break;
             }
@@ -144,6 +356,18 @@ impl Stream {
     /// How many bytes came so far.
     pub(crate) fn len(&self) -> u64 {
         self.lock().len
+    }
+
+    /// Whether it let go of its start: nobody can join it from there.
+    pub(crate) fn let_go_of_start(&self) -> bool {
+        self.lock().base > 0
+    }
+
+    /// How many bytes it holds now.
+    #[cfg(test)]
+    fn held(&self) -> u64 {
+        let state = self.lock();
+        state.len - state.base
     }
 }
 
@@ -162,11 +386,89 @@ impl Writer {
             let mut state = self.stream.lock();
             let start = state.len;
             state.len += data.len() as u64;
-            state.starts.push(start);
-            state.frames.push(data);
+            state.starts.push_back(start);
+            state.frames.push_back(data);
+            state.trim();
             std::mem::take(&mut state.waiting)
         };
         waiting.into_iter().for_each(Waker::wake);
+    }
+
+    /// The callers of the fill that will read the stream and have not made their reader
+    /// yet, as their flight counts them: a bounded stream keeps its start for them.
+    pub(crate) fn awaited_by(&mut self, callers: Arc<AtomicUsize>) {
+        self.stream.lock().awaited = Some(callers);
+    }
+
+    /// From now on the stream holds only a window (see the [module docs](self)): its
+    /// answer will not be stored.
+    pub(crate) fn bound(&mut self) {
+        let mut state = self.stream.lock();
+        if state.window.is_none() {
+            state.window = Some(WINDOW);
+            state.trim();
+        }
+    }
+
+    /// Waits until a bounded stream has room for the next frame (at once, for one that
+    /// is not bounded). The readers that hold it back and did not move for `lag` are
+    /// dropped (`dropped` is told how many were), and so is a start kept for callers
+    /// that have yet to make their reader; when nobody reads it, nor waits to, for
+    /// [`DESERTED_AFTER`], [`Room::Deserted`].
+    pub(crate) async fn room(&self, lag: Duration, mut dropped: impl FnMut(usize)) -> Room {
+        let mut held_since = None;
+        loop {
+            let now = tokio::time::Instant::now();
+            let (look, alone) = {
+                let mut state = self.stream.lock();
+                let look = state.look();
+                state.writer_waits = look != Look::Go;
+                (look, state.alone_for(now))
+            };
+            match look {
+                Look::Go => return Room::Go,
+                Look::Alone if alone >= DESERTED_AFTER => return Room::Deserted,
+                Look::Alone => held_since = None,
+                Look::Held => {
+                    let since = *held_since.get_or_insert_with(|| {
+                        self.stream.lock().wait_from_here();
+                        now
+                    });
+                    if now - since >= lag {
+                        let waiting = {
+                            let mut state = self.stream.lock();
+                            dropped(state.drop_stuck());
+                            std::mem::take(&mut state.waiting)
+                        };
+                        waiting.into_iter().for_each(Waker::wake);
+                        held_since = None;
+                        continue;
+                    }
+                }
+            }
+            let _ = tokio::time::timeout(LOOK_AGAIN, self.stream.freed.notified()).await;
+        }
+    }
+
+    /// Resolves once a bounded stream has had no reader, and no caller waiting to read
+    /// it, for [`DESERTED_AFTER`]; never for one that is not bounded.
+    pub(crate) async fn deserted(&self) {
+        loop {
+            let alone = {
+                let mut state = self.stream.lock();
+                if state.window.is_none() {
+                    None
+                } else {
+                    let now = tokio::time::Instant::now();
+                    Some(state.alone_for(now))
+                }
+            };
+            match alone {
+                None => std::future::pending::<()>().await,
+                Some(alone) if alone >= DESERTED_AFTER => return,
+                Some(_) => tokio::time::sleep(LOOK_AGAIN).await,
+            }
+        }
     }
 
     /// The body is whole.
@@ -189,14 +491,27 @@ impl Writer {
         waiting.into_iter().for_each(Waker::wake);
     }
 
-    /// The whole body so far, in one buffer of its own (a copy: see [`Self::settle`]).
+    /// The whole body so far, in one buffer of its own (a copy: see [`Stream::settle`]).
+    /// Only of a stream that holds its start (one whose answer may be stored).
     pub(crate) fn gathered(&self) -> Bytes {
         let state = self.stream.lock();
-        let mut whole = BytesMut::with_capacity(state.len as usize);
+        debug_assert_eq!(state.base, 0, "gathered a stream that let go of its start");
+        let mut whole = BytesMut::with_capacity((state.len - state.base) as usize);
         for frame in &state.frames {
             whole.extend_from_slice(frame);
         }
         whole.freeze()
+    }
+}
+
+impl State {
+    /// How long nobody has read the stream, nor waited to (zero while someone does).
+    fn alone_for(&mut self, now: tokio::time::Instant) -> Duration {
+        if self.awaited() > 0 || self.readers().next().is_some() {
+            self.alone_since = None;
+            return Duration::ZERO;
+        }
+        now - *self.alone_since.get_or_insert(now)
     }
 }
 
@@ -206,9 +521,9 @@ impl Stream {
     /// entry. Readers keep their places.
     pub(crate) fn settle(&self, body: &Bytes) {
         let mut state = self.lock();
-        if state.end == Some(End::Whole) && state.len == body.len() as u64 {
-            state.frames = vec![body.clone()];
-            state.starts = vec![0];
+        if state.end == Some(End::Whole) && state.base == 0 && state.len == body.len() as u64 {
+            state.frames = VecDeque::from([body.clone()]);
+            state.starts = VecDeque::from([0]);
         }
     }
 }
@@ -238,14 +553,28 @@ impl Reader {
             self.done = true;
             return Poll::Ready(Next::End);
         }
+        let dropped = state.places[self.slot].is_some_and(|place| place.dropped);
+        // (Dropped for holding the fill back, or joined after its start was let go.)
+        if dropped || self.at < state.base {
+            self.done = true;
+            return Poll::Ready(Next::Cut);
+        }
         if self.at < state.len {
-            // The frame that holds `at`: the last that starts at or before it.
-            let index = state.starts.partition_point(|start| *start <= self.at) - 1;
-            let (frame, start) = (&state.frames[index], state.starts[index]);
+            let (frame, start) = state.frame_at(self.at);
             let from = (self.at - start) as usize;
             let to = (frame.len() as u64).min(self.until - start) as usize;
             let data = frame.slice(from..to);
             self.at += data.len() as u64;
+            if let Some(place) = &mut state.places[self.slot] {
+                place.at = self.at;
+                place.moved = true;
+            }
+            let freed = state.window.is_some() && state.writer_waits;
+            state.trim();
+            drop(state);
+            if freed {
+                self.stream.freed.notify_one();
+            }
             return Poll::Ready(Next::Data(data));
         }
         match state.end {
@@ -288,6 +617,20 @@ impl Reader {
     }
 }
 
+impl Drop for Reader {
+    fn drop(&mut self) {
+        let freed = {
+            let mut state = self.stream.lock();
+            state.places[self.slot] = None;
+            state.trim();
+            state.window.is_some()
+        };
+        if freed {
+            self.stream.freed.notify_one();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::future::poll_fn;
@@ -308,6 +651,140 @@ mod tests {
                 Next::Cut => return (body, false),
             }
         }
+    }
+
+    /// A frame of `len` bytes of `byte`.
+    fn frame(byte: u8, len: u64) -> Bytes {
+        Bytes::from(vec![byte; len as usize])
+    }
+
+    const LAG: Duration = Duration::from_secs(4);
+
+    /// A bounded stream keeps its start up to its window for callers that join late,
+    /// then lets go of what every reader read, and holds at most the window (and a
+    /// frame) beyond its slowest reader: its writer waits for room.
+    #[tokio::test(start_paused = true)]
+    async fn a_bounded_stream_holds_a_window_beyond_its_slowest_reader() {
+        let mut writer = Stream::writer();
+        let stream = writer.stream().clone();
+        writer.bound();
+        let quarter = WINDOW / 4;
+        let mut fast = stream.join().expect("the start is held");
+        let mut slow = stream.join().expect("the start is held");
+        for n in 0..4 {
+            assert_eq!(writer.room(LAG, |_| {}).await, Room::Go);
+            writer.push(frame(n, quarter));
+        }
+        // Read by both, but kept: the stream holds no more than its window.
+        for reader in [&mut fast, &mut slow] {
+            assert!(matches!(next(reader).await, Next::Data(d) if d.len() as u64 == quarter));
+        }
+        assert_eq!(stream.held(), WINDOW);
+        assert!(
+            stream.join().is_some(),
+            "a caller may still join from the start"
+        );
+        // Past the window: what both read is let go, and late callers find no start.
+        writer.push(frame(4, quarter));
+        assert_eq!(stream.held(), WINDOW);
+        assert!(
+            stream.join().is_none(),
+            "a caller after the start was let go"
+        );
+        // The slow reader stays where it is: the window beyond it is full.
+        for _ in 0..3 {
+            assert!(matches!(next(&mut fast).await, Next::Data(_)));
+        }
+        let room = tokio::time::timeout(Duration::from_secs(1), writer.room(LAG, |_| {}));
+        assert!(
+            room.await.is_err(),
+            "room while the slow reader holds a window"
+        );
+        // It reads a frame: room for one more.
+        assert!(matches!(next(&mut slow).await, Next::Data(d) if d[0] == 1));
+        assert_eq!(writer.room(LAG, |_| {}).await, Room::Go);
+        assert_eq!(stream.held(), WINDOW - quarter);
+    }
+
+    /// A reader that holds the fill back for the whole lag is dropped: its body is cut,
+    /// the others read on; a caller of the fill yet to make its reader keeps the start
+    /// until then.
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_that_holds_the_fill_back_for_the_lag_is_cut() {
+        let mut writer = Stream::writer();
+        let stream = writer.stream().clone();
+        let awaited = Arc::new(AtomicUsize::new(1));
+        writer.awaited_by(awaited.clone());
+        writer.bound();
+        let mut stuck = stream.join().unwrap();
+        let mut reading = stream.join().unwrap();
+        for n in 0..8 {
+            writer.push(frame(n, WINDOW / 4));
+            while let Next::Data(_) = next(&mut reading).await {
+                if reading.at == stream.len() {
+                    break;
+                }
+            }
+        }
+        // The awaited caller keeps the start: nothing was let go.
+        assert_eq!(stream.held(), 2 * WINDOW);
+        assert!(stream.join().is_some());
+        awaited.store(0, Ordering::Release);
+        let started = tokio::time::Instant::now();
+        let mut dropped = 0;
+        assert_eq!(writer.room(LAG, |n| dropped += n).await, Room::Go);
+        assert_eq!(dropped, 1, "the stuck reader, not the one that reads");
+        assert!(started.elapsed() >= LAG);
+        assert!(matches!(next(&mut stuck).await, Next::Cut));
+        assert_eq!(
+            stream.held(),
+            0,
+            "what the reader that reads has read is let go"
+        );
+        writer.push(frame(9, 4));
+        writer.finish();
+        assert!(matches!(next(&mut reading).await, Next::Data(d) if d.len() == 4));
+        assert!(matches!(next(&mut reading).await, Next::End));
+    }
+
+    /// Once nobody reads a bounded stream, nor waits to, its fill is told to stop within
+    /// `DESERTED_AFTER`; a stream that may be stored never is.
+    #[tokio::test(start_paused = true)]
+    async fn a_bounded_stream_nobody_reads_is_deserted() {
+        let mut writer = Stream::writer();
+        let stream = writer.stream().clone();
+        writer.push(frame(0, 10));
+        let reader = stream.join().unwrap();
+        let unbounded = tokio::time::timeout(Duration::from_secs(60), writer.deserted());
+        drop(reader);
+        assert!(
+            unbounded.await.is_err(),
+            "a stream that may be stored is read on"
+        );
+        writer.bound();
+        let reader = stream.join().unwrap();
+        let after = {
+            let deserted = tokio::time::timeout(Duration::from_secs(10), writer.deserted());
+            tokio::pin!(deserted);
+            assert!(
+                tokio::time::timeout(Duration::from_secs(2), &mut deserted)
+                    .await
+                    .is_err(),
+                "deserted while read"
+            );
+            let left = tokio::time::Instant::now();
+            drop(reader);
+            assert!(deserted.await.is_ok());
+            left.elapsed()
+        };
+        assert!(
+            after >= DESERTED_AFTER && after < DESERTED_AFTER + LOOK_AGAIN * 2,
+            "{after:?}"
+        );
+        // And a writer that waits for room with nobody reading.
+        assert_eq!(writer.room(LAG, |_| {}).await, Room::Go);
+        writer.push(frame(1, WINDOW));
+        assert_eq!(writer.room(LAG, |_| {}).await, Room::Deserted);
     }
 
     #[tokio::test]

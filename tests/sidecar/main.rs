@@ -10,6 +10,7 @@ mod headers;
 mod http2;
 mod life;
 mod limits;
+mod memory;
 mod purge;
 mod redis;
 mod routes;

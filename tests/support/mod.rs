@@ -4,6 +4,7 @@
 
 pub(crate) mod app;
 pub(crate) mod backend;
+pub(crate) mod chunked;
 pub(crate) mod cluster;
 pub(crate) mod http;
 #[cfg(feature = "postgres")]

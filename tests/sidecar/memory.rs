@@ -1,0 +1,111 @@
+//! What one answer can make the sidecar hold, read from its `/proc` (its peak resident
+//! memory): an answer without a declared length, on a route that stores, is held whole
+//! only up to `--max-body`, then as a window its client reads in step with the origin;
+//! once its client is gone, the origin's connection is closed.
+
+use super::*;
+use support::chunked::{self, memory, read_checked, reset_peak};
+
+const MIB: u64 = 1024 * 1024;
+
+/// The sidecar in front of the chunked origin, on its own Redis (the route stores).
+async fn sidecar_before_chunked() -> (Sidecar, RedisServer, chunked::Calls) {
+    let (origin, calls) = chunked::origin().await;
+    let redis = RedisServer::start();
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--redis",
+        &redis.url(),
+        "--metrics",
+        "127.0.0.1:0",
+    ]);
+    // What it holds once it served a request.
+    let warm = fetch(sidecar.listen, "/warm/1", &[]).await;
+    assert_eq!(warm.status, StatusCode::OK);
+    (sidecar, redis, calls)
+}
+
+/// A 1.5 GiB answer without a declared length, on a route that stores, read as fast as
+/// a client can for a second, then let go: the sidecar's peak resident memory grows by
+/// at most 128 MiB (it held 1,037 MiB and kept reading the origin after its client
+/// left), and the origin's connection is closed within 3 s of the client leaving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_answer_without_a_length_is_held_as_a_window_and_let_go_with_its_client() {
+    let (sidecar, _redis, calls) = sidecar_before_chunked().await;
+    let pid = sidecar.pid();
+    let (before, _) = memory(&pid);
+    reset_peak(&pid);
+    let mut stream = TcpStream::connect(sidecar.listen).await.unwrap();
+    stream
+        .write_all(b"GET /chunked/1536 HTTP/1.1\r\nHost: shop.example\r\n\r\n")
+        .await
+        .unwrap();
+    let (read, ended) = read_checked(&mut stream, Duration::from_secs(1)).await;
+    assert!(!ended, "1.5 GiB in a second: {read} bytes");
+    drop(stream);
+    let left = Instant::now();
+    let let_go = eventually(HANG, || async {
+        calls.get().last().is_some_and(|call| call.let_go.is_some())
+    });
+    assert!(
+        let_go.await,
+        "the origin's body was never let go: {:?}",
+        calls.get()
+    );
+    let call = calls.get().last().cloned().unwrap();
+    let after_leaving = call.let_go.unwrap().saturating_duration_since(left);
+    let (_, peak) = memory(&pid);
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "a 1.5 GiB chunked answer, read for 1 s ({} MiB) then let go: the origin gave {} \
+         MiB and was let go {after_leaving:?} after the client; the sidecar's peak grew by \
+         {:.1} MiB",
+        read / MIB,
+        call.sent / MIB,
+        grown as f64 / MIB as f64
+    );
+    assert!(read > 0, "the client got nothing");
+    assert!(
+        after_leaving < Duration::from_secs(3),
+        "the origin was let go {after_leaving:?} after its only client left"
+    );
+    assert!(call.sent < 1536 * MIB, "the origin's whole body was read");
+    assert!(
+        grown <= 128 * MIB,
+        "the sidecar's peak grew by {grown} bytes for one client"
+    );
+    let deserted = counter(&sidecar, "stampede_guard_fill_streams_total", "deserted");
+    assert_eq!(deserted.await, 1);
+}
+
+/// One fast reader of a 256 MiB answer without a declared length, on a route that
+/// stores: every byte, in order, and the sidecar's peak resident memory grows by at
+/// most 128 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_fast_reader_of_a_256_mib_answer_without_a_length_gets_every_byte() {
+    let (sidecar, _redis, calls) = sidecar_before_chunked().await;
+    let pid = sidecar.pid();
+    let (before, _) = memory(&pid);
+    reset_peak(&pid);
+    let mut stream = TcpStream::connect(sidecar.listen).await.unwrap();
+    stream
+        .write_all(b"GET /chunked/256 HTTP/1.1\r\nHost: shop.example\r\n\r\n")
+        .await
+        .unwrap();
+    let (read, ended) = read_checked(&mut stream, Duration::from_secs(240)).await;
+    let (_, peak) = memory(&pid);
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "one reader of a 256 MiB chunked answer: {} MiB, the sidecar's peak grew by {:.1} MiB",
+        read / MIB,
+        grown as f64 / MIB as f64
+    );
+    assert!(ended, "the body did not end: {read} bytes came");
+    assert_eq!(read, 256 * MIB);
+    assert_eq!(calls.get().len(), 2, "the warm-up and this one");
+    assert!(
+        grown <= 128 * MIB,
+        "the sidecar's peak grew by {grown} bytes for one reader"
+    );
+}

@@ -1,0 +1,251 @@
+//! An origin on real TCP whose answers have no declared length: `GET /chunked/<MiB>`
+//! streams that many MiB in 64 KiB frames, each a buffer of its own (as one from the
+//! network is), its bytes a pattern a client checks ([`pattern_at`]), fresh for a
+//! minute. It keeps, for each call, how many bytes it gave and when its body was let
+//! go (the connection closed, or the body read to its end).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+
+const FRAME: usize = 64 * 1024;
+const MIB: u64 = 1024 * 1024;
+
+/// The byte at `offset` of every answer.
+pub(crate) fn pattern_at(offset: u64) -> u8 {
+    (offset % 251) as u8
+}
+
+/// One call: the bytes its body gave so far, and when the body was let go.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Call {
+    pub(crate) sent: u64,
+    pub(crate) let_go: Option<Instant>,
+}
+
+/// The calls the origin got, in order.
+#[derive(Clone, Default)]
+pub(crate) struct Calls(Arc<Mutex<Vec<Call>>>);
+
+impl Calls {
+    pub(crate) fn get(&self) -> Vec<Call> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// The body of one call: frames until `total`, its call's record kept up to date.
+struct Frames {
+    calls: Calls,
+    index: usize,
+    at: u64,
+    total: u64,
+    cycle: &'static [u8],
+}
+
+impl Drop for Frames {
+    fn drop(&mut self) {
+        self.calls.0.lock().unwrap()[self.index].let_go = Some(Instant::now());
+    }
+}
+
+impl Frames {
+    fn next_frame(&mut self) -> Option<Bytes> {
+        if self.at >= self.total {
+            return None;
+        }
+        let len = (self.total - self.at).min(FRAME as u64) as usize;
+        let from = (self.at % 251) as usize;
+        // A buffer of its own, as one read from the network.
+        let frame = Bytes::copy_from_slice(&self.cycle[from..from + len]);
+        self.at += len as u64;
+        self.calls.0.lock().unwrap()[self.index].sent = self.at;
+        Some(frame)
+    }
+}
+
+/// The answer to a call for `mib` MiB: counted in `calls`, its body frames of their own.
+pub(crate) fn answer(calls: &Calls, mib: u64) -> Response<BoxBody<Bytes, Infallible>> {
+    let index = {
+        let mut calls = calls.0.lock().unwrap();
+        calls.push(Call::default());
+        calls.len() - 1
+    };
+    let frames = Frames {
+        calls: calls.clone(),
+        index,
+        at: 0,
+        total: mib * MIB,
+        cycle: CYCLE.get_or_init(|| (0..FRAME as u64 + 251).map(pattern_at).collect()),
+    };
+    let stream = futures_util::stream::unfold(frames, |mut frames| async {
+        let frame = frames.next_frame()?;
+        Some((Ok::<_, Infallible>(http_body::Frame::data(frame)), frames))
+    });
+    Response::builder()
+        .header("content-type", "application/octet-stream")
+        .header("cache-control", "public, max-age=60")
+        .body(StreamBody::new(stream).boxed())
+        .unwrap()
+}
+
+/// A frame's worth of the pattern, from every offset of its cycle.
+static CYCLE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+
+/// The MiB a path asks for: its last segment.
+pub(crate) fn mib_of(path: &str) -> u64 {
+    path.rsplit('/')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Starts the origin on a free port.
+pub(crate) async fn origin() -> (SocketAddr, Calls) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let calls = Calls::default();
+    let served = calls.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let calls = served.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request: Request<_>| {
+                    let answer = answer(&calls, mib_of(request.uri().path()));
+                    async move { Ok::<_, Infallible>(answer) }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, calls)
+}
+
+/// A process's resident memory and its peak since [`reset_peak`], in bytes, from
+/// `/proc/<pid>/status` (`VmRSS`, `VmHWM`).
+pub(crate) fn memory(pid: &str) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = |field: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    (kib("VmRSS:"), kib("VmHWM:"))
+}
+
+/// Resets a process's peak resident memory to what it holds now.
+pub(crate) fn reset_peak(pid: &str) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+}
+
+/// Reads an HTTP/1.1 answer's head and then its body from `stream` for `within`,
+/// checking every byte of the body against [`pattern_at`]; returns how many body bytes
+/// came, and whether the body ended (its last chunk) within that time.
+pub(crate) async fn read_checked(
+    stream: &mut tokio::net::TcpStream,
+    within: std::time::Duration,
+) -> (u64, bool) {
+    use tokio::io::AsyncReadExt;
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buffer = vec![0u8; 256 * 1024];
+    let mut head = Vec::new();
+    let mut decoder = Chunks::default();
+    loop {
+        // (A read that is ready at once is not timed out: the deadline is checked too.)
+        if tokio::time::Instant::now() >= deadline {
+            return (decoder.body, false);
+        }
+        let read = tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await;
+        let n = match read {
+            Err(_) => return (decoder.body, false),
+            Ok(Ok(0) | Err(_)) => return (decoder.body, decoder.ended),
+            Ok(Ok(n)) => n,
+        };
+        let mut data = &buffer[..n];
+        if !decoder.in_body {
+            head.extend_from_slice(data);
+            let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
+            assert!(text.starts_with("http/1.1 200"), "{text}");
+            assert!(text.contains("transfer-encoding: chunked"), "{text}");
+            decoder.in_body = true;
+            let rest = head[end + 4..].to_vec();
+            decoder.feed(&rest);
+            data = &[];
+        }
+        decoder.feed(data);
+        if decoder.ended {
+            return (decoder.body, true);
+        }
+    }
+}
+
+/// A chunked body's decoder that checks every byte of it.
+#[derive(Default)]
+struct Chunks {
+    in_body: bool,
+    /// Bytes left of the chunk being read, and the size line being read.
+    left: u64,
+    line: Vec<u8>,
+    /// The CRLF after a chunk's data is yet to come.
+    crlf: u8,
+    body: u64,
+    ended: bool,
+}
+
+impl Chunks {
+    fn feed(&mut self, mut data: &[u8]) {
+        while !data.is_empty() && !self.ended {
+            if self.left > 0 {
+                let take = (self.left as usize).min(data.len());
+                for (i, byte) in data[..take].iter().enumerate() {
+                    let at = self.body + i as u64;
+                    assert_eq!(*byte, pattern_at(at), "a wrong byte at {at}");
+                }
+                self.body += take as u64;
+                self.left -= take as u64;
+                data = &data[take..];
+                if self.left == 0 {
+                    self.crlf = 2;
+                }
+            } else if self.crlf > 0 {
+                self.crlf -= 1;
+                data = &data[1..];
+            } else {
+                let byte = data[0];
+                data = &data[1..];
+                if byte != b'\n' {
+                    self.line.push(byte);
+                    continue;
+                }
+                let line = String::from_utf8_lossy(&self.line).trim().to_owned();
+                self.line.clear();
+                let size = u64::from_str_radix(line.split(';').next().unwrap(), 16)
+                    .unwrap_or_else(|_| panic!("a chunk size: {line:?}"));
+                if size == 0 {
+                    self.ended = true;
+                } else {
+                    self.left = size;
+                }
+            }
+        }
+    }
+}

@@ -80,6 +80,9 @@ pub struct Policy {
     pub(crate) key_host: bool,
     pub(crate) allow_authorization: bool,
     pub(crate) allow_cookies: bool,
+    /// Whether callers with different credentials share entries (else each credential
+    /// the route allows is keyed).
+    pub(crate) share_across_credentials: bool,
     /// Whether fill requests carry the caller's extensions (unset: unless the route
     /// forwards strictly).
     pub(crate) forward_extensions: Option<bool>,
@@ -130,6 +133,7 @@ impl fmt::Debug for Policy {
             .field("key_host", &self.key_host)
             .field("allow_authorization", &self.allow_authorization)
             .field("allow_cookies", &self.allow_cookies)
+            .field("share_across_credentials", &self.share_across_credentials)
             .field("forward_extensions", &self.forward_extensions())
             .field("strict_forwarding", &self.strict_forwarding)
             .field("hit_for_pass", &self.hit_for_pass)
@@ -209,6 +213,7 @@ impl Policy {
                 key_host: true,
                 allow_authorization: false,
                 allow_cookies: false,
+                share_across_credentials: false,
                 forward_extensions: None,
                 strict_forwarding: false,
                 hit_for_pass: defaults::HIT_FOR_PASS,
@@ -536,23 +541,37 @@ impl PolicyBuilder {
         self
     }
 
-    /// Cache requests that carry `Authorization` (default false: they bypass). Only for
-    /// routes whose response is the same for every authorized caller; the origin then
-    /// gets the `Authorization` of whichever caller fills the entry.
+    /// Cache requests that carry `Authorization` (default false: they bypass). Each
+    /// credential gets entries of its own, and one fill of its own: the route keys on
+    /// `Authorization` (a keyed hash of it, as of every part of a key: never the
+    /// credential itself in Redis), so that a `/me` answers each caller with its own.
+    /// To share one answer among every authorized caller, say so with
+    /// [`share_across_credentials`](Self::share_across_credentials).
     ///
     /// The layer does not check credentials on a hit: authentication must run outside
-    /// (before) the guard, or an entry filled for an authorized caller is served to
-    /// anyone. Responses that are not stored are never shared between callers on such
-    /// a route.
+    /// (before) the guard, or an entry filled for a credential is served to anyone who
+    /// sends the same one. Responses that are not stored are never shared between
+    /// callers on such a route.
     pub fn allow_authorization(mut self, allow: bool) -> Self {
         self.policy.allow_authorization = allow;
         self
     }
 
-    /// Cache requests that carry `Cookie` (default false: they bypass). The same caveat
-    /// as [`allow_authorization`](Self::allow_authorization).
+    /// Cache requests that carry `Cookie` (default false: they bypass), each cookie
+    /// header's value with entries of its own, as
+    /// [`allow_authorization`](Self::allow_authorization) keys each credential.
     pub fn allow_cookies(mut self, allow: bool) -> Self {
         self.policy.allow_cookies = allow;
+        self
+    }
+
+    /// Share one answer among every caller the route allows with credentials
+    /// (`Authorization`, `Cookie`), whoever they are (default false: each credential has
+    /// entries of its own). Only for answers that are the same for every authorized
+    /// caller (a price list behind a login): the origin gets the credentials of
+    /// whichever caller fills the entry, and every caller gets that answer.
+    pub fn share_across_credentials(mut self, share: bool) -> Self {
+        self.policy.share_across_credentials = share;
         self
     }
 
@@ -748,8 +767,27 @@ impl PolicyBuilder {
         check_early(&p)?;
         check_adaptive(&p)?;
         check_origin_bounds(&p)?;
+        key_credentials(&mut p);
         Ok(p)
     }
+}
+
+/// The credentials a route allows are keyed (each gets entries of its own), unless it
+/// shares one answer across them.
+fn key_credentials(p: &mut Policy) {
+    if p.share_across_credentials {
+        return;
+    }
+    let allowed = [
+        (http::header::AUTHORIZATION, p.allow_authorization),
+        (http::header::COOKIE, p.allow_cookies),
+    ];
+    for (name, allowed) in allowed {
+        if allowed && !p.key_headers.contains(&name) {
+            p.key_headers.push(name);
+        }
+    }
+    p.key_headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
 }
 
 /// At most a day: the longest an entry's windows, a lease and what the origin may ask.
@@ -1122,6 +1160,34 @@ pub const POISONING_HEADERS: &[&str] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The credentials a route allows are keyed, once each and in order with the other
+    /// keyed headers, unless it shares one answer across them.
+    #[test]
+    fn allowed_credentials_are_keyed_unless_shared() {
+        let keyed = |p: Policy| -> Vec<String> {
+            p.key_headers
+                .iter()
+                .map(|h| h.as_str().to_owned())
+                .collect()
+        };
+        let p = Policy::builder("me")
+            .allow_authorization(true)
+            .allow_cookies(true)
+            .key_headers(["x-tenant", "cookie"])
+            .build()
+            .unwrap();
+        assert_eq!(keyed(p), ["authorization", "cookie", "x-tenant"]);
+        let p = Policy::builder("me").allow_cookies(true).build().unwrap();
+        assert_eq!(keyed(p), ["cookie"]);
+        let p = Policy::builder("prices")
+            .allow_authorization(true)
+            .share_across_credentials(true)
+            .build()
+            .unwrap();
+        assert!(keyed(p).is_empty());
+        assert!(keyed(Policy::builder("open").build().unwrap()).is_empty());
+    }
 
     #[test]
     fn defaults_build() {

@@ -228,3 +228,63 @@ async fn hits_find_their_entries_through_axum() {
         );
     }
 }
+
+/// A route that allows `Authorization`, and says nothing else: each credential has its
+/// own entries and its own fill. 20 users, 10 requests each, all at once, over real
+/// TCP: every answer is its caller's own, and the origin is called once per user (it
+/// was: 190 of 200 answers another user's). Told to share across credentials, the same
+/// crowd makes one call, and everyone gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_credential_gets_its_own_answer_through_axum() {
+    for share in [false, true] {
+        let server = RedisServer::start();
+        let guard = ready_guard(&server).await;
+        let policy = Policy::builder("me")
+            .allow_authorization(true)
+            .share_across_credentials(share)
+            .build()
+            .unwrap();
+        let layer = guard.layer(policy).unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let handler = {
+            let calls = calls.clone();
+            move |headers: http::HeaderMap| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let user = headers
+                    .get("authorization")
+                    .map_or("nobody", |v| v.to_str().unwrap())
+                    .trim_start_matches("Bearer ")
+                    .to_owned();
+                async move {
+                    // Long enough for each user's crowd to gather on its fill.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    format!("the account of {user}")
+                }
+            }
+        };
+        let app = Router::new()
+            .route("/me", routing::get(handler))
+            .layer(layer.clone());
+        let addr = serve(app).await;
+        let requests = (0..200).map(|n| async move {
+            let user = format!("user-{}", n % 20);
+            let bearer = format!("Bearer {user}");
+            let got = fetch(addr, "/me", &[("authorization", &bearer)]).await;
+            (user, got.body)
+        });
+        let answers = futures_util::future::join_all(requests).await;
+        let others = answers
+            .iter()
+            .filter(|(user, body)| *body != format!("the account of {user}"))
+            .count();
+        let calls = calls.load(Ordering::SeqCst);
+        if share {
+            assert_eq!(calls, 1, "one answer for every authorized caller");
+            let first = &answers[0].1;
+            assert!(answers.iter().all(|(_, body)| body == first));
+        } else {
+            assert_eq!(others, 0, "{others} of 200 answers were another user's");
+            assert_eq!(calls, 20, "one origin call per credential");
+        }
+    }
+}

@@ -506,6 +506,70 @@ async fn a_hard_purge_removes_exactly_the_tagged_entries_on_every_instance() {
     assert_eq!(calls.load(Ordering::SeqCst), 8);
 }
 
+/// A hard purge that lands while a fill calls the origin reaches that fill's entry,
+/// whether the fill holds the lease or not (another instance holds it, and the fill
+/// went ahead without it after its cold wait): each is stamped when its call began,
+/// so the next request fills again. (Without the lease, the entry was stamped when
+/// the origin answered, after the purge, and served as a hit with the purged body.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_during_a_fill_reaches_its_entry_with_or_without_the_lease() {
+    use stampede_guard::lease::{AcquireOutcome, LeaseClient};
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicU64::new(0));
+    let guard = ready_guard(&server).await;
+    let policy = Policy::builder("tagged")
+        .fresh_ttl(Duration::from_secs(60))
+        .grace(Duration::from_secs(60))
+        .lease_ttl(Duration::from_secs(10))
+        .refresh_timeout(Duration::from_secs(10))
+        .cold_wait(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let layer = guard.layer(policy).unwrap();
+    let addr = serve(tagged(calls.clone(), Duration::from_secs(2), layer.clone())).await;
+    let store = stampede_guard::RedisStore::builder(server.url())
+        .build()
+        .unwrap();
+    let leases = LeaseClient::builder(store, &keys()).build().unwrap();
+    for (path, leased) in [("/p/2", true), ("/p/4", false)] {
+        let request = http::Request::get(path)
+            .header("host", "shop.example")
+            .body(())
+            .unwrap();
+        let lease = layer.cache_keys(&request).unwrap().lease().to_owned();
+        // Another instance holds the key's lease, and keeps it.
+        let _held = if leased {
+            None
+        } else {
+            let outcome = leases.try_acquire(&lease, Duration::from_secs(30)).await;
+            let AcquireOutcome::Acquired(held) = outcome else {
+                panic!("the lease is free");
+            };
+            Some(held)
+        };
+        let before = calls.load(Ordering::SeqCst);
+        let fill = tokio::spawn(async move { fetch(addr, path, &[]).await });
+        let called = eventually(HANG, || async { calls.load(Ordering::SeqCst) > before });
+        assert!(called.await, "{path}: the origin was not called");
+        // Mid-call: the origin answers 2 s after it was called.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        guard
+            .purge_tags(["group-0"], stampede_guard::Purge::Hard)
+            .await
+            .unwrap();
+        let filled = fill.await.unwrap();
+        assert_eq!(filled.x_cache(), "miss", "{path}");
+        let again = fetch(addr, path, &[]).await;
+        assert_eq!(
+            again.x_cache(),
+            "miss",
+            "{path} (leased: {leased}): the purged entry"
+        );
+        assert_ne!(again.body, filled.body, "{path} (leased: {leased})");
+        assert_eq!(calls.load(Ordering::SeqCst), before + 2, "{path}");
+    }
+}
+
 /// A soft purge under load: every caller is answered at once from the purged entries
 /// (stale), and the origin is called once per purged key for the whole fleet, not once
 /// per caller; an entry without the tag is untouched.

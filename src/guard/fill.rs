@@ -48,10 +48,21 @@ enum Claim {
     /// and tells the fleet.
     Leased(Lease),
     /// No lease (Redis unusable, or the fleet backing off after a failure): only this
-    /// process's single-flight, and only L1 is filled, under this token: that of the
-    /// entry it replaces, or of the last invalidation seen here if higher, so that
-    /// neither refuses it.
-    Local(FencingToken),
+    /// process's single-flight, and only L1 is filled.
+    Local(Unleased),
+}
+
+/// What a fill without the lease is stamped with, both taken when it was claimed,
+/// before the origin is asked: a purge or an invalidation that comes during the call is
+/// newer than its entry, as it is for a fill under the lease (whose token is both).
+#[derive(Debug, Clone, Copy)]
+struct Unleased {
+    /// That of the entry it replaces, or of the last invalidation seen here if higher,
+    /// so that neither refuses it.
+    token: FencingToken,
+    /// When it began, in µs of the fleet's clock (see `clock`): what a purge's time is
+    /// compared with.
+    began: u64,
 }
 
 /// One claim on a key, until it ends (see the [module docs](self)).
@@ -189,10 +200,11 @@ impl Fill {
         let token = route
             .tombstone(&keys)
             .map_or(replaces, |tomb| tomb.max(replaces));
+        let began = route.shared.clock.now_micros();
         Self {
             route: route.clone(),
             keys,
-            claim: Some(Claim::Local(token)),
+            claim: Some(Claim::Local(Unleased { token, began })),
             slot: None,
             parts_written: 0,
             not_stored: Ending::Pass,
@@ -345,22 +357,22 @@ impl Fill {
 
     /// The fill, without the lease, of the answer's own keys `own` in place of this one
     /// (which ends with it): under the same token.
-    fn rekeyed_locally(mut self, own: CacheKeys, token: FencingToken) -> Fill {
+    fn rekeyed_locally(mut self, own: CacheKeys, unleased: Unleased) -> Fill {
         self.claim = None;
         Fill {
             route: self.route.clone(),
             keys: own,
-            claim: Some(Claim::Local(token)),
+            claim: Some(Claim::Local(unleased)),
             slot: None,
             parts_written: 0,
             not_stored: self.not_stored,
         }
     }
 
-    /// The token of a fill without the lease; `None` for one under it.
-    fn claim_kind(&self) -> Option<FencingToken> {
+    /// The stamps of a fill without the lease; `None` for one under it.
+    fn claim_kind(&self) -> Option<Unleased> {
         match &self.claim {
-            Some(Claim::Local(token)) => Some(*token),
+            Some(Claim::Local(unleased)) => Some(*unleased),
             _ => None,
         }
     }
@@ -479,10 +491,13 @@ impl Fill {
     ) -> Arc<Stored> {
         // The layer answers byte ranges of what it stores (see `ranged`).
         range::advertise(status, &mut headers);
-        let (token, local) = match &self.claim {
-            Some(Claim::Leased(lease)) => (lease.fencing_token(), false),
-            Some(Claim::Local(token)) => (*token, true),
-            None => (FencingToken::new(1), true),
+        let (token, began) = match &self.claim {
+            Some(Claim::Leased(lease)) => (lease.fencing_token(), None),
+            Some(Claim::Local(unleased)) => (unleased.token, Some(unleased.began)),
+            None => (
+                FencingToken::new(1),
+                Some(self.route.shared.clock.now_micros()),
+            ),
         };
         let response = CachedResponse {
             status,
@@ -494,11 +509,10 @@ impl Fill {
             token,
         };
         let stored = Stored::aged(response, life.age);
-        Arc::new(if local {
-            // Its token is not the time its fill began: this machine's time is.
-            stored.filled_locally(self.route.shared.clock.now_micros())
-        } else {
-            stored
+        Arc::new(match began {
+            // Its token is not the time its fill began: the fleet's clock then is.
+            Some(began) => stored.filled_locally(began),
+            None => stored,
         })
     }
 

@@ -431,12 +431,9 @@ impl Route {
         let response = keys.local.response;
         let shared = &self.shared;
         // Locally first, and whatever Redis says: a fill in flight here must not put the
-        // old entry back. A local tombstone outranks every token issued so far.
-        let local = crate::lease::FencingToken::new(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(u64::MAX / 2, |d| d.as_micros() as u64),
-        );
+        // old entry back. A local tombstone outranks every token issued so far: it is
+        // the fleet's time (Redis's, as last learned, see `clock`), as tokens are.
+        let local = crate::lease::FencingToken::new(shared.clock.now_micros());
         crate::cache::bury_local(&shared.tombstones, response, local);
         if shared.store.is_local_only() {
             let entries = if count {

@@ -173,12 +173,17 @@ names! {
     /// while the process waits for a key in their bucket. One per process, no `route`
     /// label.
     NOTICES_HEARD: Counter = "stampede_guard_notices_heard_total", "Notices heard from the fleet, by kind (per process, shared by all routes: no route label).";
+    /// Bytes the streams of the fills in flight hold, out of the guard's fill memory
+    /// ([`GuardBuilder::fill_memory`](crate::guard::GuardBuilder::fill_memory)). One per
+    /// process, no `route` label.
+    FILL_BYTES: Gauge = "stampede_guard_fill_bytes", "Bytes the streams of the fills in flight hold, out of the fill memory (per process, shared by all routes: no route label).";
     /// Fill streams of answers that are not stored that did not run their course, by
     /// `result`: `deserted` (nobody read it any more: the fill stopped reading the
     /// origin), `reader_dropped` (a reader held it back for the refresh timeout and was
     /// cut), `too_late` (a caller of the fill came after its stream let go of its start,
-    /// and asked the origin itself).
-    FILL_STREAMS: Counter = "stampede_guard_fill_streams_total", "Fill streams of answers not stored that did not run their course, by result: deserted, reader_dropped, too_late.";
+    /// and asked the origin itself), `over_memory` (the fill memory was spent: it went
+    /// on with a small window, shared no more, and was not stored).
+    FILL_STREAMS: Counter = "stampede_guard_fill_streams_total", "Fill streams that did not run their course, by result: deserted, reader_dropped, too_late, over_memory.";
     /// Counter of breaker openings (per process, no `route` label, as [`CIRCUIT_OPEN`]).
     CIRCUIT_OPENED: Counter = "stampede_guard_redis_circuit_opened_total", "Times the Redis circuit breaker opened (per process: no route label).";
 }
@@ -192,6 +197,7 @@ pub const PER_PROCESS: &[&str] = &[
     L1_BYTES,
     L1_VARIANTS_DROPPED,
     BUDGET_IN_USE,
+    FILL_BYTES,
     REDIS_ERRORS,
     CIRCUIT_OPEN,
     CIRCUIT_OPENED,
@@ -266,6 +272,7 @@ events! {
     FillDeserted => (FILL_STREAMS, "result" => "deserted"), "A fill of an answer that is not stored stopped reading the origin: nobody read it, nor waited to.";
     FillReaderDropped => (FILL_STREAMS, "result" => "reader_dropped"), "A reader of a fill's stream held it back for the refresh timeout: its body was cut, and the others read on.";
     FillTooLate => (FILL_STREAMS, "result" => "too_late"), "A caller of a fill came after its stream let go of its start: it asked the origin itself.";
+    FillOverMemory => (FILL_STREAMS, "result" => "over_memory"), "A fill's stream could not take its bytes from the fill memory: it went on with a small window for the readers it had, shared no more, and was not stored (a refresh stopped).";
     ColdWaitStarted => (COLD_WAITS_STARTED), "A fill found another instance's lease and began to wait for its entry.";
     Joined => (FILL_JOINS), "A caller joined a fill already in flight in this process, and waits for its result.";
     Coalesced => (COALESCED), "A caller was answered by a fill already in flight in this process (it did not call the origin).";

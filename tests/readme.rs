@@ -788,7 +788,7 @@ fn debug_fields(debug: &str) -> BTreeMap<String, String> {
 #[test]
 fn the_readme_states_the_librarys_defaults() {
     use stampede_guard::guard::{
-        DEFAULT_L1_CAPACITY, DEFAULT_L1_MAX_VARIANTS, DEFAULT_PURGE_CAPACITY,
+        DEFAULT_FILL_MEMORY, DEFAULT_L1_CAPACITY, DEFAULT_L1_MAX_VARIANTS, DEFAULT_PURGE_CAPACITY,
         DEFAULT_REFRESH_BUDGET,
     };
     use stampede_guard::store::{
@@ -831,6 +831,7 @@ fn the_readme_states_the_librarys_defaults() {
         ("l1_capacity", format!("{DEFAULT_L1_CAPACITY:?}")),
         ("l1_max_variants", format!("{DEFAULT_L1_MAX_VARIANTS:?}")),
         ("refresh_budget", format!("{DEFAULT_REFRESH_BUDGET:?}")),
+        ("fill_memory", format!("{DEFAULT_FILL_MEMORY:?}")),
         ("purge_capacity", format!("{DEFAULT_PURGE_CAPACITY:?}")),
         ("command_timeout", format!("{DEFAULT_COMMAND_TIMEOUT:?}")),
         ("connect_timeout", format!("{DEFAULT_CONNECT_TIMEOUT:?}")),

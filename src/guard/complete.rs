@@ -158,7 +158,7 @@ async fn read<B: OriginBody, E>(
     let storable = response::storable(&route.policy, &head).is_ok();
     let declared = declared_length(head.headers());
     let storing = storable && !too_large(declared.unwrap_or(0));
-    let mut writer = writer_for(lead, storing);
+    let mut writer = writer_for(route, lead, storing);
     let stream = writer.stream().clone();
     // The answer as every caller of the fill gets it, its body as far as it came (of
     // `len` bytes): stored, if it may be and can still fit.
@@ -214,11 +214,12 @@ async fn read<B: OriginBody, E>(
     .await
 }
 
-/// The stream of a fill's body: held whole while it may be stored (`storing`, up to
-/// `max_body`); else a window (see `stream`), its start kept for the callers of the
-/// flight that have yet to read it.
-fn writer_for(lead: &Lead, storing: bool) -> Writer {
+/// The stream of a fill's body, out of the guard's fill memory: held whole while it may
+/// be stored (`storing`, up to `max_body`); else a window (see `stream`), its start kept
+/// for the callers of the flight that have yet to read it.
+fn writer_for(route: &Route, lead: &Lead, storing: bool) -> Writer {
     let mut writer = Stream::writer();
+    writer.charged_to(route.shared.fill_memory.clone());
     writer.awaited_by(lead.waiting());
     if !storing {
         writer.bound();
@@ -228,7 +229,8 @@ fn writer_for(lead: &Lead, storing: bool) -> Writer {
 
 /// Who a fill's stream is handed to as its body grows: every caller of the flight, once
 /// it is longer than `stream_from` (or declared so); and once the stream let go of its
-/// start (it keeps a window), none that comes after: those start a fill of their own.
+/// start (it keeps a window), or the fill memory was spent, none that comes after:
+/// those start a fill of their own.
 struct Handing<'a, P> {
     lead: &'a Lead,
     /// The answer as the callers get it, its body `len` bytes so far.
@@ -251,7 +253,7 @@ impl<P: Fn(u64) -> Landed> Handing<'_, P> {
         if !self.published && len > self.stream_from {
             self.publish(len);
         }
-        if !self.retired && self.stream.let_go_of_start() {
+        if !self.retired && (self.stream.let_go_of_start() || self.stream.over_memory()) {
             self.lead.retire();
             self.retired = true;
         }
@@ -384,8 +386,10 @@ async fn read_whole<B: Body, E>(
 ) -> (Landed, Option<Own<B, E>>) {
     let stream = writer.stream().clone();
     let len = stream.len();
+    // (A stream that let go of its start, past the fill memory, cannot be stored.)
     let too_large = len > route.policy.max_body as u64
-        || head.headers().len() > crate::cache::entry::MAX_HEADERS;
+        || head.headers().len() > crate::cache::entry::MAX_HEADERS
+        || stream.let_go_of_start();
     let why = if trailers {
         Some(NotStored::Trailers)
     } else if too_large {

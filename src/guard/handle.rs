@@ -34,6 +34,12 @@ pub const DEFAULT_L1_MAX_VARIANTS: usize = 256;
 /// Default refresh budget: refreshes and cold fills of one guard at work at once.
 pub const DEFAULT_REFRESH_BUDGET: usize = 64;
 
+/// Default fill memory: the bytes the streams of every fill in flight in the process may
+/// hold together (256 MiB). Sixteen answers of the default `max_body` held whole while
+/// they are stored, or 256 windows of answers that are not; a process that serves more
+/// at once sheds the rest to small windows, not to its memory.
+pub const DEFAULT_FILL_MEMORY: u64 = 256 * 1024 * 1024;
+
 /// Default purge capacity: how many tags' last purges a guard keeps (twice a hundred
 /// thousand tags purged in the three days a purge matters, in about 9 MiB).
 pub const DEFAULT_PURGE_CAPACITY: usize = 200_000;
@@ -83,6 +89,7 @@ impl StampedeGuard {
             l1_capacity: DEFAULT_L1_CAPACITY,
             l1_max_variants: DEFAULT_L1_MAX_VARIANTS,
             refresh_budget: DEFAULT_REFRESH_BUDGET,
+            fill_memory: DEFAULT_FILL_MEMORY,
             purge_capacity: DEFAULT_PURGE_CAPACITY,
             instance_id: None,
         }
@@ -205,6 +212,12 @@ impl StampedeGuard {
         self.shared.l1.weighted_size()
     }
 
+    /// How many bytes the streams of the fills in flight hold now, out of its
+    /// [`fill_memory`](GuardBuilder::fill_memory).
+    pub fn fill_bytes(&self) -> u64 {
+        self.shared.fill_memory.held()
+    }
+
     /// How many variants L1 dropped so far past its cap of variants per URL
     /// ([`GuardBuilder::l1_max_variants`]); also exported as
     /// [`L1_VARIANTS_DROPPED`](crate::metrics::L1_VARIANTS_DROPPED).
@@ -307,6 +320,7 @@ pub struct GuardBuilder {
     l1_capacity: u64,
     l1_max_variants: usize,
     refresh_budget: usize,
+    fill_memory: u64,
     purge_capacity: usize,
     instance_id: Option<String>,
 }
@@ -317,6 +331,7 @@ impl fmt::Debug for GuardBuilder {
             .field("l1_capacity", &self.l1_capacity)
             .field("l1_max_variants", &self.l1_max_variants)
             .field("refresh_budget", &self.refresh_budget)
+            .field("fill_memory", &self.fill_memory)
             .field("purge_capacity", &self.purge_capacity)
             .field("instance_id", &self.instance_id)
             .finish_non_exhaustive()
@@ -352,6 +367,20 @@ impl GuardBuilder {
     /// origin can take from one instance.
     pub fn refresh_budget(mut self, slots: usize) -> Self {
         self.refresh_budget = slots;
+        self
+    }
+
+    /// How many bytes the streams of every fill in flight (cold fills and refreshes, of
+    /// every route) may hold together (default [`DEFAULT_FILL_MEMORY`], 256 MiB; at
+    /// least 1 MiB). A fill holds its answer's body whole while it may be stored (at
+    /// most its route's `max_body`), and a window of it beyond its slowest reader once
+    /// it will not be. One that cannot take its bytes from this memory goes on with a
+    /// 64 KiB window for the callers it has, is shared with no more of them, and is not
+    /// stored (a refresh stops, and the entry stays). Counted by the gauge
+    /// [`FILL_BYTES`](crate::metrics::FILL_BYTES), and the fills turned away by
+    /// [`FILL_STREAMS`](crate::metrics::FILL_STREAMS) `result="over_memory"`.
+    pub fn fill_memory(mut self, bytes: u64) -> Self {
+        self.fill_memory = bytes;
         self
     }
 
@@ -392,6 +421,12 @@ impl GuardBuilder {
                 field: "refresh_budget",
             });
         }
+        if self.fill_memory < 1024 * 1024 {
+            return Err(ConfigError::invalid(
+                "fill_memory",
+                "must be at least 1 MiB",
+            ));
+        }
         if self.purge_capacity < 8 {
             return Err(ConfigError::invalid("purge_capacity", "must be at least 8"));
         }
@@ -430,6 +465,7 @@ impl GuardBuilder {
                 clock: super::clock::FleetClock::default(),
                 marks: Marks::default(),
                 budget: Budget::new(self.refresh_budget),
+                fill_memory: Arc::new(super::fill_memory::FillMemory::new(self.fill_memory)),
                 routes: Mutex::default(),
                 refreshing: Mutex::default(),
                 epoch: AtomicU64::new(0),

@@ -213,6 +213,7 @@ mod cold;
 mod complete;
 mod early;
 mod fill;
+mod fill_memory;
 mod future;
 mod handle;
 mod hold;
@@ -236,8 +237,8 @@ mod vary;
 pub use self::body::{BodyError, ResponseBody};
 pub use self::future::ResponseFuture;
 pub use self::handle::{
-    DEFAULT_L1_CAPACITY, DEFAULT_L1_MAX_VARIANTS, DEFAULT_PURGE_CAPACITY, DEFAULT_REFRESH_BUDGET,
-    GuardBuilder, LocalOnly, Mode, StampedeGuard,
+    DEFAULT_FILL_MEMORY, DEFAULT_L1_CAPACITY, DEFAULT_L1_MAX_VARIANTS, DEFAULT_PURGE_CAPACITY,
+    DEFAULT_REFRESH_BUDGET, GuardBuilder, LocalOnly, Mode, StampedeGuard,
 };
 pub use self::invalidate::InvalidateError;
 pub use self::layer::GuardLayer;

@@ -68,6 +68,7 @@ pub(crate) async fn read_body<B: OriginBody>(
             route.stats.record(Event::FillReaderDropped);
         }
     };
+    let mut over_memory = false;
     loop {
         if writer.room(idle, dropped).await == Room::Deserted {
             return Read::Deserted;
@@ -92,6 +93,10 @@ pub(crate) async fn read_body<B: OriginBody>(
             },
         };
         writer.push(data);
+        if !over_memory && stream.over_memory() {
+            route.stats.record(Event::FillOverMemory);
+            over_memory = true;
+        }
         if !grew(stream.len()) {
             return Read::Abandoned;
         }
@@ -162,6 +167,11 @@ impl Parts {
                 return;
             }
             let data = stream.slice(end - PART as u64, end);
+            if data.len() != PART {
+                // (Let go of already: past the fill memory, it will not be stored.)
+                self.stopped = true;
+                return;
+            }
             let part = (self.written, &data[..]);
             let store = &route.shared.store;
             match l2_write_part(store, &self.keys, self.token, part, self.keep).await {

@@ -401,6 +401,7 @@ async fn kept<B: OriginBody>(
         Ok(()) => {}
     }
     let mut writer = Stream::writer();
+    writer.charged_to(route.shared.fill_memory.clone());
     let mut parts = Parts::of(route, &fill, &head, true);
     // (Held whole: a refresh has no reader, and stops past what fits.)
     let reading = read_body(

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::budget::Budget;
+use super::fill_memory::FillMemory;
 use super::inflight::{RefreshMap, filled_elsewhere, sweep_held_off};
 use super::marks::{Mark, Marks};
 use super::purge::Purges;
@@ -41,6 +42,8 @@ pub(crate) struct Shared {
     pub(crate) clock: super::clock::FleetClock,
     /// Bounds the refreshes and cold fills at work at once.
     pub(crate) budget: Budget,
+    /// Bounds the bytes their streams hold together.
+    pub(crate) fill_memory: Arc<FillMemory>,
     /// The routes made from this guard, by name (a name is refused twice: its metrics
     /// and keys would merge), with the headers each has learned to vary on.
     pub(crate) routes: Mutex<HashMap<String, Arc<Learned>>>,

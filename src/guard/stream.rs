@@ -53,6 +53,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::Notify;
 
+use super::fill_memory::{FillMemory, OVER_WINDOW};
+
 /// What a bounded stream holds beyond its slowest reader, and how much of its start it
 /// keeps for the callers that join late: 1 MiB. Enough for a reader to take frames while
 /// the next come (a socket on a fast link holds a few hundred KiB), and small enough
@@ -112,6 +114,12 @@ struct State {
     writer_waits: bool,
     /// Since when nobody reads it, nor waits to (see [`Writer::deserted`]).
     alone_since: Option<tokio::time::Instant>,
+    /// The memory of fills it takes what it holds from, and how much it took.
+    memory: Option<Arc<FillMemory>>,
+    charged: u64,
+    /// It could not take the bytes of a frame: it keeps a small window, and shares no
+    /// more.
+    over_memory: bool,
 }
 
 /// A reader's place.
@@ -197,6 +205,11 @@ impl State {
     /// Lets go of the frames every reader has read, in a bounded stream that holds more
     /// than its window (or let go of its start already: nobody can join from it).
     fn trim(&mut self) {
+        self.let_go();
+        self.account();
+    }
+
+    fn let_go(&mut self) {
         let Some(window) = self.window else {
             return;
         };
@@ -209,6 +222,28 @@ impl State {
             self.base = start + frame.len() as u64;
             self.frames.pop_front();
             self.starts.pop_front();
+        }
+    }
+
+    /// Takes from the memory of fills what it holds beyond what it took, or gives back
+    /// what it let go of. What it cannot take bounds it to a small window (see
+    /// `fill_memory`).
+    fn account(&mut self) {
+        let Some(memory) = &self.memory else {
+            return;
+        };
+        let held = self.len - self.base;
+        if held < self.charged {
+            memory.give(self.charged - held);
+            self.charged = held;
+        } else if held > self.charged && !self.over_memory {
+            if memory.take(held - self.charged) {
+                self.charged = held;
+            } else {
+                self.over_memory = true;
+                self.window = Some(self.window.map_or(OVER_WINDOW, |w| w.min(OVER_WINDOW)));
+                self.let_go();
+            }
         }
     }
 
@@ -363,6 +398,12 @@ impl Stream {
         self.lock().base > 0
     }
 
+    /// Whether it could not take its bytes from the memory of fills (see
+    /// [`Writer::over_memory`]).
+    pub(crate) fn over_memory(&self) -> bool {
+        self.lock().over_memory
+    }
+
     /// How many bytes it holds now.
     #[cfg(test)]
     fn held(&self) -> u64 {
@@ -398,6 +439,13 @@ impl Writer {
     /// yet, as their flight counts them: a bounded stream keeps its start for them.
     pub(crate) fn awaited_by(&mut self, callers: Arc<AtomicUsize>) {
         self.stream.lock().awaited = Some(callers);
+    }
+
+    /// Takes what the stream holds from `memory` (see `fill_memory`).
+    pub(crate) fn charged_to(&mut self, memory: Arc<FillMemory>) {
+        let mut state = self.stream.lock();
+        state.memory = Some(memory);
+        state.account();
     }
 
     /// From now on the stream holds only a window (see the [module docs](self)): its
@@ -501,6 +549,14 @@ impl Writer {
             whole.extend_from_slice(frame);
         }
         whole.freeze()
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        if let Some(memory) = &self.memory {
+            memory.give(self.charged);
+        }
     }
 }
 

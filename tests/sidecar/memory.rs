@@ -4,22 +4,27 @@
 //! once its client is gone, the origin's connection is closed.
 
 use super::*;
-use support::chunked::{self, memory, read_checked, reset_peak};
+use support::chunked::{self, memory, read_checked, read_paced, reset_peak};
 
 const MIB: u64 = 1024 * 1024;
 
-/// The sidecar in front of the chunked origin, on its own Redis (the route stores).
-async fn sidecar_before_chunked() -> (Sidecar, RedisServer, chunked::Calls) {
+/// The sidecar in front of the chunked origin, on its own Redis (the route stores),
+/// with `args`.
+async fn sidecar_before_chunked(args: &[&str]) -> (Sidecar, RedisServer, chunked::Calls) {
     let (origin, calls) = chunked::origin().await;
     let redis = RedisServer::start();
-    let sidecar = Sidecar::start(&[
+    let upstream = format!("http://{origin}");
+    let redis_url = redis.url();
+    let mut all = vec![
         "--upstream",
-        &format!("http://{origin}"),
+        &upstream,
         "--redis",
-        &redis.url(),
+        &redis_url,
         "--metrics",
         "127.0.0.1:0",
-    ]);
+    ];
+    all.extend_from_slice(args);
+    let sidecar = Sidecar::start(&all);
     // What it holds once it served a request.
     let warm = fetch(sidecar.listen, "/warm/1", &[]).await;
     assert_eq!(warm.status, StatusCode::OK);
@@ -32,7 +37,7 @@ async fn sidecar_before_chunked() -> (Sidecar, RedisServer, chunked::Calls) {
 /// left), and the origin's connection is closed within 3 s of the client leaving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_answer_without_a_length_is_held_as_a_window_and_let_go_with_its_client() {
-    let (sidecar, _redis, calls) = sidecar_before_chunked().await;
+    let (sidecar, _redis, calls) = sidecar_before_chunked(&[]).await;
     let pid = sidecar.pid();
     let (before, _) = memory(&pid);
     reset_peak(&pid);
@@ -84,7 +89,7 @@ async fn a_huge_answer_without_a_length_is_held_as_a_window_and_let_go_with_its_
 /// most 128 MiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_fast_reader_of_a_256_mib_answer_without_a_length_gets_every_byte() {
-    let (sidecar, _redis, calls) = sidecar_before_chunked().await;
+    let (sidecar, _redis, calls) = sidecar_before_chunked(&[]).await;
     let pid = sidecar.pid();
     let (before, _) = memory(&pid);
     reset_peak(&pid);
@@ -107,5 +112,51 @@ async fn one_fast_reader_of_a_256_mib_answer_without_a_length_gets_every_byte() 
     assert!(
         grown <= 128 * MIB,
         "the sidecar's peak grew by {grown} bytes for one reader"
+    );
+}
+
+/// 16 slow clients (256 KiB/s), each on its own cold key of a 60 MiB answer without a
+/// declared length, on a route that stores (so that each fill holds its body whole up to
+/// `--max-body`, 16 MiB: 256 MiB in all), with `--fill-memory 32MiB`: the sidecar's peak
+/// resident memory grows by at most the fill memory and 64 MiB; each client gets its
+/// bytes in order, and none a clean end short of the whole; the fills turned away are
+/// counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_of_large_answers_hold_at_most_the_fill_memory() {
+    const CLIENTS: usize = 16;
+    let (sidecar, _redis, _calls) = sidecar_before_chunked(&["--fill-memory", "32MiB"]).await;
+    let pid = sidecar.pid();
+    let (before, _) = memory(&pid);
+    reset_peak(&pid);
+    let clients = (0..CLIENTS).map(|n| {
+        let listen = sidecar.listen;
+        tokio::spawn(async move {
+            let mut stream = TcpStream::connect(listen).await.unwrap();
+            let request = format!("GET /slow/{n}/60 HTTP/1.1\r\nHost: shop.example\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.unwrap();
+            read_paced(&mut stream, Duration::from_secs(8), 256 * 1024).await
+        })
+    });
+    let read = futures_util::future::join_all(clients).await;
+    let (_, peak) = memory(&pid);
+    let grown = peak.saturating_sub(before);
+    let over = counter(&sidecar, "stampede_guard_fill_streams_total", "over_memory").await;
+    eprintln!(
+        "{CLIENTS} clients at 256 KiB/s of 60 MiB answers, --fill-memory 32MiB: the \
+         sidecar's peak grew by {:.1} MiB; {over} fills over the fill memory",
+        grown as f64 / MIB as f64
+    );
+    for (n, read) in read.into_iter().enumerate() {
+        let (bytes, ended) = read.unwrap();
+        assert!(bytes > 0, "client {n} got nothing");
+        assert!(
+            !ended,
+            "client {n}: a clean end after {bytes} bytes of 60 MiB"
+        );
+    }
+    assert!(over > 0, "no fill was turned away");
+    assert!(
+        grown <= 32 * MIB + 64 * MIB,
+        "the sidecar's peak grew by {grown} bytes"
     );
 }

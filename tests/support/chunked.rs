@@ -161,8 +161,18 @@ pub(crate) async fn read_checked(
     stream: &mut tokio::net::TcpStream,
     within: std::time::Duration,
 ) -> (u64, bool) {
+    read_paced(stream, within, u64::MAX).await
+}
+
+/// [`read_checked`], at most `rate` bytes a second (as a slow client reads).
+pub(crate) async fn read_paced(
+    stream: &mut tokio::net::TcpStream,
+    within: std::time::Duration,
+    rate: u64,
+) -> (u64, bool) {
     use tokio::io::AsyncReadExt;
-    let deadline = tokio::time::Instant::now() + within;
+    let started = tokio::time::Instant::now();
+    let deadline = started + within;
     let mut buffer = vec![0u8; 256 * 1024];
     let mut head = Vec::new();
     let mut decoder = Chunks::default();
@@ -171,7 +181,17 @@ pub(crate) async fn read_checked(
         if tokio::time::Instant::now() >= deadline {
             return (decoder.body, false);
         }
-        let read = tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await;
+        if rate != u64::MAX {
+            let due =
+                started + std::time::Duration::from_secs_f64(decoder.body as f64 / rate as f64);
+            tokio::time::sleep_until(due.min(deadline)).await;
+        }
+        let chunk = if rate == u64::MAX {
+            buffer.len()
+        } else {
+            16 * 1024
+        };
+        let read = tokio::time::timeout_at(deadline, stream.read(&mut buffer[..chunk])).await;
         let n = match read {
             Err(_) => return (decoder.body, false),
             Ok(Ok(0) | Err(_)) => return (decoder.body, decoder.ended),

@@ -111,6 +111,16 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SIZE", value_parser = size)]
     pub(crate) max_body: Option<u64>,
 
+    /// The bytes the fills in flight may hold together: bytes, or a size with its unit
+    /// [default: 256MiB, at least 1MiB]. A fill holds its answer whole while it may be
+    /// stored (at most its `--max-body`), then a 1 MiB window beyond its slowest
+    /// client; one that finds this spent goes on with a 64 KiB window for the clients
+    /// it has, shares no more, and is not stored. Gauged in
+    /// `stampede_guard_fill_bytes`, counted in
+    /// `stampede_guard_fill_streams_total{result="over_memory"}`.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub(crate) fill_memory: Option<u64>,
+
     /// Serve Prometheus metrics on this address (`/metrics`).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics: Option<SocketAddr>,
@@ -267,6 +277,7 @@ impl fmt::Debug for Args {
             .field("lease", &self.lease)
             .field("cold_wait", &self.cold_wait)
             .field("max_body", &self.max_body)
+            .field("fill_memory", &self.fill_memory)
             .field("metrics", &self.metrics)
             .field("admin", &self.admin)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))

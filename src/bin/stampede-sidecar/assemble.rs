@@ -108,6 +108,9 @@ fn guard(settings: &Settings) -> Result<StampedeGuard, Failure> {
     if let Some(slots) = settings.refresh_budget {
         builder = builder.refresh_budget(slots);
     }
+    if let Some(bytes) = settings.fill_memory {
+        builder = builder.fill_memory(bytes);
+    }
     builder.build().map_err(|e| refused(e.field(), &e))
 }
 

@@ -100,6 +100,7 @@ with_policy_fields! {
         secret_file: Option<PathBuf>,
         l1_capacity: Option<u64>,
         refresh_budget: Option<usize>,
+        fill_memory: Option<SizeFile>,
         default: Option<Unrouted>,
         #[serde(default)]
         routes: Vec<RouteFile>,
@@ -144,6 +145,16 @@ pub(super) struct PolicyText {
 pub(super) enum SizeFile {
     Bytes(u64),
     Text(String),
+}
+
+impl SizeFile {
+    /// The bytes it says, or why it says none.
+    pub(super) fn bytes(&self) -> Result<u64, String> {
+        match self {
+            Self::Bytes(bytes) => Ok(*bytes),
+            Self::Text(text) => crate::args::size(text),
+        }
+    }
 }
 
 /// `cold_miss = "passthrough"` or `cold_miss = { reject = { retry_after = "2s" } }`.

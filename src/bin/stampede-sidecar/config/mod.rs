@@ -57,6 +57,8 @@ pub(crate) struct Settings {
     pub(crate) secret_file: Option<PathBuf>,
     pub(crate) l1_capacity: Option<u64>,
     pub(crate) refresh_budget: Option<usize>,
+    /// What the fills in flight may hold together (the guard's `fill_memory`).
+    pub(crate) fill_memory: Option<u64>,
     /// The policy of requests that match no route, or `None` to pass them through.
     pub(crate) default: Option<Policy>,
     /// By prefix, longest first.
@@ -115,6 +117,11 @@ impl Settings {
         let origin = limits::origin(args, &file, &top, &upstream)?;
         let redis = redis::redis(args, &file, &top)?;
         let policies = routes::policies(args, &file, &top)?;
+        let fill_memory = match (args.fill_memory, &file.fill_memory) {
+            (Some(bytes), _) => Some(bytes),
+            (None, Some(size)) => Some(size.bytes().map_err(|e| top.error("fill_memory", e))?),
+            (None, None) => None,
+        };
         Ok(Self {
             file: args.config.clone(),
             listen: args
@@ -139,6 +146,7 @@ impl Settings {
             secret_file: args.secret_file.clone().or(file.secret_file),
             l1_capacity: file.l1_capacity,
             refresh_budget: file.refresh_budget,
+            fill_memory,
             default: policies.default,
             routes: policies.routes,
         })

@@ -250,12 +250,9 @@ fn key_query(file: &KeyQueryFile, place: &Place<'_>) -> Result<KeyQuery, Setting
 
 /// `max_body`, as the file gives it: bytes, or a size with its unit.
 fn max_body(file: &SizeFile, place: &Place<'_>) -> Result<usize, SettingError> {
-    match file {
-        SizeFile::Bytes(bytes) => Ok(*bytes),
-        SizeFile::Text(text) => args::size(text),
-    }
-    .and_then(|bytes| usize::try_from(bytes).map_err(|e| e.to_string()))
-    .map_err(|e| place.error("max_body", e))
+    file.bytes()
+        .and_then(|bytes| usize::try_from(bytes).map_err(|e| e.to_string()))
+        .map_err(|e| place.error("max_body", e))
 }
 
 /// The file's name for a field the crate names as its builder method does.

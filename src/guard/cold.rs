@@ -233,6 +233,16 @@ fn answer_landed<B: OriginBody, E>(
                 None => Next::Answer(failed(route, fallback, *failure, kind)),
             }
         }
+        // The fill stood aside for its leader's sake (an entry it may serve, or the
+        // route rejects): a caller with nothing to serve on a route that passes cold
+        // misses through looks again, and fills (one call for its process) rather than
+        // being refused for what another caller had.
+        Landed::StoodAside
+            if !matches!(route.policy.cold_miss, ColdMiss::Reject { .. })
+                && !fallback.as_ref().is_some_and(|f| route.serves_on_error(f)) =>
+        {
+            Next::Rekey
+        }
         Landed::StoodAside => Next::Answer(stood_aside(route, fallback, kind)),
         Landed::Rekey => match own.take() {
             Some(own) => answer_own(route, own, kind),

@@ -553,15 +553,23 @@ impl Fill {
                 refused(&route, keys, stored, asked).await
             }
             Err(_) => {
-                // Written or not, released or not: unknown. The lease ends by its TTL;
-                // the write is not retried. Waiters elsewhere are told to look again,
-                // if Redis takes that.
+                // Written or not, released or not: unknown. The write is not retried;
+                // the lease is given back (if still ours: owner-checked, so whether the
+                // write's script ran does not matter), not left to run out by its TTL
+                // while the fleet waits for it, and waiters elsewhere are told to look
+                // again. Redis trouble holds nobody off.
                 route.stats.record(Event::RedisError);
-                let gone = Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO);
-                let _ = shared.notices.publish(&shared.store, &gone).await;
-                lease.record_end("error");
                 shared.marks.clear(keys.entry());
-                route.put_l1_only(keys, stored).await
+                let (route, keys) = (route.clone(), keys.clone());
+                let put = route.put_l1_only(&keys, stored).await;
+                tokio::spawn(async move {
+                    let shared = &route.shared;
+                    let again = shared.store.command_timeout();
+                    let _ = shared.leases.release_persistently(lease, again).await;
+                    let gone = Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO);
+                    let _ = shared.notices.publish(&shared.store, &gone).await;
+                });
+                put
             }
         }
     }
@@ -677,9 +685,10 @@ async fn end_lease(
 ) {
     route.held(lease.held_for());
     let leases = &route.shared.leases;
+    let again = route.shared.store.command_timeout();
     let _ = match ending {
         Ending::Error => leases.hold_off(lease, route.policy.error_backoff).await,
-        Ending::Pass | Ending::Gone => leases.release(lease).await,
+        Ending::Pass | Ending::Gone => leases.release_persistently(lease, again).await,
     };
     let notice = Notice::Ended(keys.entry(), ending, lasting);
     if route

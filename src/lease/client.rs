@@ -282,6 +282,30 @@ impl LeaseClient {
         outcome
     }
 
+    /// [`release`](Self::release), tried once more after `again_after` when Redis
+    /// failed (a connection that was killed fails the command in flight; the next gets
+    /// a new one). For a holder that must not leave its lease to run out by its TTL,
+    /// keeping every other instance away from work nobody does.
+    pub(crate) async fn release_persistently(
+        &self,
+        lease: Lease,
+        again_after: Duration,
+    ) -> ReleaseOutcome {
+        let mut outcome = self.release_owned(&lease.name, &lease.owner).await;
+        if matches!(outcome, ReleaseOutcome::Failed(_)) {
+            tokio::time::sleep(again_after).await;
+            outcome = self.release_owned(&lease.name, &lease.owner).await;
+        }
+        lease.record_end(outcome.as_str());
+        tracing::debug!(
+            lease = lease.key(),
+            token = lease.token.get(),
+            outcome = outcome.as_str(),
+            "lease release"
+        );
+        outcome
+    }
+
     /// Gives `lease` up to nobody, if it is still ours: the name stays taken for `ttl`
     /// (acquires answer [`Busy`](AcquireOutcome::Busy) with `held_off: true`), then ends
     /// by itself. For keeping the fleet away from work that just failed, without having

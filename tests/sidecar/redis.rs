@@ -304,3 +304,97 @@ async fn a_refused_redis_is_said_once_with_its_cause() {
     assert_eq!(lines("Redis does not answer"), 1, "{log}");
     assert_eq!(lines("Connection refused"), 3, "{log}");
 }
+
+/// Three sidecars on one Redis, each asked by three clients in a loop for a small
+/// answer and for 16 MiB (stored, in parts) and 24 MiB (over `--max-body`: shared, not
+/// stored) ones, fresh for a second and then only standing in for a failing origin,
+/// while every Redis connection is killed every 50 ms for 15 s
+/// (`CLIENT KILL TYPE normal`): no answer is a 5xx (a killed connection is a retry,
+/// never a rejection: it was 27 answers `503 detail=cold-wait` in 6 of 11 runs), no
+/// byte is wrong, no body ends cleanly short of its length, and no client waits past
+/// `HANG`. `REDIS_KILL_RUNS` runs it that many times (the suite: once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_connections_killed_under_load_are_never_a_5xx() {
+    use support::chunked::{self, fetch_checked};
+    let runs: usize = std::env::var("REDIS_KILL_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    for run in 0..runs {
+        let (origin, _calls) = chunked::origin().await;
+        let server = RedisServer::start();
+        let upstream = format!("http://{origin}");
+        let sidecars: Vec<Sidecar> = (0..3)
+            .map(|_| {
+                Sidecar::start(&[
+                    "--upstream",
+                    &upstream,
+                    "--redis",
+                    &server.url(),
+                    "--follow-origin",
+                    "false",
+                    "--fresh",
+                    "1s",
+                    // Past its freshness an entry only stands in for a failing origin:
+                    // every caller of an expired key takes the cold path.
+                    "--grace",
+                    "0s",
+                ])
+            })
+            .collect();
+        let until = Instant::now() + Duration::from_secs(15);
+        // Three clients on each, at once: callers of one key share a fill.
+        let clients = (0..9).map(|n| {
+            let listen = sidecars[n % 3].listen;
+            tokio::spawn(async move {
+                let paths = ["/sized/1", "/sized/16384", "/sized/1", "/sized/24576"];
+                let mut got = Vec::new();
+                let mut i = n;
+                while Instant::now() < until {
+                    let path = paths[i % paths.len()];
+                    i += 1;
+                    let started = Instant::now();
+                    let checked = fetch_checked(listen, path, HANG).await;
+                    got.push((path, checked, started.elapsed()));
+                }
+                got
+            })
+        });
+        let clients = futures_util::future::join_all(clients);
+        let killer = async {
+            let mut kills = 0u64;
+            while Instant::now() < until {
+                let killed: i64 = server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]).await;
+                kills += killed as u64;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            kills
+        };
+        let (got, kills) = tokio::join!(clients, killer);
+        let got: Vec<_> = got.into_iter().flat_map(Result::unwrap).collect();
+        let failed: Vec<_> = got.iter().filter(|(_, c, _)| c.status >= 500).collect();
+        let cut = got
+            .iter()
+            .filter(|(_, c, _)| c.status == 200 && !c.whole)
+            .count();
+        eprintln!(
+            "run {run}: {} answers, {} 5xx, {cut} cut, {kills} connections killed",
+            got.len(),
+            failed.len()
+        );
+        assert!(got.len() >= 30, "only {} answers in 15 s", got.len());
+        assert!(failed.is_empty(), "answers 5xx: {failed:?}");
+        for (path, checked, took) in &got {
+            assert!(*took < HANG, "{path} took {took:?}");
+            assert_eq!(checked.status, 200, "{path}: {checked:?}");
+            if checked.whole {
+                assert_eq!(
+                    checked.body,
+                    chunked::mib_of(path) * 1024,
+                    "{path}: {checked:?}"
+                );
+            }
+        }
+        assert!(kills > 0, "no connection was killed");
+    }
+}

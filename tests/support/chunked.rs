@@ -71,8 +71,27 @@ impl Frames {
     }
 }
 
+/// The answer to a call for `path`: `/chunked/<MiB>` without a declared length, and
+/// `/sized/<KiB>` with one.
+pub(crate) fn answer_path(calls: &Calls, path: &str) -> Response<BoxBody<Bytes, Infallible>> {
+    if path.starts_with("/sized/") {
+        let kib = mib_of(path);
+        let mut response = answer_bytes(calls, kib * 1024);
+        response
+            .headers_mut()
+            .insert("content-length", (kib * 1024).into());
+        response
+    } else {
+        answer(calls, mib_of(path))
+    }
+}
+
 /// The answer to a call for `mib` MiB: counted in `calls`, its body frames of their own.
 pub(crate) fn answer(calls: &Calls, mib: u64) -> Response<BoxBody<Bytes, Infallible>> {
+    answer_bytes(calls, mib * MIB)
+}
+
+fn answer_bytes(calls: &Calls, total: u64) -> Response<BoxBody<Bytes, Infallible>> {
     let index = {
         let mut calls = calls.0.lock().unwrap();
         calls.push(Call::default());
@@ -82,7 +101,7 @@ pub(crate) fn answer(calls: &Calls, mib: u64) -> Response<BoxBody<Bytes, Infalli
         calls: calls.clone(),
         index,
         at: 0,
-        total: mib * MIB,
+        total,
         cycle: CYCLE.get_or_init(|| (0..FRAME as u64 + 251).map(pattern_at).collect()),
     };
     let stream = futures_util::stream::unfold(frames, |mut frames| async {
@@ -121,7 +140,7 @@ pub(crate) async fn origin() -> (SocketAddr, Calls) {
             let calls = served.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request: Request<_>| {
-                    let answer = answer(&calls, mib_of(request.uri().path()));
+                    let answer = answer_path(&calls, request.uri().path());
                     async move { Ok::<_, Infallible>(answer) }
                 });
                 let _ = http1::Builder::new()
@@ -266,6 +285,93 @@ impl Chunks {
                     self.left = size;
                 }
             }
+        }
+    }
+}
+
+/// What [`fetch_checked`] got.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Checked {
+    pub(crate) status: u16,
+    /// The body's bytes, every one checked against [`pattern_at`].
+    pub(crate) body: u64,
+    /// Its declared length, if any.
+    pub(crate) declared: Option<u64>,
+    /// It ended as HTTP says a whole body ends (its declared length, or its last chunk).
+    pub(crate) whole: bool,
+}
+
+/// `GET path` on a connection of its own (`Connection: close`), its body read to its
+/// end (at most `within`), every byte checked.
+pub(crate) async fn fetch_checked(
+    addr: SocketAddr,
+    path: &str,
+    within: std::time::Duration,
+) -> Checked {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buffer = vec![0u8; 256 * 1024];
+    let mut head = Vec::new();
+    let mut checked = Checked {
+        status: 0,
+        body: 0,
+        declared: None,
+        whole: false,
+    };
+    let mut decoder = Chunks::default();
+    let mut chunked = false;
+    loop {
+        if tokio::time::Instant::now() >= deadline {
+            return checked;
+        }
+        let n = match tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await {
+            Err(_) | Ok(Ok(0) | Err(_)) => {
+                checked.whole = if chunked {
+                    decoder.ended
+                } else {
+                    checked.status != 0 && checked.declared.is_none_or(|d| d == checked.body)
+                };
+                return checked;
+            }
+            Ok(Ok(n)) => n,
+        };
+        let mut data = &buffer[..n];
+        let rest;
+        if checked.status == 0 {
+            head.extend_from_slice(data);
+            let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
+            checked.status = text[9..12].parse().unwrap();
+            chunked = text.contains("transfer-encoding: chunked");
+            checked.declared = text
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map(|v| v.trim().parse().unwrap());
+            decoder.in_body = true;
+            rest = head[end + 4..].to_vec();
+            data = &rest;
+            if checked.status != 200 {
+                return checked;
+            }
+        }
+        if chunked {
+            decoder.feed(data);
+            checked.body = decoder.body;
+            if decoder.ended {
+                checked.whole = true;
+                return checked;
+            }
+        } else {
+            for (i, byte) in data.iter().enumerate() {
+                let at = checked.body + i as u64;
+                assert_eq!(*byte, pattern_at(at), "a wrong byte at {at} of {path}");
+            }
+            checked.body += data.len() as u64;
         }
     }
 }

@@ -707,8 +707,9 @@ async fn parts_are_written_as_the_body_streams_and_none_outlive_a_refused_fill()
     for invalidated in [false, true] {
         let caller = tokio::spawn(stream_get(addr, "/catalog", body.clone(), Arc::default()));
         let frames = origin.called().await;
-        frames.send(Ok(body.slice(..2 * mib))).unwrap();
-        // Four parts of 512 KiB, before the body's end.
+        let first = 2 * mib + mib / 2;
+        frames.send(Ok(body.slice(..first))).unwrap();
+        // Four parts of 512 KiB, before the body's end (each once a byte past it came).
         let written = eventually(Duration::from_secs(20), || async {
             parts_in_redis(&server, &entry).await.len() == 4
         });
@@ -719,8 +720,10 @@ async fn parts_are_written_as_the_body_streams_and_none_outlive_a_refused_fill()
                 .await
                 .unwrap();
         }
-        for at in (2 * mib..LARGE).step_by(mib) {
-            frames.send(Ok(body.slice(at..at + mib))).unwrap();
+        for at in (first..LARGE).step_by(mib) {
+            frames
+                .send(Ok(body.slice(at..(at + mib).min(LARGE))))
+                .unwrap();
         }
         drop(frames);
         let got = joined(caller, HANG, "the caller").await;
@@ -750,6 +753,39 @@ async fn parts_are_written_as_the_body_streams_and_none_outlive_a_refused_fill()
         }
     }
     assert_eq!(origin.calls(), 2);
+}
+
+/// A body of exactly one part (512 KiB) is kept whole in its entry: no part of it is
+/// written to Redis as it streams (one was, and outlived every write of the entry,
+/// named by none), and the entry serves another instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_of_exactly_one_part_leaves_no_part_in_redis() {
+    const PART: usize = 512 * 1024;
+    let server = RedisServer::start();
+    let guard = large_guard(&server).await;
+    let layer = guard.layer(large_policy().build().unwrap()).unwrap();
+    let app = Router::new().route(
+        "/one-part",
+        routing::get(|| async { vec![7u8; PART] }).layer(layer.clone()),
+    );
+    let addr = serve(app).await;
+    let entry = layer
+        .cache_keys(&support::web::get("/one-part"))
+        .unwrap()
+        .entry()
+        .to_owned();
+    let got = fetch(addr, "/one-part", &[]).await;
+    assert_eq!((got.status, got.body.len()), (StatusCode::OK, PART));
+    let parts = parts_in_redis(&server, &entry).await;
+    assert!(parts.is_empty(), "a body of one part left {parts:?}");
+    let other = large_guard(&server).await;
+    let other_layer = other.layer(large_policy().build().unwrap()).unwrap();
+    let other_app = Router::new().route(
+        "/one-part",
+        routing::get(|| async { vec![0u8; 1] }).layer(other_layer),
+    );
+    let hit = fetch(serve(other_app).await, "/one-part", &[]).await;
+    assert_eq!((hit.x_cache(), hit.body.len()), ("hit", PART));
 }
 
 /// Black-box, on the sidecar binary: 100 concurrent cold requests, each on its own
@@ -1111,7 +1147,7 @@ async fn a_refresh_writes_its_parts_as_its_body_streams() {
     let mib = 1 << 20;
     let send_from = |frames: &BodySender, body: &bytes::Bytes, from: usize, to: usize| {
         for at in (from..to).step_by(mib) {
-            frames.send(Ok(body.slice(at..at + mib))).unwrap();
+            frames.send(Ok(body.slice(at..(at + mib).min(to)))).unwrap();
         }
     };
     let caller = tokio::spawn(stream_get(addr, "/catalog", old.clone(), Arc::default()));
@@ -1141,8 +1177,10 @@ async fn a_refresh_writes_its_parts_as_its_body_streams() {
         (LARGE, true, "stale")
     );
     let frames = origin.called().await;
-    send_from(&frames, &new, 0, 2 * mib);
-    // The refresh's first four parts, beside the old entry's 16, before its body ends.
+    let half = 2 * mib + mib / 2;
+    send_from(&frames, &new, 0, half);
+    // The refresh's first four parts, beside the old entry's 16, before its body ends
+    // (each once a byte past it came).
     let written = eventually(Duration::from_secs(20), || async {
         parts_in_redis(&server, &entry).await.len() == 20
     });
@@ -1152,7 +1190,7 @@ async fn a_refresh_writes_its_parts_as_its_body_streams() {
         parts_in_redis(&server, &entry).await.len()
     );
     assert_eq!(generation().await, first, "the entry is written last");
-    send_from(&frames, &new, 2 * mib, LARGE);
+    send_from(&frames, &new, half, LARGE);
     drop(frames);
     let replaced = eventually(Duration::from_secs(20), || async {
         generation().await != first

@@ -157,13 +157,15 @@ impl Parts {
         })
     }
 
-    /// Writes every part whose bytes came, while the body fits the route's limit.
+    /// Writes every part whose bytes came, and a byte past it (a body of exactly one
+    /// part is kept whole in its entry, not in parts: see `entry::Parted`), while the
+    /// body fits the route's limit.
     pub(crate) async fn write_ready(&mut self, route: &Route, stream: &Stream) {
         let max = route.policy.max_body;
         while !self.stopped {
             let end = (self.written as u64 + 1) * PART as u64;
             let len = stream.len();
-            if len < end || len > max as u64 {
+            if len <= end || len > max as u64 {
                 return;
             }
             let data = stream.slice(end - PART as u64, end);

@@ -509,3 +509,51 @@ async fn invalid_policies_are_refused_when_the_layer_is_made() {
         .unwrap_err();
     assert_eq!(error.field(), "l1_capacity");
 }
+
+/// A GET with a body is forwarded with its body and never stored nor answered from the
+/// cache (what it asks may lie in its body, which no key holds), and its
+/// `Cache-Status` says so; one without a body (or with `Content-Length: 0`) is cached
+/// as ever. (Its body was dropped on the fill and not keyed: `{"q":"alice"}` and
+/// `{"q":"bob"}` got one answer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_with_a_body_is_forwarded_with_it_and_not_stored() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let layer = guard.layer(policy_named("search")).unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let calls = calls.clone();
+        move |body: String| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move { format!("results for {body}") }
+        }
+    };
+    let app = Router::new().route("/search", routing::get(handler).layer(layer));
+    let addr = serve(app).await;
+    let with_body = |body: &'static str| {
+        let request = http::Request::get("/search")
+            .header("host", "shop.example")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                body.as_bytes(),
+            )))
+            .unwrap();
+        support::http::send_request(addr, request)
+    };
+    for body in [r#"{"q":"alice"}"#, r#"{"q":"bob"}"#, r#"{"q":"alice"}"#] {
+        let got = with_body(body).await;
+        assert_eq!(got.body, format!("results for {body}"));
+        assert_eq!(got.x_cache(), "bypass", "{body}");
+        let status = got.headers.get("cache-status").unwrap().to_str().unwrap();
+        assert!(
+            status.ends_with("fwd=bypass; detail=request-body"),
+            "{status}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // Without a body: cached.
+    assert_eq!(fetch(addr, "/search", &[]).await.x_cache(), "miss");
+    let empty = fetch(addr, "/search", &[("content-length", "0")]).await;
+    assert_eq!(empty.x_cache(), "hit");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}

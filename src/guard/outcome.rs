@@ -112,6 +112,12 @@ impl XCache {
         })
     }
 
+    /// This cache's member of `Cache-Status` for an answer to a GET or HEAD with a body,
+    /// forwarded with it and not stored.
+    pub(crate) fn bypassed_with_body() -> HeaderValue {
+        HeaderValue::from_static(concat_status!("fwd=bypass; detail=request-body"))
+    }
+
     /// This cache's member of `Cache-Status` for an answer forwarded for another
     /// caller, whose request this one's was collapsed into (RFC 9211 §2.5).
     pub(crate) fn collapsed() -> HeaderValue {

@@ -155,6 +155,19 @@ pub(crate) fn serve_shared<B: Body>(
     Some(response)
 }
 
+/// Replaces this cache's member of an answer's `cache-status` (its last, after those of
+/// the caches the answer came through) with `status`.
+pub(crate) fn set_own_status(headers: &mut http::HeaderMap, status: HeaderValue) {
+    let mut members: Vec<HeaderValue> =
+        headers.get_all(CACHE_STATUS_NAME).iter().cloned().collect();
+    members.pop();
+    members.push(status);
+    headers.remove(CACHE_STATUS_NAME);
+    for member in members {
+        headers.append(CACHE_STATUS_NAME, member);
+    }
+}
+
 /// Marks an answer that is not from an entry: `x-cache`, and this cache's member of
 /// `cache-status`, after those of the caches the origin's answer came through.
 pub(crate) fn mark_forwarded(headers: &mut http::HeaderMap, x_cache: XCache) {

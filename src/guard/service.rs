@@ -18,12 +18,13 @@ use super::marks::Mark;
 use super::origin::{FillBody, Inner, OriginBody};
 use super::outcome::XCache;
 use super::ranged;
+use super::respond::set_own_status;
 use super::route::Route;
 use super::vary::{self, Check};
 use crate::cache::{Instant, L2Read, Stored, l2_read_with_names};
 use crate::http::invalidation;
 use crate::http::range::Ranged;
-use crate::http::request::{self, Asked};
+use crate::http::request::{self, Asked, Bypass};
 use crate::keys::CacheKeys;
 use crate::metrics::Event;
 
@@ -141,7 +142,11 @@ impl<S> Guard<S> {
                     && route.policy.cache)
                     .then(|| invalidation::target(&request));
                 return ResponseFuture::new(async move {
-                    let response = passthrough(&route, inner, request, XCache::Bypass).await?;
+                    let mut response = passthrough(&route, inner, request, XCache::Bypass).await?;
+                    if reason == Bypass::Body {
+                        // Said: its body was forwarded, and nothing was stored.
+                        set_own_status(response.headers_mut(), XCache::bypassed_with_body());
+                    }
                     if let Some(target) = changes {
                         let named = invalidation::changed_uris(&target, &response);
                         invalidate_after(&route, target, named).await;

@@ -22,6 +22,10 @@ pub(crate) enum Bypass {
     Method,
     Authorization,
     Cookie,
+    /// A GET or HEAD with a body (`Content-Length` above zero, or `Transfer-Encoding`):
+    /// what it asks may lie in its body, which no key holds (RFC 9110 §9.3.1 gives such
+    /// a body no meaning, yet some origins read one).
+    Body,
     /// The route is never cached.
     Route,
 }
@@ -32,6 +36,7 @@ impl Bypass {
             Self::Method => "method",
             Self::Authorization => "authorization",
             Self::Cookie => "cookie",
+            Self::Body => "body",
             Self::Route => "route",
         }
     }
@@ -49,11 +54,17 @@ pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Asked
     // One pass over the names a request has (a handful), rather than three hashed
     // lookups: every request comes here.
     let (mut authorization, mut cookie, mut conditional, mut ranged) = (false, false, false, false);
-    for name in request.headers().keys() {
+    let mut body = false;
+    for (name, value) in request.headers() {
         authorization |= *name == header::AUTHORIZATION;
         cookie |= *name == header::COOKIE;
         conditional |= is_conditional(name);
         ranged |= *name == header::RANGE;
+        body |= (*name == header::CONTENT_LENGTH && value.as_bytes().iter().any(|b| *b != b'0'))
+            || *name == header::TRANSFER_ENCODING;
+    }
+    if body {
+        return Err(Bypass::Body);
     }
     if authorization && !policy.allow_authorization {
         return Err(Bypass::Authorization);
@@ -361,5 +372,15 @@ pub(super) mod tests {
             .build()
             .unwrap();
         assert_eq!(classify(&open, &auth).map(|a| a.kind), Ok(Kind::Get));
+        for (name, value, bypass) in [
+            ("content-length", "12", true),
+            ("transfer-encoding", "chunked", true),
+            ("content-length", "0", false),
+            ("content-length", "00", false),
+        ] {
+            let with = get("/").header(name, value).body(()).unwrap();
+            let got = classify(&p, &with).err();
+            assert_eq!(got == Some(Bypass::Body), bypass, "{name}: {value}");
+        }
     }
 }

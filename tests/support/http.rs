@@ -92,6 +92,16 @@ pub(crate) async fn post_json(
 }
 
 /// Sends `request` on a new connection to `addr` and reads the answer whole, within
+/// [`HANG`](super::HANG).
+pub(crate) async fn send_request<B>(addr: SocketAddr, request: Request<B>) -> Got
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    exchange(addr, request).await
+}
+
+/// Sends `request` on a new connection to `addr` and reads the answer whole, within
 /// [`HANG`](super::HANG): a request that hangs fails the test, naming it.
 async fn exchange<B>(addr: SocketAddr, request: Request<B>) -> Got
 where

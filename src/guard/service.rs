@@ -379,13 +379,14 @@ fn marked<B: Body>(
     fallback: &Option<Arc<Stored>>,
 ) -> Marked<B> {
     match route.shared.marks.get(keys.entry()) {
-        // (A range goes to the origin, which answers it: a fill asks for the whole, and
-        // an answer that is not stored may not say its length.)
-        Some(Mark::Pass) if !asked.ranged => {
+        // A range too: its callers share one call of the whole, and each gets its range
+        // cut from it as it streams (when its length is declared; else the whole); the
+        // call stops once the last of them has read what it wanted.
+        Some(Mark::Pass) => {
             route.stats.record(Event::HitForPass);
             Marked::Passing
         }
-        Some(Mark::Pass | Mark::Private) => {
+        Some(Mark::Private) => {
             route.stats.record(Event::HitForPass);
             Marked::Pass
         }

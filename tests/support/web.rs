@@ -225,6 +225,8 @@ pub(crate) struct Got {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
     pub(crate) body: String,
+    /// The body's bytes, as they came.
+    pub(crate) raw: Bytes,
 }
 
 impl Got {
@@ -234,6 +236,7 @@ impl Got {
             status: parts.status,
             headers: parts.headers,
             body: String::from_utf8_lossy(&body).into_owned(),
+            raw: body,
         }
     }
 

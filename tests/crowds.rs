@@ -788,6 +788,66 @@ async fn a_body_of_exactly_one_part_leaves_no_part_in_redis() {
     assert_eq!((hit.x_cache(), hit.body.len()), ("hit", PART));
 }
 
+/// The parts a fill deletes when it thinks its entry was not written are kept when the
+/// entry names them (a write whose reply was lost may have stored it: its parts were
+/// deleted from under a live entry), and deleted otherwise: `drop_parts.lua`, run on a
+/// real entry of 4 parts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parts_an_entry_names_are_never_dropped_by_its_fill() {
+    let server = RedisServer::start();
+    let guard = large_guard(&server).await;
+    let layer = guard.layer(large_policy().build().unwrap()).unwrap();
+    let app = Router::new().route(
+        "/four-parts",
+        routing::get(|| async { vec![7u8; 2 << 20] }).layer(layer.clone()),
+    );
+    let addr = serve(app).await;
+    let entry = layer
+        .cache_keys(&support::web::get("/four-parts"))
+        .unwrap()
+        .entry()
+        .to_owned();
+    assert_eq!(fetch(addr, "/four-parts", &[]).await.x_cache(), "miss");
+    let mut conn = server.conn().await;
+    let generation: String = redis::cmd("HGET")
+        .arg(&entry)
+        .arg("g")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(parts_in_redis(&server, &entry).await.len(), 4);
+    let drop_parts = redis::Script::new(include_str!("../src/cache/scripts/drop_parts.lua"));
+    let dropped: i64 = drop_parts
+        .key(&entry)
+        .arg(&generation)
+        .arg(4)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dropped, 0, "the entry names them");
+    assert_eq!(parts_in_redis(&server, &entry).await.len(), 4);
+    // Another generation's, which the entry does not name: deleted.
+    for index in 0..2 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("{entry}:p:42:{index}"))
+            .arg("part")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let dropped: i64 = drop_parts
+        .key(&entry)
+        .arg("42")
+        .arg(2)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dropped, 1);
+    assert_eq!(parts_in_redis(&server, &entry).await.len(), 4);
+    let hit = fetch(addr, "/four-parts", &[]).await;
+    assert_eq!((hit.x_cache(), hit.raw.len()), ("hit", 2 << 20));
+}
+
 /// Black-box, on the sidecar binary: 100 concurrent cold requests, each on its own
 /// connection, for an 8 MiB answer that its origin sends after 300 ms, in 1 MiB frames
 /// 50 ms apart. With `--max-body 4MiB` (the answer is larger than what it stores): one

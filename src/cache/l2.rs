@@ -232,7 +232,8 @@ pub(crate) async fn l2_write_part(
 
 /// Deletes the first `count` parts written under `token` for an entry that was not
 /// written after all (its answer was cut, not stored, or its write refused), so that
-/// they do not wait out their keep time.
+/// they do not wait out their keep time; unless the entry names them (a write whose
+/// reply was lost may have stored it: see `scripts/drop_parts.lua`).
 pub(crate) async fn l2_drop_parts(
     store: &RedisStore,
     keys: &CacheKeys,
@@ -242,17 +243,9 @@ pub(crate) async fn l2_drop_parts(
     if count == 0 {
         return Ok(());
     }
-    let mut del = redis::cmd("DEL");
-    for index in 0..count {
-        del.arg(keys.part(token.get(), index));
-    }
-    store
-        .run(
-            crate::store::Operation::Write,
-            crate::store::Request::Command(&del),
-        )
+    scripts::drop_parts(store, keys, token, count)
         .await
-        .map(|_: i64| ())
+        .map(|_| ())
 }
 
 /// How much longer than their entry its parts are kept: an entry never outlives them.

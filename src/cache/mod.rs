@@ -19,7 +19,7 @@ mod parts;
 mod scripts;
 mod stored;
 
-pub(crate) use self::entry::PART;
+pub(crate) use self::entry::{PART, Parted};
 pub(crate) use self::l1::{L1, Tombstones, bury, bury_local, invalidated, new_tombstones};
 pub(crate) use self::l2::{
     L2Read, l2_drop_parts, l2_invalidate, l2_keep_names, l2_read, l2_read_with_names,

@@ -25,6 +25,8 @@ static PARTS_WHOLE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/parts_whole.lua")));
 static PART: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/part.lua"))));
+static DROP_PARTS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/drop_parts.lua")));
 static REVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_variants(include_str!("scripts/revalidate.lua"))));
 static PURGE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/purge.lua")));
@@ -197,6 +199,22 @@ pub(crate) async fn write_part(
         .run_sized(Operation::Write, Request::Script(&invocation), size)
         .await?;
     Ok(written == 1)
+}
+
+/// Deletes the first `count` parts of generation `token` of the entry at `keys`, unless
+/// the entry names that generation (see `drop_parts.lua`): whether they were deleted.
+pub(crate) async fn drop_parts(
+    store: &RedisStore,
+    keys: &CacheKeys,
+    token: FencingToken,
+    count: u32,
+) -> Result<bool, StoreError> {
+    let mut invocation = DROP_PARTS.prepare_invoke();
+    invocation.key(keys.entry()).arg(token.get()).arg(count);
+    let dropped: i64 = store
+        .run(Operation::Write, Request::Script(&invocation))
+        .await?;
+    Ok(dropped == 1)
 }
 
 /// Reads the part at `key` (see `cache::entry::part` and `read_part.lua`), within the

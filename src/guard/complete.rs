@@ -367,7 +367,7 @@ where
         }
     };
     if let Some(parts) = parts {
-        parts.drop(route).await;
+        parts.drop(route, None).await;
     }
     landed
 }
@@ -409,7 +409,8 @@ async fn read_whole<B: Body, E>(
     let gathered = body.clone();
     let (landed, kept) = whole(route, fill, head, body, &stream, asked, why, published).await;
     if !kept && let Some(parts) = parts {
-        parts.drop(route).await;
+        // (The write, when one was tried, wrote the parts that had not streamed.)
+        parts.drop(route, why.is_none().then_some(len)).await;
     }
     if let (Landed::Entry { kept: true, .. }, _) = &landed {
         lead.retire();

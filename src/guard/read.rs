@@ -15,7 +15,7 @@ use super::fill::{Fill, Kept, Put};
 use super::origin::OriginBody;
 use super::route::Route;
 use super::stream::{Room, Stream, Writer};
-use crate::cache::{PART, l2_drop_parts, l2_write_part};
+use crate::cache::{PART, Parted, l2_drop_parts, l2_write_part};
 use crate::http::directives::lifetimes;
 use crate::lease::{FencingToken, LeaseLost};
 use crate::metrics::Event;
@@ -194,9 +194,16 @@ impl Parts {
     }
 
     /// Deletes the parts written: the answer was not written under this fill's keys.
-    pub(crate) async fn drop(self, route: &Route) {
+    /// `tried`: the length of the body whose write was tried, which wrote the parts that
+    /// had not streamed (deleted too). Parts the entry names are kept whatever the fill
+    /// thinks (a write whose reply was lost may have stored it).
+    pub(crate) async fn drop(self, route: &Route, tried: Option<u64>) {
         let store = &route.shared.store;
-        if l2_drop_parts(store, &self.keys, self.token, self.written)
+        let by_the_write = tried
+            .and_then(|len| Parted::of(len as usize))
+            .map_or(0, |parted| parted.count);
+        let count = self.written.max(by_the_write);
+        if l2_drop_parts(store, &self.keys, self.token, count)
             .await
             .is_err()
         {

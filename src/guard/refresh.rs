@@ -417,7 +417,7 @@ async fn kept<B: OriginBody>(
         Ok(read) => read,
         Err(lost) => {
             if let Some(parts) = parts {
-                parts.drop(route).await;
+                parts.drop(route, None).await;
             }
             fill.stopped(lost).await;
             return HoldOff::of(route.policy.error_backoff);
@@ -438,7 +438,7 @@ async fn kept<B: OriginBody>(
         }
     };
     if let Some(parts) = parts {
-        parts.drop(route).await;
+        parts.drop(route, None).await;
     }
     given_up(route, fill, event, why).await
 }
@@ -452,11 +452,12 @@ async fn stored(
     parts: Option<Parts>,
     asked: &Request<()>,
 ) -> Option<HoldOff> {
+    let len = writer.stream().len();
     let kept = fill.keep(asked, head, writer.gathered()).await;
     if !parts_kept(&kept)
         && let Some(parts) = parts
     {
-        parts.drop(route).await;
+        parts.drop(route, Some(len)).await;
     }
     match kept {
         Kept::Stored { put, .. } => {

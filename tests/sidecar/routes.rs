@@ -55,9 +55,10 @@ async fn the_longest_prefix_picks_the_policy() {
     assert_eq!(calls.load(Ordering::SeqCst), 5);
 }
 
-/// A route's prefix matches whole segments of the path as the origin resolves it:
-/// `/static` holds `/static/a.css`, not `/staticky`, and `/static/%2e%2e/account` (the
-/// origin's `/account`) or an encoded `/` never land on it (web cache deception).
+/// A route's prefix matches whole segments of the path as the strictest origin resolves
+/// it: `/static` holds `/static/a.css`, not `/staticky`, and `/static/%2e%2e/account`
+/// (the origin's `/account`), an encoded `/` or `\`, or a `..;` (Tomcat's `..`) never
+/// land on it (web cache deception).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_holds_whole_segments_of_the_resolved_path() {
     let (origin, calls, _gate) = origin(u64::MAX).await;
@@ -82,12 +83,15 @@ async fn a_route_holds_whole_segments_of_the_resolved_path() {
         "/static/%2E%2E/account",
         "/static/../account",
         "/static%2F..%2Faccount",
+        "/static/..;/account",
+        "/static/..;jsessionid=1/account",
+        "/static/..%5Caccount",
     ] {
         for _ in 0..2 {
             assert_eq!(get(elsewhere).await.x_cache(), "bypass", "{elsewhere}");
         }
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 3 + 10);
+    assert_eq!(calls.load(Ordering::SeqCst), 3 + 16);
 }
 
 /// A successful `POST` invalidates its URI for the fleet (RFC 9111 §4.4), by default;

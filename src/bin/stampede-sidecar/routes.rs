@@ -119,11 +119,21 @@ fn under(prefix: &str, path: &str) -> bool {
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || prefix.ends_with('/'))
 }
 
-/// `path` as an origin resolves it, for routing: its percent-encoded unreserved
-/// characters decoded (RFC 3986 §6.2.2.2: `%2e` is `.`), then its dot segments removed
-/// (§5.2.4). Other escapes stay as they are: an encoded `/` never splits a segment.
+/// `path` as the strictest origin resolves it, for routing (a route must hold nothing
+/// that any origin would serve from elsewhere: web cache deception):
+///
+/// * percent-encoded unreserved characters are decoded (RFC 3986 §6.2.2.2: `%2e` is
+///   `.`), and so are an encoded `/` (`%2F`) and `\` (`%5C`), which some servers and
+///   frameworks decode before they route;
+/// * `\` separates segments, as IIS, ASP.NET and Windows origins read it;
+/// * each segment's parameters (`;` and what follows it) go, as Tomcat and Jetty strip
+///   them (`..;` is `..`);
+/// * then dot segments are removed (§5.2.4).
+///
+/// Only the route is chosen so: the origin gets the path as it came, and the key is made
+/// of it.
 fn normalized(path: &str) -> std::borrow::Cow<'_, str> {
-    if !path.contains('%') && !path.contains("/.") {
+    if !path.contains(['%', ';', '\\']) && !path.contains("/.") {
         return path.into();
     }
     let mut decoded = String::with_capacity(path.len());
@@ -134,7 +144,7 @@ fn normalized(path: &str) -> std::borrow::Cow<'_, str> {
             .get(at + 1..at + 3)
             .and_then(|hex| u8::from_str_radix(hex, 16).ok());
         match escape {
-            Some(byte) if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) => {
+            Some(byte) if byte.is_ascii_alphanumeric() || b"-._~/\\".contains(&byte) => {
                 decoded.push(char::from(byte));
                 rest = &rest[at + 3..];
             }
@@ -145,7 +155,12 @@ fn normalized(path: &str) -> std::borrow::Cow<'_, str> {
         }
     }
     decoded.push_str(rest);
-    let segments: Vec<&str> = decoded.split('/').skip(1).collect();
+    let decoded = decoded.replace('\\', "/");
+    let segments: Vec<&str> = decoded
+        .split('/')
+        .skip(1)
+        .map(|segment| segment.split(';').next().unwrap_or_default())
+        .collect();
     let mut kept: Vec<&str> = Vec::with_capacity(segments.len());
     for (index, segment) in segments.iter().enumerate() {
         let last = index + 1 == segments.len();
@@ -204,7 +219,13 @@ mod tests {
             ("/../../etc", "/etc"),
             ("/static/..", "/"),
             ("/static/.", "/static/"),
-            ("/static%2F..%2Faccount", "/static%2F..%2Faccount"),
+            ("/static%2F..%2Faccount", "/account"),
+            ("/static%2f..%2faccount", "/account"),
+            ("/static/..;/account", "/account"),
+            ("/static/..;jsessionid=1/account", "/account"),
+            ("/static/a.css;v=2", "/static/a.css"),
+            ("/static/..%5Caccount", "/account"),
+            ("/static\\..\\account", "/account"),
             ("/%7Euser/%41", "/~user/A"),
             ("/100%", "/100%"),
             ("/a%zz", "/a%zz"),
@@ -219,5 +240,6 @@ mod tests {
         assert!(under("", "/anything"));
         assert!(!under("/static", &normalized("/static/%2e%2e/account")));
         assert!(!under("/static", &normalized("/static%2F..%2Faccount")));
+        assert!(!under("/static", &normalized("/static/..;/account")));
     }
 }

@@ -37,6 +37,16 @@ pub const VERSION: u8 = 2;
 /// and a reader's output buffer holds its reply), while a 16 MiB body is 32 commands.
 pub(crate) const PART: usize = 512 * 1024;
 
+/// The slowest a reader of a body in parts is given to read it: 256 KiB a second. A
+/// generation of parts replaced by a new entry lingers long enough for a reader at this
+/// rate to read it whole (see `scripts/variants.lua`: `drop_parts`): 32 s for 4 MiB,
+/// 128 s for the default `max_body` of 16 MiB, 512 s for the largest, 64 MiB.
+pub(crate) const SLOWEST_READ_RATE: u64 = 256 * 1024;
+
+/// How long a reader at [`SLOWEST_READ_RATE`] takes to read one part.
+pub(crate) const PART_READ_AT_SLOWEST: std::time::Duration =
+    std::time::Duration::from_millis(PART as u64 * 1000 / SLOWEST_READ_RATE);
+
 /// What opens every part, before its generation and index.
 const PART_MAGIC: [u8; 2] = *b"SP";
 

@@ -13,9 +13,16 @@
 //! a body L1 would not keep, or a range, which reads only the parts it spans). A part
 //! that is missing (evicted, or deleted by an invalidation), short, of another
 //! generation or garbage makes the read a miss ([`L2Read::Garbage`]), never a wrong
-//! body. Parts expire a second after their entry, go with it when an invalidation
-//! removes it, and outlive it by a minute at most when a newer entry replaces it (for
-//! the answers that are streaming them).
+//! body. Parts expire a second after their entry, and go with it when an invalidation
+//! removes it. When a newer entry replaces it, its parts linger for the answers that
+//! are streaming them: long enough for a reader at
+//! [`SLOWEST_READ_RATE`](entry::SLOWEST_READ_RATE), 256 KiB/s, to read them whole (2 s
+//! a part and 10 s more: 42 s for 8 MiB, 266 s for 64 MiB), and two replaced
+//! generations at most (the second replacement after them deletes them): Redis holds
+//! at most three generations of a key's body, its own and two lingering, three times
+//! its size (192 MiB at the largest `max_body`, 64 MiB). A refresh whose answer has the
+//! same body (its digest, kept beside the parts) renews the entry and writes no part:
+//! an unchanged body never replaces a generation.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +30,9 @@ use std::time::Duration;
 use bytes::BytesMut;
 
 use super::parts::InParts;
-use super::scripts::{self, Channels, Invalidated, Lasting, ReadReply, Renewal, WriteReply};
+use super::scripts::{
+    self, Channels, Invalidated, Lasting, Named, ReadReply, Renewal, Revalidated, WriteReply,
+};
 use super::stored::Stored;
 use crate::cache::entry::{self, CachedResponse, PART, Parted};
 use crate::keys::CacheKeys;
@@ -192,6 +201,7 @@ pub(crate) async fn l2_write(
     // the key's TTL).
     let keep_left = stored.keep_left().max(Duration::from_millis(1));
     let parted = Parted::of(response.body.len());
+    let digest = parted.map_or_else(Vec::new, |_| body_digest(&response.body));
     if let Some(parted) = parted {
         // The parts first, each fenced; a refused one means the entry's write is
         // refused too (it is fenced the same way), and says so.
@@ -209,11 +219,22 @@ pub(crate) async fn l2_write(
         keys,
         lease,
         response.encode_for_l2(parted),
-        parted.map_or(0, |p| p.count),
+        Named {
+            count: parted.map_or(0, |p| p.count),
+            digest: &digest,
+        },
         keep_left,
         channels,
     )
     .await
+}
+
+/// The digest of a body kept in parts (SHA-256), which its entry keeps beside them: a
+/// refresh whose answer has the same body renews the entry without writing its parts
+/// again ([`l2_revalidate`] with it).
+pub(crate) fn body_digest(body: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(body).to_vec()
 }
 
 /// Writes part `index` (its `data`) of the body of the entry about to be written under
@@ -252,18 +273,25 @@ pub(crate) async fn l2_drop_parts(
 const PARTS_OUTLIVE: Duration = Duration::from_secs(1);
 
 /// Renews the entry that `revalidated` was written under with `response`'s metadata,
-/// under `lease`, without writing its body again (see `scripts/revalidate.lua`).
+/// under `lease`, without writing its body again (see `scripts/revalidate.lua`): for a
+/// `304` (`same_body` empty), or for an answer whose body has the digest `same_body`, if
+/// the entry's has it too ([`Renewal::Gone`] if not).
 pub(crate) async fn l2_revalidate(
     store: &RedisStore,
     keys: &CacheKeys,
     lease: &Lease,
     revalidated: FencingToken,
+    same_body: &[u8],
     response: &CachedResponse,
     channels: Channels<'_>,
 ) -> Result<Renewal, StoreError> {
     let meta = CachedResponse {
         body: bytes::Bytes::new(),
         ..response.clone()
+    };
+    let revalidated = Revalidated {
+        token: revalidated,
+        same_body,
     };
     scripts::revalidate(
         store,

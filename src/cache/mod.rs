@@ -22,7 +22,7 @@ mod stored;
 pub(crate) use self::entry::{PART, Parted};
 pub(crate) use self::l1::{L1, Tombstones, bury, bury_local, invalidated, new_tombstones};
 pub(crate) use self::l2::{
-    L2Read, l2_drop_parts, l2_invalidate, l2_keep_names, l2_read, l2_read_with_names,
+    L2Read, body_digest, l2_drop_parts, l2_invalidate, l2_keep_names, l2_read, l2_read_with_names,
     l2_revalidate, l2_write, l2_write_part,
 };
 pub(crate) use self::parts::InParts;

@@ -263,7 +263,7 @@ pub(crate) async fn write(
     keys: &CacheKeys,
     lease: &Lease,
     encoded: Vec<u8>,
-    parts: u32,
+    parts: Named<'_>,
     keep: Duration,
     channels: Channels<'_>,
 ) -> Result<WriteReply, StoreError> {
@@ -282,7 +282,9 @@ pub(crate) async fn write(
         .arg(Notice::Filled(keys.entry(), Some(keys.local)).to_string())
         .arg(channels.broadcast)
         .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string())
-        .arg(parts);
+        .arg(parts.count)
+        .arg(parts.digest)
+        .arg(millis(crate::cache::entry::PART_READ_AT_SLOWEST));
     list_variant(&mut invocation, keys);
     let (written, released, _measured_against): (i64, i64, i64) = store
         .run_sized(Operation::Write, Request::Script(&invocation), size)
@@ -291,6 +293,22 @@ pub(crate) async fn write(
         written: written == 1,
         released: released == 1,
     })
+}
+
+/// The parts a written entry names: how many (0: its body is in the entry), and the
+/// digest of the body they hold, which a renewal by an unchanged body checks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Named<'a> {
+    pub(crate) count: u32,
+    pub(crate) digest: &'a [u8],
+}
+
+/// The entry a renewal renews: the token it was written under, and, for a renewal by a
+/// body the origin sent again, that body's digest (empty for a `304`'s).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Revalidated<'a> {
+    pub(crate) token: FencingToken,
+    pub(crate) same_body: &'a [u8],
 }
 
 /// For a write or renewal of a variant: the list of its response's variants (the last
@@ -319,7 +337,7 @@ pub(crate) async fn revalidate(
     store: &RedisStore,
     keys: &CacheKeys,
     lease: &Lease,
-    revalidated: FencingToken,
+    revalidated: Revalidated<'_>,
     meta: Vec<u8>,
     keep: Duration,
     channels: Channels<'_>,
@@ -332,13 +350,14 @@ pub(crate) async fn revalidate(
         .key(keys.lease().fence_key())
         .arg(lease.fencing_token().get())
         .arg(lease.owner().as_str())
-        .arg(revalidated.get())
+        .arg(revalidated.token.get())
         .arg(meta)
         .arg(millis(keep))
         .arg(channels.filled)
         .arg(Notice::Filled(keys.entry(), Some(keys.local)).to_string())
         .arg(channels.broadcast)
-        .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string());
+        .arg(Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO).to_string())
+        .arg(revalidated.same_body);
     list_variant(&mut invocation, keys);
     let (renewed, released, _measured_against): (i64, i64, i64) = store
         .run(Operation::Write, Request::Script(&invocation))

@@ -30,7 +30,7 @@ use super::route::Route;
 use super::vary::{Check, TooMany};
 use crate::cache::entry::{self, CachedResponse};
 use crate::cache::{
-    Channels, Freshness, L2Read, Renewal, Stored, l2_read, l2_revalidate, l2_write,
+    Channels, Freshness, L2Read, Renewal, Stored, body_digest, l2_read, l2_revalidate, l2_write,
 };
 use crate::http::conditional;
 use crate::http::directives::{Lifetimes, lifetimes};
@@ -82,6 +82,9 @@ pub(crate) struct Fill {
     /// for a cold fill, `Error` (held off for the back-off, the stale entry served) for
     /// a refresh ([`Fill::refreshing`]).
     not_stored: Ending,
+    /// For a refresh of an entry kept in parts, its token: an answer with the same body
+    /// renews it without writing its parts again ([`Fill::renewing_unchanged`]).
+    renew_unchanged: Option<FencingToken>,
 }
 
 /// What a call to the origin came to.
@@ -174,6 +177,7 @@ impl Fill {
             slot,
             parts_written: 0,
             not_stored: Ending::Pass,
+            renew_unchanged: None,
         }
     }
 
@@ -208,7 +212,25 @@ impl Fill {
             slot: None,
             parts_written: 0,
             not_stored: Ending::Pass,
+            renew_unchanged: None,
         }
+    }
+
+    /// The refresh of `current`, whose body Redis keeps in parts under its own token: an
+    /// answer with the same body (the same digest) renews the entry, its head and its
+    /// life, without writing its parts again (a reader of them is never cut by it).
+    pub(crate) fn renewing_unchanged(mut self, current: &Stored) -> Self {
+        let in_parts = current.in_parts().is_some()
+            || entry::Parted::of(current.response.body.len()).is_some();
+        if in_parts && current.token_is_its_own() && self.is_leased() {
+            self.renew_unchanged = Some(current.response.token);
+        }
+        self
+    }
+
+    /// Whether an answer with the same body as the entry it refreshes renews it.
+    pub(crate) fn renews_unchanged(&self) -> bool {
+        self.renew_unchanged.is_some()
     }
 
     /// The fill of a refresh: an answer it may not store after all holds the key off
@@ -366,6 +388,7 @@ impl Fill {
             slot: None,
             parts_written: 0,
             not_stored: self.not_stored,
+            renew_unchanged: None,
         }
     }
 
@@ -420,7 +443,8 @@ impl Fill {
         // Already a copy of its own: `read` gathers the body's frames into one buffer of
         // its exact size.
         let stored = self.entry_of(parts.status, headers, body, life);
-        self.put(stored, Write::Whole, asked).await
+        let write = self.renew_unchanged.map_or(Write::Whole, Write::Unchanged);
+        self.put(stored, write, asked).await
     }
 
     /// Renews `current`, which the origin said is unchanged (a `304` to a conditional
@@ -589,10 +613,22 @@ impl Fill {
             filled: &filled,
             broadcast: shared.notices.channel(),
         };
-        if let Write::Renew(revalidated) = write {
+        let renewing = match write {
+            Write::Whole => None,
+            Write::Renew(revalidated) => Some((revalidated, Vec::new())),
+            Write::Unchanged(current) => Some((current, body_digest(&stored.response.body))),
+        };
+        if let Some((revalidated, same_body)) = renewing {
             let response = stored.to_response();
-            let renewal =
-                l2_revalidate(&shared.store, keys, lease, revalidated, &response, channels);
+            let renewal = l2_revalidate(
+                &shared.store,
+                keys,
+                lease,
+                revalidated,
+                &same_body,
+                &response,
+                channels,
+            );
             match renewal.await? {
                 Renewal::Renewed { released } => return Ok((true, released)),
                 Renewal::Refused { released } => return Ok((false, released)),
@@ -710,6 +746,9 @@ enum Write {
     Whole,
     /// Only its metadata, over the entry written under this token, whose body it has.
     Renew(FencingToken),
+    /// Only its metadata, over the entry written under this token, if that entry's body
+    /// (kept in parts) has the same digest; else all of it.
+    Unchanged(FencingToken),
 }
 
 /// The route's fresh time for one more entry: its fresh TTL less its jitter.

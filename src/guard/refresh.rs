@@ -350,7 +350,8 @@ where
     if conditional && head.status() == StatusCode::NOT_MODIFIED {
         return renewed(route, fill, current, head, &asked).await;
     }
-    kept(route, fill, head, body, &asked).await
+    // (An answer with the body the entry has renews it: its parts are not written.)
+    kept(route, fill.renewing_unchanged(current), head, body, &asked).await
 }
 
 /// A `304`: the entry is renewed with the body it has, unless it is about another.
@@ -402,7 +403,13 @@ async fn kept<B: OriginBody>(
     }
     let mut writer = Stream::writer();
     writer.charged_to(route.shared.fill_memory.clone());
-    let mut parts = Parts::of(route, &fill, &head, true);
+    // Not written as they stream when the body may be the entry's own: the write tells
+    // at the end (all of them if not).
+    let mut parts = if fill.renews_unchanged() {
+        None
+    } else {
+        Parts::of(route, &fill, &head, true)
+    };
     // (Held whole: a refresh has no reader, and stops past what fits.)
     let reading = read_body(
         route,

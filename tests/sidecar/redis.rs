@@ -398,3 +398,124 @@ async fn redis_connections_killed_under_load_are_never_a_5xx() {
         assert!(kills > 0, "no connection was killed");
     }
 }
+
+/// `redis-cli MONITOR` on `server`, counting the part writes it sees (a `SET` of a
+/// part's key, run by `part.lua` or by a whole write) until dropped.
+struct PartWrites {
+    child: std::process::Child,
+    seen: Arc<AtomicU64>,
+}
+
+impl PartWrites {
+    fn watch(server: &RedisServer) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(support::cluster::redis_cli_binary())
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &server.addr().port().to_string(),
+                "MONITOR",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("redis-cli MONITOR");
+        let seen = Arc::new(AtomicU64::new(0));
+        let (out, counted) = (child.stdout.take().unwrap(), seen.clone());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if line.contains("\"SET\"") && line.contains(":p:") {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        // MONITOR answers OK before it streams.
+        std::thread::sleep(Duration::from_millis(200));
+        Self { child, seen }
+    }
+
+    fn count(&self) -> u64 {
+        self.seen.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for PartWrites {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Two sidecars on one Redis: one refreshes an 8 MiB entry (kept in 16 parts) every
+/// second, the other, whose L1 keeps no entry that large, serves it to a client that
+/// reads at 512 KiB/s (16 s: the sockets hold half of it), part by part from Redis. With an unchanged body, every
+/// refresh renews the entry and Redis gets no part write (`MONITOR`), and the slow
+/// client gets the whole body, every byte right (it was cut after two refreshes, each
+/// of which rewrote every part); with a body that changes twice while it reads, the
+/// generation it reads lingers, and it gets that body whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_of_an_entry_in_parts_outlasts_its_refreshes() {
+    use support::chunked::{self, fetch_paced};
+    let (origin, calls) = chunked::origin().await;
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let small_l1 = write_config(dir.path(), "l1_capacity = 1048576\n");
+    let common = |more: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--upstream",
+            &format!("http://{origin}"),
+            "--redis",
+            &server.url(),
+            "--follow-origin",
+            "false",
+            "--fresh",
+            "1s",
+            "--grace",
+            "60s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(more.iter().map(|s| s.to_string()));
+        args
+    };
+    let refresher = Sidecar::start(&common(&[]).iter().map(String::as_str).collect::<Vec<_>>());
+    let reader_args = common(&["--config", &small_l1]);
+    let reader = Sidecar::start(&reader_args.iter().map(String::as_str).collect::<Vec<_>>());
+    for (path, changes) in [("/sized/8192", false), ("/versioned/8192", true)] {
+        assert_eq!(fetch(refresher.listen, path, &[]).await.x_cache(), "miss");
+        let before = calls.get().len();
+        let writes = PartWrites::watch(&server);
+        let slow = tokio::spawn(fetch_paced(reader.listen, path, HANG * 2, 512 * 1024));
+        // Refreshed every second while it reads (twice only with a new body: two
+        // generations linger).
+        while !slow.is_finished() {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            if changes && calls.get().len() - before >= 2 {
+                continue;
+            }
+            let got = fetch(refresher.listen, path, &[]).await;
+            assert_eq!(got.status, StatusCode::OK);
+        }
+        let read = slow.await.unwrap();
+        let origin_calls = calls.get().len() - before;
+        eprintln!(
+            "{path}: read at 512 KiB/s: {read:?}; {origin_calls} refreshes meanwhile, {} part \
+             writes",
+            writes.count()
+        );
+        assert!(read.whole && read.body == 8 << 20, "{path}: {read:?}");
+        assert!(origin_calls >= 1, "{path}: no refresh while it read");
+        if !changes {
+            assert!(origin_calls >= 3, "{path}: {origin_calls} refreshes");
+            assert_eq!(
+                writes.count(),
+                0,
+                "{path}: parts written for an unchanged body"
+            );
+        } else {
+            assert_eq!(origin_calls, 2, "{path}");
+            assert_eq!(writes.count(), 32, "{path}: the new bodies' parts");
+        }
+    }
+}

@@ -48,6 +48,8 @@ struct Frames {
     at: u64,
     total: u64,
     cycle: &'static [u8],
+    /// What the pattern is shifted by (a body of another version).
+    shift: u64,
 }
 
 impl Drop for Frames {
@@ -62,7 +64,7 @@ impl Frames {
             return None;
         }
         let len = (self.total - self.at).min(FRAME as u64) as usize;
-        let from = (self.at % 251) as usize;
+        let from = ((self.at + self.shift) % 251) as usize;
         // A buffer of its own, as one read from the network.
         let frame = Bytes::copy_from_slice(&self.cycle[from..from + len]);
         self.at += len as u64;
@@ -72,11 +74,13 @@ impl Frames {
 }
 
 /// The answer to a call for `path`: `/chunked/<MiB>` without a declared length, and
-/// `/sized/<KiB>` with one.
+/// `/sized/<KiB>` with one; `/versioned/<KiB>` as `sized`, but each call's body another
+/// (its pattern shifted by the call's number: see [`fetch_checked`]).
 pub(crate) fn answer_path(calls: &Calls, path: &str) -> Response<BoxBody<Bytes, Infallible>> {
-    if path.starts_with("/sized/") {
+    let versioned = path.starts_with("/versioned/");
+    if path.starts_with("/sized/") || versioned {
         let kib = mib_of(path);
-        let mut response = answer_bytes(calls, kib * 1024);
+        let mut response = answer_bytes(calls, kib * 1024, versioned);
         response
             .headers_mut()
             .insert("content-length", (kib * 1024).into());
@@ -88,10 +92,14 @@ pub(crate) fn answer_path(calls: &Calls, path: &str) -> Response<BoxBody<Bytes, 
 
 /// The answer to a call for `mib` MiB: counted in `calls`, its body frames of their own.
 pub(crate) fn answer(calls: &Calls, mib: u64) -> Response<BoxBody<Bytes, Infallible>> {
-    answer_bytes(calls, mib * MIB)
+    answer_bytes(calls, mib * MIB, false)
 }
 
-fn answer_bytes(calls: &Calls, total: u64) -> Response<BoxBody<Bytes, Infallible>> {
+fn answer_bytes(
+    calls: &Calls,
+    total: u64,
+    versioned: bool,
+) -> Response<BoxBody<Bytes, Infallible>> {
     let index = {
         let mut calls = calls.0.lock().unwrap();
         calls.push(Call::default());
@@ -102,6 +110,7 @@ fn answer_bytes(calls: &Calls, total: u64) -> Response<BoxBody<Bytes, Infallible
         index,
         at: 0,
         total,
+        shift: if versioned { index as u64 % 251 } else { 0 },
         cycle: CYCLE.get_or_init(|| (0..FRAME as u64 + 251).map(pattern_at).collect()),
     };
     let stream = futures_util::stream::unfold(frames, |mut frames| async {
@@ -308,8 +317,25 @@ pub(crate) async fn fetch_checked(
     path: &str,
     within: std::time::Duration,
 ) -> Checked {
+    fetch_paced(addr, path, within, u64::MAX).await
+}
+
+/// [`fetch_checked`], at most `rate` bytes a second (as a slow client reads, with a
+/// receive buffer of 32 KiB: the server's sending buffer and its own hold the rest). The
+/// body may be of any version (`/versioned/`): its first byte says which, and every
+/// other byte is checked against it.
+pub(crate) async fn fetch_paced(
+    addr: SocketAddr,
+    path: &str,
+    within: std::time::Duration,
+    rate: u64,
+) -> Checked {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    if rate != u64::MAX {
+        socket.set_recv_buffer_size(32 * 1024).unwrap();
+    }
+    let mut stream = socket.connect(addr).await.unwrap();
     let request = format!("GET {path} HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let deadline = tokio::time::Instant::now() + within;
@@ -323,11 +349,22 @@ pub(crate) async fn fetch_checked(
     };
     let mut decoder = Chunks::default();
     let mut chunked = false;
+    let started = tokio::time::Instant::now();
+    let mut shift = None;
     loop {
         if tokio::time::Instant::now() >= deadline {
             return checked;
         }
-        let n = match tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await {
+        let chunk = if rate == u64::MAX {
+            buffer.len()
+        } else {
+            let due =
+                started + std::time::Duration::from_secs_f64(checked.body as f64 / rate as f64);
+            tokio::time::sleep_until(due.min(deadline)).await;
+            16 * 1024
+        };
+        let read = tokio::time::timeout_at(deadline, stream.read(&mut buffer[..chunk]));
+        let n = match read.await {
             Err(_) | Ok(Ok(0) | Err(_)) => {
                 checked.whole = if chunked {
                     decoder.ended
@@ -369,7 +406,12 @@ pub(crate) async fn fetch_checked(
         } else {
             for (i, byte) in data.iter().enumerate() {
                 let at = checked.body + i as u64;
-                assert_eq!(*byte, pattern_at(at), "a wrong byte at {at} of {path}");
+                let shift = *shift.get_or_insert((u64::from(*byte) + 251 - at % 251) % 251);
+                assert_eq!(
+                    *byte,
+                    pattern_at(at + shift),
+                    "a wrong byte at {at} of {path}"
+                );
             }
             checked.body += data.len() as u64;
         }

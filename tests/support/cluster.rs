@@ -232,7 +232,7 @@ pub(crate) fn cli(port: u16, args: &[&str]) -> Option<String> {
     (output.status.success() && !text.starts_with("Could not connect")).then_some(text)
 }
 
-fn redis_cli_binary() -> PathBuf {
+pub(crate) fn redis_cli_binary() -> PathBuf {
     // Beside the server binary the tests use, else on PATH.
     if let Some(server) = std::env::var_os("REDIS_SERVER_BIN") {
         let cli = PathBuf::from(server).with_file_name("redis-cli");

@@ -12,7 +12,10 @@
 -- ARGV[6]  the key's interest channel    ARGV[7]  the notice of a write (on it)
 -- ARGV[8]  the broadcast channel    ARGV[9]  the notice of a lease that ended without
 --          one (on it)
--- ARGV[10] (with KEYS[5]) the variant's part of its entry key, as the list holds it
+-- ARGV[10] the digest the stored body must have ('' for any: the origin said it is
+--          unchanged); a 200 whose body has the digest of the stored body renews it
+--          without writing its parts again
+-- ARGV[11] (with KEYS[5]) the variant's part of its entry key, as the list holds it
 --
 -- Fenced as write.lua is: refused when a higher token was stored or issued (then the
 -- lease is released as there). When the entry that was revalidated is no longer there
@@ -45,13 +48,16 @@ end
 if current == nil or current ~= tonumber(ARGV[3]) then
   return {-1, 0, stored}
 end
+if ARGV[10] ~= '' and redis.call('HGET', KEYS[1], 'h') ~= ARGV[10] then
+  return {-1, 0, stored}
+end
 redis.call('HSET', KEYS[1], 't', ARGV[1], 'm', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 -- A body kept in parts lives as long as its entry (keep_parts: variants.lua).
 keep_parts(KEYS[1], ARGV[5])
 -- The list lasts as long as the entry now does (see write.lua).
 if KEYS[5] then
-  list_variant(KEYS[5], ARGV[10], ARGV[5])
+  list_variant(KEYS[5], ARGV[11], ARGV[5])
 end
 local released = 0
 if redis.call('TYPE', KEYS[2]).ok == 'string' and redis.call('GET', KEYS[2]) == ARGV[2] then

@@ -38,47 +38,74 @@ local function holds_entry(key, hidden_below)
 end
 
 -- Deletes `count` parts of generation `generation` of the entry at `key`, or with
--- `linger` (ms) keeps them that long at most (without PEXPIRE's LT: Redis 6 has none).
+-- `linger` (ms) sets them to go in that long (longer or shorter than they had left).
 local function parts_go(key, generation, count, linger)
   -- (At most a body limit's worth: 64 MiB in parts of 512 KiB.)
   for i = 0, math.min(count, 128) - 1 do
     local part = key .. ':p:' .. generation .. ':' .. i
     if linger then
-      local left = redis.call('PTTL', part)
-      if left == -1 or left > linger then
-        redis.call('PEXPIRE', part, linger)
-      end
+      redis.call('PEXPIRE', part, linger)
     else
       redis.call('DEL', part)
     end
   end
 end
 
--- Deletes the parts of the body of the entry at `key` (a body kept in parts: the
--- entry's fields g, its generation, and p, how many), unless they are of generation
--- `keep` (the parts a write is about to name), and those of the generation it let
--- linger (fields lg and lp). Given `linger` (ms: a newer entry replaces this one), its
--- own are kept that long at most instead, so that the answers that stream them part by
--- part (cache/parts.rs) end whole; they are then the only generation that lingers, and
--- their generation and count are returned, for the new entry to name (lg, lp).
-local function drop_parts(key, keep, linger)
+-- How long a generation of `count` parts lingers once replaced: what a reader at the
+-- slowest rate it is given (`per_part` ms for each part) needs to read all of it, and
+-- ten seconds more.
+local function lingering_for(count, per_part)
+  return count * tonumber(per_part) + 10000
+end
+
+-- The parts of the body of the entry at `key` (a body kept in parts: the entry's fields
+-- g, its generation, and p, how many), and the generations replaced bodies left to
+-- linger for their readers (lg and lp, the newer; og and op, the older), when a write is
+-- about to replace it (`per_part`: see lingering_for) or it is deleted (`per_part` nil).
+-- Parts of generation `keep` (those the write is about to name) are left alone.
+--
+-- Deleted: every generation, or, on a replacement, the older lingering one; the newer
+-- becomes the older, and the entry's own lingers, long enough for a reader at the
+-- slowest rate to read it whole (set whatever its parts had left: a reader that began
+-- late in the entry's life finishes too). Returned: the generations that linger now,
+-- newer first ({generation, count} or nil each), for the new entry to name. At most
+-- three generations of a key's body are thus in Redis: its own, and two lingering.
+local function drop_parts(key, keep, per_part)
   if redis.call('TYPE', key).ok ~= 'hash' then
     return
   end
-  local lingering = redis.call('HGET', key, 'lg')
-  local lingering_count = tonumber(redis.call('HGET', key, 'lp'))
-  if lingering and lingering_count and lingering ~= keep then
-    parts_go(key, lingering, lingering_count, nil)
+  -- (HGET each: the least privileged user the key space's ACL rules allow has no HMGET.)
+  local function field(name)
+    return redis.call('HGET', key, name)
   end
-  local generation = redis.call('HGET', key, 'g')
-  local count = tonumber(redis.call('HGET', key, 'p'))
-  if not generation or not count or generation == keep then
+  local current = {field('g'), tonumber(field('p'))}
+  local newer = {field('lg'), tonumber(field('lp'))}
+  local older = {field('og'), tonumber(field('op'))}
+  local function usable(generation)
+    return generation[1] and generation[2] and generation[1] ~= keep
+  end
+  if usable(older) then
+    parts_go(key, older[1], older[2], nil)
+  end
+  if not per_part then
+    for _, generation in ipairs({newer, current}) do
+      if usable(generation) then
+        parts_go(key, generation[1], generation[2], nil)
+      end
+    end
     return
   end
-  parts_go(key, generation, count, linger)
-  if linger then
-    return generation, count
+  if not usable(current) then
+    if usable(newer) then
+      return newer
+    end
+    return
   end
+  parts_go(key, current[1], current[2], lingering_for(current[2], per_part))
+  if usable(newer) then
+    return current, newer
+  end
+  return current
 end
 
 -- Keeps the parts of the body of the entry at `key` (if it is kept in parts) `ms`
@@ -113,7 +140,7 @@ local function drop_variants(list, base, hidden_below)
       if holds_entry(key, hidden_below) then
         dropped = dropped + 1
       end
-      drop_parts(key, nil)
+      drop_parts(key, nil, nil)
       redis.call('DEL', key)
     end
   end

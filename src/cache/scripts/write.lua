@@ -11,13 +11,17 @@
 --          one (on it)
 -- ARGV[9]  how many parts the body is kept in beside the entry, written already under
 --          this token (0: the body is in the entry)
--- ARGV[10] (with KEYS[5]) the variant's part of its entry key, as the list holds it
+-- ARGV[10] the digest of a body kept in parts (field h: a renewal checks it, see
+--          revalidate.lua)    ARGV[11] how long a reader at the slowest rate it is
+--          given takes to read one part, ms (see drop_parts)
+-- ARGV[12] (with KEYS[5]) the variant's part of its entry key, as the list holds it
 --
 -- A variant that is written is listed (see list_variant), so that an invalidation of
 -- its response deletes it and counts it (see invalidate.lua). The entry it replaces
--- takes its parts with it (drop_parts), unless they are this write's own: they are kept
--- a minute at most, for the answers that are streaming them, and named by the new entry
--- (lg, lp), so that one generation lingers at most (the next replacement deletes it).
+-- leaves its parts to linger (drop_parts), unless they are this write's own, for the
+-- answers that are streaming them: long enough to be read whole at the slowest rate,
+-- and named by the new entry (lg, lp; the one that lingered before becomes og, op), so
+-- that two generations linger at most (the next replacement deletes the older).
 --
 -- The entry is written only if no higher token was stored or issued: a writer whose
 -- lease expired while it worked, and who was overtaken, cannot replace the newer entry,
@@ -43,21 +47,24 @@ stored = math.max(stored, token_at(KEYS[3]))
 stored = math.max(stored, token_at(KEYS[4]))
 local written = 0
 if token >= stored then
-  local lingering, lingering_count = drop_parts(KEYS[1], ARGV[1], 60000)
+  local newer, older = drop_parts(KEYS[1], ARGV[1], ARGV[11])
   -- DEL first: the key may hold garbage of another type.
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 't', ARGV[1], 'd', ARGV[3])
   if tonumber(ARGV[9]) > 0 then
-    redis.call('HSET', KEYS[1], 'g', ARGV[1], 'p', ARGV[9])
+    redis.call('HSET', KEYS[1], 'g', ARGV[1], 'p', ARGV[9], 'h', ARGV[10])
   end
-  -- The replaced entry's parts, left to linger: the next replacement deletes them.
-  if lingering then
-    redis.call('HSET', KEYS[1], 'lg', lingering, 'lp', lingering_count)
+  -- The replaced entries' parts, left to linger: the second replacement deletes them.
+  if newer then
+    redis.call('HSET', KEYS[1], 'lg', newer[1], 'lp', newer[2])
+  end
+  if older then
+    redis.call('HSET', KEYS[1], 'og', older[1], 'op', older[2])
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   written = 1
   if KEYS[5] then
-    list_variant(KEYS[5], ARGV[10], ARGV[4])
+    list_variant(KEYS[5], ARGV[12], ARGV[4])
   end
 end
 local released = 0

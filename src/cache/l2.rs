@@ -50,14 +50,17 @@ pub(crate) enum L2Read {
 
 /// Reads an entry, within the command timeout plus the time its largest possible size
 /// takes to move (`max_size`, the route's body limit: the same slack its write gets);
-/// a body kept in parts is read whole.
+/// a body kept in parts is read whole up to `whole_up_to` bytes, a longer one left in
+/// Redis (see [`l2_read_with_names`]).
 pub(crate) async fn l2_read(
     store: &RedisStore,
     keys: &CacheKeys,
     max_size: usize,
+    whole_up_to: usize,
 ) -> Result<L2Read, StoreError> {
+    let names = !keys.is_variant();
     Ok(
-        l2_read_with_names(store, keys, max_size, !keys.is_variant(), usize::MAX)
+        l2_read_with_names(store, keys, max_size, names, whole_up_to)
             .await?
             .0,
     )

@@ -33,7 +33,7 @@ use super::respond::{filled_not_modified, mark_forwarded, serve, serve_filled, s
 use super::route::Route;
 use super::stream::Stream;
 use super::vary::Check;
-use crate::cache::{Freshness, L2Read, Stored, invalidated, l2_read};
+use crate::cache::{Freshness, L2Read, Stored, invalidated};
 use crate::http::conditional;
 use crate::http::request::{Asked, Kind};
 use crate::http::response;
@@ -753,8 +753,7 @@ async fn landed_meanwhile(
         return Some(stored);
     }
     if notified
-        && let Ok(L2Read::Found(stored)) =
-            l2_read(&route.shared.store, keys, route.policy.max_body).await
+        && let Ok(L2Read::Found(stored)) = route.read_l2(keys).await
         && usable(&stored)
     {
         route.put_l1(keys, stored.clone()).await;
@@ -814,7 +813,7 @@ async fn wait_for_remote(
                 None => {}
             }
         }
-        match l2_read(&route.shared.store, keys, route.policy.max_body).await {
+        match route.read_l2(keys).await {
             Ok(L2Read::Found(stored))
                 if stored.freshness() != Freshness::Expired
                     && route.purge_of(&stored).is_none() =>

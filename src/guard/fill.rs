@@ -30,7 +30,7 @@ use super::route::Route;
 use super::vary::{Check, TooMany};
 use crate::cache::entry::{self, CachedResponse};
 use crate::cache::{
-    Channels, Freshness, L2Read, Renewal, Stored, body_digest, l2_read, l2_revalidate, l2_write,
+    Channels, Freshness, L2Read, Renewal, Stored, body_digest, l2_revalidate, l2_write,
 };
 use crate::http::conditional;
 use crate::http::directives::{Lifetimes, lifetimes};
@@ -810,8 +810,7 @@ fn written_release(lease: &Lease, released: bool) {
 /// Else (an invalidation refused the write, or the newer entry is gone, or a purge
 /// reached it) the fill's own answer goes to them, stored nowhere.
 async fn refused(route: &Route, keys: &CacheKeys, stored: Arc<Stored>, asked: &Request<()>) -> Put {
-    if let Ok(L2Read::Found(newer)) =
-        l2_read(&route.shared.store, keys, route.policy.max_body).await
+    if let Ok(L2Read::Found(newer)) = route.read_l2(keys).await
         && newer.response.token > stored.response.token
         && newer.freshness() != Freshness::Expired
         && route.purge_of(&newer).is_none()

@@ -19,7 +19,7 @@ use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalida
 use super::read::{Parts, Read, parts_kept, read_body};
 use super::route::Route;
 use super::stream::{Stream, Writer};
-use crate::cache::{Freshness, L2Read, Stored, entry, l2_read};
+use crate::cache::{Freshness, L2Read, Stored, entry};
 use crate::http::conditional;
 use crate::http::response::{self, NotStored};
 use crate::keys::{CacheKeys, LocalKey};
@@ -201,7 +201,8 @@ async fn looked_again(route: &Route, keys: &CacheKeys, current: &Stored) -> Look
     let read = if route.shared.store.is_local_only() {
         Err(())
     } else {
-        l2_read(&route.shared.store, keys, route.policy.max_body)
+        route
+            .read_l2(keys)
             .await
             .map_err(|_| route.stats.record(Event::RedisError))
     };
@@ -272,9 +273,7 @@ async fn taken(route: &Route, keys: &CacheKeys, seen: FencingToken) -> Taken {
             Acquire::Outcome(outcome) => outcome,
             // Written by another instance since the look above: take it.
             Acquire::Written => {
-                if let Ok(L2Read::Found(stored)) =
-                    l2_read(&route.shared.store, keys, route.policy.max_body).await
-                {
+                if let Ok(L2Read::Found(stored)) = route.read_l2(keys).await {
                     route.put_l1(keys, stored).await;
                 }
                 route.stats.record(Event::RefreshAdopted);

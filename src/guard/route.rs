@@ -13,7 +13,7 @@ use super::inflight::Flights;
 use super::invalidate::InvalidateError;
 use super::shared::Shared;
 use super::vary::{self, Check, Learned, Names, TooMany};
-use crate::cache::{L1, Stored, l2_invalidate, l2_keep_names};
+use crate::cache::{L1, L2Read, Stored, l2_invalidate, l2_keep_names, l2_read};
 use crate::metrics::Event;
 use crate::notify::Notice;
 use crate::notify::Purge;
@@ -57,6 +57,21 @@ impl Route {
     /// Logs, the first time only, that an answer of `size` bytes was too large to store
     /// on this route: its size, the limit, and the setting that raises it. Every such
     /// answer is counted (`not_stored_total{reason="too_large"}`).
+    /// The longest body of an entry read from L2 whole (one L1 may keep, with room for
+    /// its headers and L1's own bookkeeping); a longer one stays in Redis, read part by
+    /// part as it is answered.
+    pub(crate) fn whole_up_to(&self) -> usize {
+        let max_entry = self.shared.l1.max_entry().saturating_sub(64 * 1024);
+        usize::try_from(max_entry).unwrap_or(usize::MAX)
+    }
+
+    /// Reads the entry at `keys` from L2 (a body longer than [`Self::whole_up_to`] left
+    /// in parts): for a look at what another instance wrote.
+    pub(crate) async fn read_l2(&self, keys: &CacheKeys) -> Result<L2Read, StoreError> {
+        let (store, max) = (&self.shared.store, self.policy.max_body);
+        l2_read(store, keys, max, self.whole_up_to()).await
+    }
+
     pub(crate) fn said_too_large(&self, size: u64) {
         use std::sync::atomic::Ordering;
         if !self.said_too_large.swap(true, Ordering::Relaxed) {

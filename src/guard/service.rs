@@ -498,13 +498,8 @@ async fn l2_looked(
     asked: Asked,
 ) -> Result<L2Read, crate::store::StoreError> {
     let names = route.reads_names(keys);
-    let whole_up_to = if asked.ranged {
-        0
-    } else {
-        // (Room for its headers and L1's own bookkeeping: L1 weighs all of it.)
-        let max_entry = route.shared.l1.max_entry().saturating_sub(64 * 1024);
-        usize::try_from(max_entry).unwrap_or(usize::MAX)
-    };
+    // (A range reads only the parts it spans.)
+    let whole_up_to = if asked.ranged { 0 } else { route.whole_up_to() };
     let (store, max) = (&route.shared.store, route.policy.max_body);
     let (read, record) = l2_read_with_names(store, keys, max, names, whole_up_to).await?;
     if let Some(names) = record.as_deref().and_then(vary::parse) {

@@ -160,3 +160,48 @@ async fn slow_clients_of_large_answers_hold_at_most_the_fill_memory() {
         "the sidecar's peak grew by {grown} bytes"
     );
 }
+
+/// A sidecar whose callers waited for another sidecar's fill of a 32 MiB entry (too
+/// large for its L1) reads it from Redis part by part as it answers them, not whole
+/// first: its peak resident memory grows by at most 16 MiB (the look at what the other
+/// wrote read all of it, up to 64 MiB per look).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_another_sidecars_fill_reads_a_large_entry_in_parts() {
+    let (origin, calls) = chunked::origin().await;
+    let redis = RedisServer::start();
+    let upstream = format!("http://{origin}");
+    let args = [
+        "--upstream",
+        upstream.as_str(),
+        "--redis",
+        &redis.url(),
+        "--max-body",
+        "64MiB",
+        "--cold-wait",
+        "20s",
+    ];
+    let (filler, waiter) = (Sidecar::start(&args), Sidecar::start(&args));
+    let warm = fetch(waiter.listen, "/warm/1", &[]).await;
+    assert_eq!(warm.status, StatusCode::OK);
+    let pid = waiter.pid();
+    let (before, _) = memory(&pid);
+    reset_peak(&pid);
+    let path = "/sized/32768";
+    let filling = tokio::spawn(support::chunked::fetch_checked(filler.listen, path, HANG));
+    // The filler holds the key's lease: the waiter's caller waits for its entry.
+    let leased = eventually(HANG, || async { calls.get().len() == 2 });
+    assert!(leased.await, "the filler did not call the origin");
+    let waited = support::chunked::fetch_checked(waiter.listen, path, HANG).await;
+    let filled = filling.await.unwrap();
+    let (_, peak) = memory(&pid);
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "a wait for another sidecar's 32 MiB fill: {waited:?}; the waiter's peak grew by \
+         {:.1} MiB",
+        grown as f64 / MIB as f64
+    );
+    assert!(filled.whole && waited.whole, "{filled:?} {waited:?}");
+    assert_eq!(waited.body, 32 * MIB);
+    assert_eq!(calls.get().len(), 2, "the warm-up and one fill");
+    assert!(grown <= 16 * MIB, "the waiter's peak grew by {grown} bytes");
+}

@@ -167,7 +167,7 @@ impl KeySpace {
         format!(
             "resetkeys ~{head}* resetchannels &{head}* -@all +ping +evalsha \
              +script|load +publish +subscribe +unsubscribe +get +set +del +hget +hset +hexists +pexpire \
-             +pttl +type +time +hgetall +hdel +zadd +zrangebyscore +zrange +zrank +zrem +sadd \
+             +pttl +type +strlen +getrange +time +hgetall +hdel +zadd +zrangebyscore +zrange +zrank +zrem +sadd \
              +smembers \
              +scard +sismember \
              +cluster|slots +asking +role"

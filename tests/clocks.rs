@@ -12,12 +12,17 @@ use std::time::Duration;
 use http::Response;
 use stampede_guard::lease::{AcquireOutcome, LeaseClient};
 use stampede_guard::metrics::Event;
+use stampede_guard::store::BreakerConfig;
 use stampede_guard::{Policy, Purge, RedisStore, StampedeGuard};
-use support::RedisServer;
 use support::web::{Origin, full, get, keys, send};
+use support::{Mode, Proxy, RedisServer, eventually};
+
+/// Held by each test: each skews the clock of the whole process.
+static SKEWED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fill_without_the_lease_is_stamped_on_redis_clock_however_this_machine_is_skewed() {
+    let _alone = SKEWED.lock().await;
     let server = RedisServer::start();
     let origin = Origin::new(Duration::ZERO, |n, _| Response::new(full(format!("v{n}"))));
     let store = || {
@@ -83,4 +88,56 @@ async fn a_fill_without_the_lease_is_stamped_on_redis_clock_however_this_machine
         }
     }
     stampede_guard::fuzzing::skew_this_machines_clock(0);
+}
+
+/// An invalidation's local tombstone is the fleet's time, not this machine's: with this
+/// machine's clock a minute behind, an invalidation made while Redis cannot be reached
+/// (its tombstone only local) keeps a fill that was in flight under the lease from
+/// putting its answer in L1, and the next request fills again. (The tombstone, a
+/// minute behind, was below the fill's token, Redis's time: the invalidated answer was
+/// served as a hit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_without_redis_outranks_a_fill_in_flight_however_this_machine_is_skewed() {
+    let _alone = SKEWED.lock().await;
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let origin = Origin::versions(Duration::ZERO);
+    let store = RedisStore::builder(proxy.url())
+        .command_timeout(Duration::from_millis(500))
+        .breaker(BreakerConfig {
+            failures: u32::MAX,
+            ..BreakerConfig::default()
+        })
+        .build()
+        .unwrap();
+    let policy = Policy::builder("items")
+        .fresh_ttl(Duration::from_secs(600))
+        .lease_ttl(Duration::from_secs(10))
+        .refresh_timeout(Duration::from_secs(10))
+        .error_backoff(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let guard = StampedeGuard::builder(store, keys()).build().unwrap();
+    let i = support::web::instance(guard, policy, origin.service()).await;
+    // A fill under the lease: Redis's clock, learned.
+    assert_eq!(send(&i.service, get("/items/warm")).await.x_cache(), "miss");
+    stampede_guard::fuzzing::skew_this_machines_clock(-60_000_000);
+    origin.hold(2);
+    let service = i.service.clone();
+    let fill = tokio::spawn(async move { send(&service, get("/items/x")).await });
+    let called = eventually(Duration::from_secs(10), || async { origin.calls() == 2 });
+    assert!(called.await, "the fill did not call the origin");
+    // Redis out of reach: the invalidation's tombstone is only local.
+    proxy.set(Mode::Blackhole);
+    assert!(i.layer.invalidate(&get("/items/x")).await.is_err());
+    origin.open();
+    let filled = fill.await.unwrap();
+    assert_eq!((filled.x_cache(), filled.body.as_str()), ("miss", "v2"));
+    let again = send(&i.service, get("/items/x")).await;
+    stampede_guard::fuzzing::skew_this_machines_clock(0);
+    assert_eq!(
+        (again.x_cache(), again.body.as_str()),
+        ("miss", "v3"),
+        "the answer of a fill the invalidation came after"
+    );
 }

@@ -189,7 +189,8 @@ fn decode_reason(error: entry::DecodeError) -> &'static str {
 
 /// The fenced write of an entry under `lease` (see `scripts/write.lua`): its body's
 /// parts first, if it is kept in parts (but the first `written`, which were written as
-/// it streamed: [`l2_write_part`]), then the entry.
+/// it streamed: [`l2_write_part`]), then the entry, which keeps the body's `digest`
+/// ([`body_digest`]; empty for a body kept in the entry).
 pub(crate) async fn l2_write(
     store: &RedisStore,
     keys: &CacheKeys,
@@ -197,6 +198,7 @@ pub(crate) async fn l2_write(
     stored: &Stored,
     channels: Channels<'_>,
     written: u32,
+    digest: &[u8],
 ) -> Result<WriteReply, StoreError> {
     let response = stored.to_response();
     // Kept for what is left of its keep time: an entry that came already aged (`Age`
@@ -204,7 +206,6 @@ pub(crate) async fn l2_write(
     // the key's TTL).
     let keep_left = stored.keep_left().max(Duration::from_millis(1));
     let parted = Parted::of(response.body.len());
-    let digest = parted.map_or_else(Vec::new, |_| body_digest(&response.body));
     if let Some(parted) = parted {
         // The parts first, each fenced; a refused one means the entry's write is
         // refused too (it is fenced the same way), and says so.
@@ -224,7 +225,7 @@ pub(crate) async fn l2_write(
         response.encode_for_l2(parted),
         Named {
             count: parted.map_or(0, |p| p.count),
-            digest: &digest,
+            digest,
         },
         keep_left,
         channels,

@@ -250,7 +250,8 @@ impl<P: Fn(u64) -> Landed> Handing<'_, P> {
     /// The body is `len` bytes long: read on (it is read to its end, stored or not,
     /// while anyone reads it).
     fn grew(&mut self, len: u64) -> bool {
-        if !self.published && len > self.stream_from {
+        // (Past the fill memory, a stream keeps too little to wait for `stream_from`.)
+        if !self.published && (len > self.stream_from || self.stream.over_memory()) {
             self.publish(len);
         }
         if !self.retired && (self.stream.let_go_of_start() || self.stream.over_memory()) {
@@ -345,9 +346,13 @@ where
                 route.said_too_large(len);
                 not_stored(route, NotStored::TooLarge);
             }
-            let failure = response::is_failure(head.status());
-            fill.end(if failure { Ending::Error } else { Ending::Pass })
-                .await;
+            // (Past the fill memory, not for the answer's sake: nobody is told to pass.)
+            let ending = match response::is_failure(head.status()) {
+                _ if stream.over_memory() => Ending::Gone,
+                true => Ending::Error,
+                false => Ending::Pass,
+            };
+            fill.end(ending).await;
             retire_and_cut(lead, writer);
             (Landed::Pass, None)
         }
@@ -386,26 +391,45 @@ async fn read_whole<B: Body, E>(
 ) -> (Landed, Option<Own<B, E>>) {
     let stream = writer.stream().clone();
     let len = stream.len();
-    // (A stream that let go of its start, past the fill memory, cannot be stored.)
-    let too_large = len > route.policy.max_body as u64
-        || head.headers().len() > crate::cache::entry::MAX_HEADERS
-        || stream.let_go_of_start();
+    if stream.over_memory() {
+        // Not stored for want of this process's memory, not for the answer's sake: the
+        // fleet is not told to pass it (the lease is given back), and its callers share
+        // what they read of it.
+        fill.end(Ending::Gone).await;
+        if let Some(parts) = parts {
+            parts.drop(route, None).await;
+        }
+        lead.retire();
+        writer.finish();
+        let failure = response::is_failure(head.status());
+        return not_kept(
+            route,
+            head,
+            &stream,
+            NotStored::TooLarge,
+            failure,
+            asked,
+            published,
+        );
+    }
+    let over_max = len > route.policy.max_body as u64
+        || head.headers().len() > crate::cache::entry::MAX_HEADERS;
+    // One buffer of its own only for what may be stored; none of a stream that let go of
+    // its start (an answer that will not be stored, read by its callers as it came).
+    let gathered = (!trailers && !over_max)
+        .then(|| writer.gathered())
+        .flatten();
     let why = if trailers {
         Some(NotStored::Trailers)
-    } else if too_large {
+    } else if gathered.is_none() {
         Some(NotStored::TooLarge)
     } else {
         None
     };
-    if why == Some(NotStored::TooLarge) {
+    if over_max {
         route.said_too_large(len);
     }
-    // One buffer of its own only for what may be stored.
-    let body = if why.is_none() {
-        writer.gathered()
-    } else {
-        Bytes::new()
-    };
+    let body = gathered.unwrap_or_default();
     let gathered = body.clone();
     let (landed, kept) = whole(route, fill, head, body, &stream, asked, why, published).await;
     if !kept && let Some(parts) = parts {

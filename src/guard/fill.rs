@@ -588,8 +588,10 @@ impl Fill {
                 let put = route.put_l1_only(&keys, stored).await;
                 tokio::spawn(async move {
                     let shared = &route.shared;
-                    let again = shared.store.command_timeout();
-                    let _ = shared.leases.release_persistently(lease, again).await;
+                    if let Err(lease) = shared.leases.release_or_keep(lease).await {
+                        let again = shared.store.command_timeout();
+                        release_again(shared.leases.clone(), lease, again).await;
+                    }
                     let gone = Notice::Ended(keys.entry(), Ending::Gone, Duration::ZERO);
                     let _ = shared.notices.publish(&shared.store, &gone).await;
                 });
@@ -613,10 +615,21 @@ impl Fill {
             filled: &filled,
             broadcast: shared.notices.channel(),
         };
+        // The digest of a body kept in parts, hashed once and off the runtime's workers
+        // (up to 64 MiB): the entry keeps it, and an unchanged body's renewal checks it.
+        let digest = match entry::Parted::of(stored.response.body.len()) {
+            Some(_) => {
+                let body = stored.response.body.clone();
+                tokio::task::spawn_blocking(move || body_digest(&body))
+                    .await
+                    .unwrap_or_default()
+            }
+            None => Vec::new(),
+        };
         let renewing = match write {
             Write::Whole => None,
             Write::Renew(revalidated) => Some((revalidated, Vec::new())),
-            Write::Unchanged(current) => Some((current, body_digest(&stored.response.body))),
+            Write::Unchanged(current) => Some((current, digest.clone())),
         };
         if let Some((revalidated, same_body)) = renewing {
             let response = stored.to_response();
@@ -637,7 +650,7 @@ impl Fill {
             }
         }
         let parts = self.parts_written;
-        l2_write(&shared.store, keys, lease, stored, channels, parts)
+        l2_write(&shared.store, keys, lease, stored, channels, parts, &digest)
             .await
             .map(|outcome| (outcome.written, outcome.released))
     }
@@ -721,11 +734,18 @@ async fn end_lease(
 ) {
     route.held(lease.held_for());
     let leases = &route.shared.leases;
-    let again = route.shared.store.command_timeout();
-    let _ = match ending {
-        Ending::Error => leases.hold_off(lease, route.policy.error_backoff).await,
-        Ending::Pass | Ending::Gone => leases.release_persistently(lease, again).await,
-    };
+    match ending {
+        Ending::Error => {
+            let _ = leases.hold_off(lease, route.policy.error_backoff).await;
+        }
+        Ending::Pass | Ending::Gone => {
+            if let Err(lease) = leases.release_or_keep(lease).await {
+                // Tried again in the background: the fill's callers do not wait for it.
+                let again = route.shared.store.command_timeout();
+                tokio::spawn(release_again(leases.clone(), lease, again));
+            }
+        }
+    }
     let notice = Notice::Ended(keys.entry(), ending, lasting);
     if route
         .shared
@@ -737,6 +757,13 @@ async fn end_lease(
         // The waiters elsewhere find out when their cold wait ends.
         route.stats.record(Event::RedisError);
     }
+}
+
+/// Releases a lease whose release Redis failed, once more `after` (a command timeout),
+/// counted as it ends.
+async fn release_again(leases: crate::lease::LeaseClient, lease: Lease, after: Duration) {
+    tokio::time::sleep(after).await;
+    let _ = leases.release(lease).await;
 }
 
 /// How an entry goes to L2.

@@ -402,24 +402,30 @@ async fn kept<B: OriginBody>(
     }
     let mut writer = Stream::writer();
     writer.charged_to(route.shared.fill_memory.clone());
+    let stream = writer.stream().clone();
+    let mut parts = Parts::of(route, &fill, &head, true);
     // Not written as they stream when the body may be the entry's own: the write tells
-    // at the end (all of them if not).
-    let mut parts = if fill.renews_unchanged() {
+    // at the end (all of them if not; deleted with the others if it is not kept).
+    let mut streamed = if fill.renews_unchanged() {
         None
     } else {
-        Parts::of(route, &fill, &head, true)
+        parts.take()
     };
-    // (Held whole: a refresh has no reader, and stops past what fits.)
+    // (Held whole: a refresh has no reader, and stops past what fits, or once the fill
+    // memory is spent.)
+    let grew = |len: u64| fits(len) && !stream.over_memory();
     let reading = read_body(
         route,
         body,
         declared,
         &mut writer,
-        &mut parts,
+        &mut streamed,
         u64::MAX,
-        fits,
+        grew,
     );
-    let read = match fill.hold(reading).await {
+    let read = fill.hold(reading).await;
+    let parts = streamed.or(parts);
+    let read = match read {
         Ok(read) => read,
         Err(lost) => {
             if let Some(parts) = parts {
@@ -459,7 +465,17 @@ async fn stored(
     asked: &Request<()>,
 ) -> Option<HoldOff> {
     let len = writer.stream().len();
-    let kept = fill.keep(asked, head, writer.gathered()).await;
+    let Some(body) = writer.gathered() else {
+        // (Never: a refresh has no reader to let its start go for.)
+        return given_up(
+            route,
+            fill,
+            Event::RefreshNotStored,
+            Some(NotStored::TooLarge),
+        )
+        .await;
+    };
+    let kept = fill.keep(asked, head, body).await;
     if !parts_kept(&kept)
         && let Some(parts) = parts
     {

@@ -328,15 +328,23 @@ impl Stream {
     /// stream let go of its start (it keeps a window, and moved past it): the caller
     /// asks the origin itself.
     pub(crate) fn join(self: &Arc<Self>) -> Option<Reader> {
-        if self.lock().base > 0 {
+        // (Looked at and taken under one lock: a reader that moves on meanwhile cannot
+        // let the start go between the two.)
+        let mut state = self.lock();
+        if state.base > 0 {
             return None;
         }
-        Some(self.reader())
+        Some(self.place(&mut state, 0, u64::MAX))
     }
 
     /// A reader of the bytes from `start` up to `end` (exclusive).
     pub(crate) fn range(self: &Arc<Self>, start: u64, end: u64) -> Reader {
         let mut state = self.lock();
+        self.place(&mut state, start, end)
+    }
+
+    /// A reader from `start` to `end`, its place taken in `state`.
+    fn place(self: &Arc<Self>, state: &mut State, start: u64, end: u64) -> Reader {
         let place = Some(Place {
             at: start,
             moved: true,
@@ -539,16 +547,18 @@ impl Writer {
         waiting.into_iter().for_each(Waker::wake);
     }
 
-    /// The whole body so far, in one buffer of its own (a copy: see [`Stream::settle`]).
-    /// Only of a stream that holds its start (one whose answer may be stored).
-    pub(crate) fn gathered(&self) -> Bytes {
+    /// The whole body so far, in one buffer of its own (a copy: see [`Stream::settle`]);
+    /// `None` once the stream let go of its start (it keeps a window).
+    pub(crate) fn gathered(&self) -> Option<Bytes> {
         let state = self.stream.lock();
-        debug_assert_eq!(state.base, 0, "gathered a stream that let go of its start");
-        let mut whole = BytesMut::with_capacity((state.len - state.base) as usize);
+        if state.base > 0 {
+            return None;
+        }
+        let mut whole = BytesMut::with_capacity(state.len as usize);
         for frame in &state.frames {
             whole.extend_from_slice(frame);
         }
-        whole.freeze()
+        Some(whole.freeze())
     }
 }
 
@@ -894,7 +904,7 @@ mod tests {
         writer.push(Bytes::from_static(b"def"));
         let mut reader = stream.reader();
         assert!(matches!(next(&mut reader).await, Next::Data(d) if d == "abc"));
-        let whole = writer.gathered();
+        let whole = writer.gathered().unwrap();
         writer.finish();
         stream.settle(&whole);
         assert_eq!(stream.lock().frames.len(), 1);

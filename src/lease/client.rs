@@ -282,19 +282,14 @@ impl LeaseClient {
         outcome
     }
 
-    /// [`release`](Self::release), tried once more after `again_after` when Redis
-    /// failed (a connection that was killed fails the command in flight; the next gets
-    /// a new one). For a holder that must not leave its lease to run out by its TTL,
-    /// keeping every other instance away from work nobody does.
-    pub(crate) async fn release_persistently(
-        &self,
-        lease: Lease,
-        again_after: Duration,
-    ) -> ReleaseOutcome {
-        let mut outcome = self.release_owned(&lease.name, &lease.owner).await;
+    /// [`release`](Self::release), but a lease whose release Redis failed (a connection
+    /// that was killed fails the command in flight; the next gets a new one) is handed
+    /// back, to be released again: for a holder that must not leave its lease to run out
+    /// by its TTL, keeping every other instance away from work nobody does.
+    pub(crate) async fn release_or_keep(&self, lease: Lease) -> Result<ReleaseOutcome, Lease> {
+        let outcome = self.release_owned(&lease.name, &lease.owner).await;
         if matches!(outcome, ReleaseOutcome::Failed(_)) {
-            tokio::time::sleep(again_after).await;
-            outcome = self.release_owned(&lease.name, &lease.owner).await;
+            return Err(lease);
         }
         lease.record_end(outcome.as_str());
         tracing::debug!(
@@ -303,7 +298,7 @@ impl LeaseClient {
             outcome = outcome.as_str(),
             "lease release"
         );
-        outcome
+        Ok(outcome)
     }
 
     /// Gives `lease` up to nobody, if it is still ours: the name stays taken for `ttl`

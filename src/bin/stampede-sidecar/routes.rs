@@ -94,19 +94,42 @@ impl Routes {
 
     /// The layer a request for `path` goes through, if it is cached at all.
     pub(crate) fn layer(&self, path: &str) -> Option<&GuardLayer> {
-        let path = normalized(path);
+        let path = Routed::of(path);
         self.layers
             .iter()
-            .find(|(prefix, _)| under(prefix, &path))
+            .find(|(prefix, _)| path.is_under(prefix))
             .map(|(_, layer)| layer)
     }
 
     fn route(&self, path: &str) -> &Route {
-        let path = normalized(path);
+        let path = Routed::of(path);
         self.routes
             .iter()
-            .find(|(prefix, _)| under(prefix, &path))
+            .find(|(prefix, _)| path.is_under(prefix))
             .map_or(&self.unrouted, |(_, route)| route)
+    }
+}
+
+/// A request's path as routes see it (see [`normalized`]).
+struct Routed<'a> {
+    path: std::borrow::Cow<'a, str>,
+    /// It encodes a separator (`%2F`, `%5C`): some origins split a segment there, others
+    /// do not, so no prefix but the empty one (the default) holds it, whichever way it
+    /// would resolve.
+    ambiguous: bool,
+}
+
+impl<'a> Routed<'a> {
+    fn of(path: &'a str) -> Self {
+        let lower = path.to_ascii_lowercase();
+        Self {
+            ambiguous: lower.contains("%2f") || lower.contains("%5c"),
+            path: normalized(path),
+        }
+    }
+
+    fn is_under(&self, prefix: &str) -> bool {
+        prefix.is_empty() || (!self.ambiguous && under(prefix, &self.path))
     }
 }
 
@@ -131,7 +154,8 @@ fn under(prefix: &str, path: &str) -> bool {
 /// * then dot segments are removed (§5.2.4).
 ///
 /// Only the route is chosen so: the origin gets the path as it came, and the key is made
-/// of it.
+/// of it. (A path that encodes a separator at all routes to the default: see
+/// [`Routed`].)
 fn normalized(path: &str) -> std::borrow::Cow<'_, str> {
     if !path.contains(['%', ';', '\\']) && !path.contains("/.") {
         return path.into();
@@ -241,5 +265,15 @@ mod tests {
         assert!(!under("/static", &normalized("/static/%2e%2e/account")));
         assert!(!under("/static", &normalized("/static%2F..%2Faccount")));
         assert!(!under("/static", &normalized("/static/..;/account")));
+        // An encoded separator: held by no prefix, whichever way an origin reads it.
+        for path in [
+            "/account%2F..%2Fstatic/x.css",
+            "/static%2fa.css",
+            "/static/a%5Cb",
+        ] {
+            assert!(!Routed::of(path).is_under("/static"), "{path}");
+            assert!(Routed::of(path).is_under(""), "{path}");
+        }
+        assert!(Routed::of("/static/a.css").is_under("/static"));
     }
 }

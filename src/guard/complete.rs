@@ -336,26 +336,7 @@ where
             retire_and_cut(lead, writer);
             (Landed::Failed(Failure::Error), None)
         }
-        // Nobody reads an answer that will not be stored: the origin's body is let go
-        // (its connection closed), as for any answer not stored, and not as a failure
-        // unless it was one.
-        Read::Deserted => {
-            route.stats.record(Event::FillDeserted);
-            let len = stream.len();
-            if len > route.policy.max_body as u64 {
-                route.said_too_large(len);
-                not_stored(route, NotStored::TooLarge);
-            }
-            // (Past the fill memory, not for the answer's sake: nobody is told to pass.)
-            let ending = match response::is_failure(head.status()) {
-                _ if stream.over_memory() => Ending::Gone,
-                true => Ending::Error,
-                false => Ending::Pass,
-            };
-            fill.end(ending).await;
-            retire_and_cut(lead, writer);
-            (Landed::Pass, None)
-        }
+        Read::Deserted => (deserted(route, fill, &head, writer, lead).await, None),
         Read::Stalled => {
             route.stats.record(Event::OriginTimeout);
             fill.end(Ending::Error).await;
@@ -375,6 +356,34 @@ where
         parts.drop(route, None).await;
     }
     landed
+}
+
+/// A fill of an answer that will not be stored, which nobody reads (see `stream`): the
+/// origin's body is let go (its connection closed), as for any answer not stored, and
+/// not as a failure unless it was one; past the fill memory, not for the answer's sake:
+/// nobody is told to pass it.
+async fn deserted(
+    route: &Route,
+    fill: Fill,
+    head: &Response<()>,
+    writer: Writer,
+    lead: &Lead,
+) -> Landed {
+    route.stats.record(Event::FillDeserted);
+    let stream = writer.stream().clone();
+    let len = stream.len();
+    if len > route.policy.max_body as u64 {
+        route.said_too_large(len);
+        not_stored(route, NotStored::TooLarge);
+    }
+    let ending = match response::is_failure(head.status()) {
+        _ if stream.over_memory() => Ending::Gone,
+        true => Ending::Error,
+        false => Ending::Pass,
+    };
+    fill.end(ending).await;
+    retire_and_cut(lead, writer);
+    Landed::Pass
 }
 
 /// A body read to its end (with `trailers`, which are not stored): the entry stored if

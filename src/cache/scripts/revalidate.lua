@@ -19,8 +19,9 @@
 --
 -- Fenced as write.lua is: refused when a higher token was stored or issued (then the
 -- lease is released as there). When the entry that was revalidated is no longer there
--- (expired, evicted, or replaced by another writer), nothing is done and the lease is
--- kept: the caller writes the whole entry instead, with the body it holds.
+-- (expired, evicted, or replaced by another writer; for a body sent again, when the
+-- entry's body has another digest), nothing is done and the lease is kept: the caller
+-- writes the whole entry instead, with the body it holds.
 --
 -- The metadata goes in field m beside the body in d (and t becomes the renewer's
 -- token); read.lua gives both, and a whole write (write.lua) replaces both.
@@ -45,10 +46,16 @@ if token < stored then
   end
   return {0, released, stored}
 end
-if current == nil or current ~= tonumber(ARGV[3]) then
+if current == nil then
   return {-1, 0, stored}
 end
-if ARGV[10] ~= '' and redis.call('HGET', KEYS[1], 'h') ~= ARGV[10] then
+if ARGV[10] ~= '' then
+  -- A body the origin sent again: its parts are the entry's whoever wrote or renewed
+  -- it last (another instance may have, with the same body), if their digest is its.
+  if redis.call('HGET', KEYS[1], 'h') ~= ARGV[10] then
+    return {-1, 0, stored}
+  end
+elseif current ~= tonumber(ARGV[3]) then
   return {-1, 0, stored}
 end
 redis.call('HSET', KEYS[1], 't', ARGV[1], 'm', ARGV[4])

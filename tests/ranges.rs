@@ -198,20 +198,40 @@ async fn a_range_of_an_answer_too_large_to_store_goes_to_the_origin() {
 async fn a_crowd_of_ranges_during_hit_for_pass_shares_one_call() {
     use support::chunked::{self, pattern_at};
     let (origin, calls) = chunked::origin().await;
-    let sidecar = Sidecar::start(&["--upstream", &format!("http://{origin}")]);
+    let sidecar = Sidecar::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--metrics",
+        "127.0.0.1:0",
+    ]);
     let path = "/sized/20480";
     let first = fetch(sidecar.listen, path, &[]).await;
     assert_eq!((first.status, first.x_cache()), (StatusCode::OK, "pass"));
     assert_eq!(calls.get().len(), 1);
+    // The origin's body is held until every caller joined the fill (its head is not).
+    calls.hold();
     let mib = 1024 * 1024;
     let ranges = (0..20u64).map(|n| {
         let listen = sidecar.listen;
-        async move {
+        tokio::spawn(async move {
             let range = format!("bytes={}-{}", n * mib, n * mib + 1023);
             (n, fetch(listen, path, &[("range", range.as_str())]).await)
-        }
+        })
     });
-    for (n, got) in futures_util::future::join_all(ranges).await {
+    let ranges: Vec<_> = ranges.collect();
+    let metrics = sidecar.metrics.unwrap();
+    let joined = support::eventually(support::HANG, || async {
+        let scraped = fetch(metrics, "/metrics", &[]).await.body;
+        scraped
+            .lines()
+            .find(|l| l.starts_with("stampede_guard_fill_joins_total"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            == Some(19)
+    });
+    assert!(joined.await, "the 20 ranged callers did not join one fill");
+    calls.open();
+    for ranged in ranges {
+        let (n, got) = ranged.await.unwrap();
         assert_eq!(got.status, StatusCode::PARTIAL_CONTENT, "range {n}");
         assert_eq!(got.raw.len(), 1024, "range {n}");
         let right = (0..1024).all(|i| got.raw[i] == pattern_at(n * mib + i as u64));

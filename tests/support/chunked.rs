@@ -31,13 +31,31 @@ pub(crate) struct Call {
     pub(crate) let_go: Option<Instant>,
 }
 
-/// The calls the origin got, in order.
-#[derive(Clone, Default)]
-pub(crate) struct Calls(Arc<Mutex<Vec<Call>>>);
+/// The calls the origin got, in order; and a gate their bodies wait at, while closed.
+#[derive(Clone)]
+pub(crate) struct Calls(Arc<Mutex<Vec<Call>>>, Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for Calls {
+    fn default() -> Self {
+        Self(
+            Arc::default(),
+            Arc::new(tokio::sync::watch::Sender::new(true)),
+        )
+    }
+}
 
 impl Calls {
     pub(crate) fn get(&self) -> Vec<Call> {
         self.0.lock().unwrap().clone()
+    }
+
+    /// From now on, bodies send nothing (their heads go at once) until [`Self::open`].
+    pub(crate) fn hold(&self) {
+        self.1.send_replace(false);
+    }
+
+    pub(crate) fn open(&self) {
+        self.1.send_replace(true);
     }
 }
 
@@ -113,9 +131,14 @@ fn answer_bytes(
         shift: if versioned { index as u64 % 251 } else { 0 },
         cycle: CYCLE.get_or_init(|| (0..FRAME as u64 + 251).map(pattern_at).collect()),
     };
-    let stream = futures_util::stream::unfold(frames, |mut frames| async {
-        let frame = frames.next_frame()?;
-        Some((Ok::<_, Infallible>(http_body::Frame::data(frame)), frames))
+    let gate = calls.1.subscribe();
+    let stream = futures_util::stream::unfold(frames, move |mut frames| {
+        let mut gate = gate.clone();
+        async move {
+            let _ = gate.wait_for(|open| *open).await;
+            let frame = frames.next_frame()?;
+            Some((Ok::<_, Infallible>(http_body::Frame::data(frame)), frames))
+        }
     });
     Response::builder()
         .header("content-type", "application/octet-stream")

@@ -816,7 +816,12 @@ async fn parts_an_entry_names_are_never_dropped_by_its_fill() {
         .await
         .unwrap();
     assert_eq!(parts_in_redis(&server, &entry).await.len(), 4);
-    let drop_parts = redis::Script::new(include_str!("../src/cache/scripts/drop_parts.lua"));
+    // As the crate loads it: the token and variant helpers first.
+    let drop_parts = redis::Script::new(concat!(
+        include_str!("../src/lease/scripts/tokens.lua"),
+        include_str!("../src/cache/scripts/variants.lua"),
+        include_str!("../src/cache/scripts/drop_parts.lua")
+    ));
     let dropped: i64 = drop_parts
         .key(&entry)
         .arg(&generation)

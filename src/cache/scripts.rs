@@ -26,7 +26,7 @@ static PARTS_WHOLE: LazyLock<Script> =
 static PART: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_tokens(include_str!("scripts/part.lua"))));
 static DROP_PARTS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/drop_parts.lua")));
+    LazyLock::new(|| Script::new(&with_variants(include_str!("scripts/drop_parts.lua"))));
 static REVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_variants(include_str!("scripts/revalidate.lua"))));
 static PURGE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/purge.lua")));

@@ -54,16 +54,16 @@ pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Asked
     // One pass over the names a request has (a handful), rather than three hashed
     // lookups: every request comes here.
     let (mut authorization, mut cookie, mut conditional, mut ranged) = (false, false, false, false);
-    let mut body = false;
-    for (name, value) in request.headers() {
+    let mut framed = false;
+    for name in request.headers().keys() {
         authorization |= *name == header::AUTHORIZATION;
         cookie |= *name == header::COOKIE;
         conditional |= is_conditional(name);
         ranged |= *name == header::RANGE;
-        body |= (*name == header::CONTENT_LENGTH && value.as_bytes().iter().any(|b| *b != b'0'))
-            || *name == header::TRANSFER_ENCODING;
+        framed |= *name == header::CONTENT_LENGTH || *name == header::TRANSFER_ENCODING;
     }
-    if body {
+    // (Its values looked at only when it has one of them: a GET rarely does.)
+    if framed && has_body(request.headers()) {
         return Err(Bypass::Body);
     }
     if authorization && !policy.allow_authorization {
@@ -78,6 +78,16 @@ pub(crate) fn classify<B>(policy: &Policy, request: &Request<B>) -> Result<Asked
         // Only a GET's range is answered (RFC 9110 §14.2).
         ranged: ranged && kind == Kind::Get,
     })
+}
+
+/// Whether a request's framing says it has a body: `Transfer-Encoding`, or a
+/// `Content-Length` above zero.
+fn has_body(headers: &http::HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get_all(header::CONTENT_LENGTH)
+            .iter()
+            .any(|value| value.as_bytes().iter().any(|b| *b != b'0'))
 }
 
 /// Whether a client's request is a conditional one the cache may answer: it has

@@ -31,6 +31,18 @@ async fn sidecar_before_chunked(args: &[&str]) -> (Sidecar, RedisServer, chunked
     (sidecar, redis, calls)
 }
 
+/// The sidecar's resident memory now, its peak reset, and a connection that asked it for
+/// `path` (HTTP/1.1, kept alive).
+async fn measured_request(sidecar: &Sidecar, path: &str) -> (u64, TcpStream) {
+    let pid = sidecar.pid();
+    let (before, _) = memory(&pid);
+    reset_peak(&pid);
+    let mut stream = TcpStream::connect(sidecar.listen).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: shop.example\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    (before, stream)
+}
+
 /// A 1.5 GiB answer without a declared length, on a route that stores, read as fast as
 /// a client can for a second, then let go: the sidecar's peak resident memory grows by
 /// at most 128 MiB (it held 1,037 MiB and kept reading the origin after its client
@@ -39,13 +51,7 @@ async fn sidecar_before_chunked(args: &[&str]) -> (Sidecar, RedisServer, chunked
 async fn a_huge_answer_without_a_length_is_held_as_a_window_and_let_go_with_its_client() {
     let (sidecar, _redis, calls) = sidecar_before_chunked(&[]).await;
     let pid = sidecar.pid();
-    let (before, _) = memory(&pid);
-    reset_peak(&pid);
-    let mut stream = TcpStream::connect(sidecar.listen).await.unwrap();
-    stream
-        .write_all(b"GET /chunked/1536 HTTP/1.1\r\nHost: shop.example\r\n\r\n")
-        .await
-        .unwrap();
+    let (before, mut stream) = measured_request(&sidecar, "/chunked/1536").await;
     let (read, ended) = read_checked(&mut stream, Duration::from_secs(1)).await;
     assert!(!ended, "1.5 GiB in a second: {read} bytes");
     drop(stream);
@@ -91,13 +97,7 @@ async fn a_huge_answer_without_a_length_is_held_as_a_window_and_let_go_with_its_
 async fn one_fast_reader_of_a_256_mib_answer_without_a_length_gets_every_byte() {
     let (sidecar, _redis, calls) = sidecar_before_chunked(&[]).await;
     let pid = sidecar.pid();
-    let (before, _) = memory(&pid);
-    reset_peak(&pid);
-    let mut stream = TcpStream::connect(sidecar.listen).await.unwrap();
-    stream
-        .write_all(b"GET /chunked/256 HTTP/1.1\r\nHost: shop.example\r\n\r\n")
-        .await
-        .unwrap();
+    let (before, mut stream) = measured_request(&sidecar, "/chunked/256").await;
     let (read, ended) = read_checked(&mut stream, Duration::from_secs(240)).await;
     let (_, peak) = memory(&pid);
     let grown = peak.saturating_sub(before);

@@ -362,10 +362,27 @@ async fn redis_connections_killed_under_load_are_never_a_5xx() {
         });
         let clients = futures_util::future::join_all(clients);
         let killer = async {
+            let client = ::redis::Client::open(server.url()).unwrap();
             let mut kills = 0u64;
+            let mut conn = None;
             while Instant::now() < until {
-                let killed: i64 = server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]).await;
-                kills += killed as u64;
+                if conn.is_none() {
+                    // (A kill still running may end this one as it is made: try again.)
+                    conn = client.get_multiplexed_async_connection().await.ok();
+                }
+                if let Some(killer) = conn.as_mut() {
+                    let kill = ::redis::cmd("CLIENT")
+                        .arg("KILL")
+                        .arg("TYPE")
+                        .arg("normal")
+                        .query_async::<i64>(killer)
+                        .await;
+                    match kill {
+                        Ok(killed) => kills += killed as u64,
+                        // (Timed out on a loaded machine: one kill fewer.)
+                        Err(_) => conn = None,
+                    }
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             kills
@@ -474,6 +491,9 @@ async fn a_slow_reader_of_an_entry_in_parts_outlasts_its_refreshes() {
             "60s",
             "--max-body",
             "64MiB",
+            // A refresh of 8 MiB on a loaded machine keeps its lease.
+            "--lease",
+            "30s",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -536,8 +556,17 @@ async fn a_slow_reader_of_an_entry_in_parts_outlasts_its_refreshes() {
             );
         } else {
             assert_eq!(origin_calls, 2, "{path}");
-            let parts = 2 * mib * 2;
-            assert_eq!(writes.count(), parts, "{path}: the new bodies' parts");
+            // At least one new body written whole while it read (a write may end after
+            // the read did, and one overtaken by the other sidecar's lease stops part
+            // way), and never more parts than the two calls' bodies have.
+            let (body_parts, parts) = (mib * 2, 2 * mib * 2);
+            let written = eventually(HANG, || async { writes.count() >= body_parts });
+            assert!(written.await, "{path}: {} part writes", writes.count());
+            assert!(
+                writes.count() <= parts,
+                "{path}: {} part writes",
+                writes.count()
+            );
         }
     }
 }

@@ -205,8 +205,8 @@ pub(crate) fn reset_peak(pid: &str) {
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
 }
 
-/// Reads an HTTP/1.1 answer's head and then its body from `stream` for `within`,
-/// checking every byte of the body against [`pattern_at`]; returns how many body bytes
+/// Reads an HTTP/1.1 answer without a declared length from `stream` for `within`,
+/// checking every byte of its body against [`pattern_at`]; returns how many body bytes
 /// came, and whether the body ended (its last chunk) within that time.
 pub(crate) async fn read_checked(
     stream: &mut tokio::net::TcpStream,
@@ -221,58 +221,17 @@ pub(crate) async fn read_paced(
     within: std::time::Duration,
     rate: u64,
 ) -> (u64, bool) {
-    use tokio::io::AsyncReadExt;
-    let started = tokio::time::Instant::now();
-    let deadline = started + within;
-    let mut buffer = vec![0u8; 256 * 1024];
-    let mut head = Vec::new();
-    let mut decoder = Chunks::default();
-    loop {
-        // (A read that is ready at once is not timed out: the deadline is checked too.)
-        if tokio::time::Instant::now() >= deadline {
-            return (decoder.body, false);
-        }
-        if rate != u64::MAX {
-            let due =
-                started + std::time::Duration::from_secs_f64(decoder.body as f64 / rate as f64);
-            tokio::time::sleep_until(due.min(deadline)).await;
-        }
-        let chunk = if rate == u64::MAX {
-            buffer.len()
-        } else {
-            16 * 1024
-        };
-        let read = tokio::time::timeout_at(deadline, stream.read(&mut buffer[..chunk])).await;
-        let n = match read {
-            Err(_) => return (decoder.body, false),
-            Ok(Ok(0) | Err(_)) => return (decoder.body, decoder.ended),
-            Ok(Ok(n)) => n,
-        };
-        let mut data = &buffer[..n];
-        if !decoder.in_body {
-            head.extend_from_slice(data);
-            let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
-                continue;
-            };
-            let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
-            assert!(text.starts_with("http/1.1 200"), "{text}");
-            assert!(text.contains("transfer-encoding: chunked"), "{text}");
-            decoder.in_body = true;
-            let rest = head[end + 4..].to_vec();
-            decoder.feed(&rest);
-            data = &[];
-        }
-        decoder.feed(data);
-        if decoder.ended {
-            return (decoder.body, true);
-        }
+    let checked = read_answer(stream, "the answer", within, rate).await;
+    if checked.status != 0 {
+        assert_eq!(checked.status, 200, "{checked:?}");
+        assert!(checked.chunked, "not chunked: {checked:?}");
     }
+    (checked.body, checked.whole)
 }
 
 /// A chunked body's decoder that checks every byte of it.
 #[derive(Default)]
 struct Chunks {
-    in_body: bool,
     /// Bytes left of the chunk being read, and the size line being read.
     left: u64,
     line: Vec<u8>,
@@ -331,6 +290,8 @@ pub(crate) struct Checked {
     pub(crate) declared: Option<u64>,
     /// It ended as HTTP says a whole body ends (its declared length, or its last chunk).
     pub(crate) whole: bool,
+    /// Its body came in chunks (`Transfer-Encoding: chunked`).
+    pub(crate) chunked: bool,
 }
 
 /// `GET path` on a connection of its own (`Connection: close`), its body read to its
@@ -353,7 +314,7 @@ pub(crate) async fn fetch_paced(
     within: std::time::Duration,
     rate: u64,
 ) -> Checked {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     if rate != u64::MAX {
         socket.set_recv_buffer_size(32 * 1024).unwrap();
@@ -361,6 +322,20 @@ pub(crate) async fn fetch_paced(
     let mut stream = socket.connect(addr).await.unwrap();
     let request = format!("GET {path} HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
+    read_answer(&mut stream, path, within, rate).await
+}
+
+/// Reads an answer from `stream` (to a request for `path`, named in failures) for at
+/// most `within`, at most `rate` bytes a second, every byte of its body checked: in
+/// chunks or of a declared length, of any version (`/versioned/`: its first byte says
+/// which).
+async fn read_answer(
+    stream: &mut tokio::net::TcpStream,
+    path: &str,
+    within: std::time::Duration,
+    rate: u64,
+) -> Checked {
+    use tokio::io::AsyncReadExt;
     let deadline = tokio::time::Instant::now() + within;
     let mut buffer = vec![0u8; 256 * 1024];
     let mut head = Vec::new();
@@ -369,9 +344,9 @@ pub(crate) async fn fetch_paced(
         body: 0,
         declared: None,
         whole: false,
+        chunked: false,
     };
     let mut decoder = Chunks::default();
-    let mut chunked = false;
     let started = tokio::time::Instant::now();
     let mut shift = None;
     loop {
@@ -389,7 +364,7 @@ pub(crate) async fn fetch_paced(
         let read = tokio::time::timeout_at(deadline, stream.read(&mut buffer[..chunk]));
         let n = match read.await {
             Err(_) | Ok(Ok(0) | Err(_)) => {
-                checked.whole = if chunked {
+                checked.whole = if checked.chunked {
                     decoder.ended
                 } else {
                     checked.status != 0 && checked.declared.is_none_or(|d| d == checked.body)
@@ -407,19 +382,18 @@ pub(crate) async fn fetch_paced(
             };
             let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
             checked.status = text[9..12].parse().unwrap();
-            chunked = text.contains("transfer-encoding: chunked");
+            checked.chunked = text.contains("transfer-encoding: chunked");
             checked.declared = text
                 .lines()
                 .find_map(|l| l.strip_prefix("content-length:"))
                 .map(|v| v.trim().parse().unwrap());
-            decoder.in_body = true;
             rest = head[end + 4..].to_vec();
             data = &rest;
             if checked.status != 200 {
                 return checked;
             }
         }
-        if chunked {
+        if checked.chunked {
             decoder.feed(data);
             checked.body = decoder.body;
             if decoder.ended {

@@ -7,7 +7,8 @@
 -- KEYS[1]  the entry key (its parts are KEYS[1]:p:<generation>:<index>, in its slot)
 -- ARGV[1]  the generation (the fill's fencing token)    ARGV[2]  how many parts, from 0
 --
--- Returns 1 if they were deleted, 0 if the entry names them (kept).
+-- Returns 1 if they were deleted, 0 if the entry names them (kept). The helpers of
+-- variants.lua (parts_go) are prepended when the script is loaded.
 local generation = ARGV[1]
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then
   -- (HGET each: the key space's least privileged user has no HMGET.)
@@ -17,7 +18,5 @@ if redis.call('TYPE', KEYS[1]).ok == 'hash' then
     end
   end
 end
-for index = 0, tonumber(ARGV[2]) - 1 do
-  redis.call('DEL', KEYS[1] .. ':p:' .. generation .. ':' .. index)
-end
+parts_go(KEYS[1], generation, tonumber(ARGV[2]), nil)
 return 1

@@ -15,13 +15,16 @@ chain of imports below it); with `-v`, every module's imports.
     python3 scripts/modgraph.py --floors   # and the floors
     python3 scripts/modgraph.py --check    # exit 1 on any circle, or on any module that
                                            # imports what its own ancestor defines
+    python3 scripts/modgraph.py --chain guard::handle
+                                           # the longest chain of imports below a module
 """
 import functools
 import os
 import re
 import sys
 
-args = [a for a in sys.argv[1:] if not a.startswith('-')]
+args = [a for i, a in enumerate(sys.argv[1:], 1)
+        if not a.startswith('-') and sys.argv[i - 1] != '--chain']
 root = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'src')
 
 
@@ -237,5 +240,17 @@ if '--floors' in sys.argv and not circles:
         by.setdefault((m[0], floor(m)), []).append(name(m))
     for (crate, f) in sorted(by):
         print(f"{crate} floor {f}: {', '.join(sorted(by[(crate, f)]))}")
+if '--chain' in sys.argv and not circles:
+    wanted = sys.argv[sys.argv.index('--chain') + 1]
+    start = [m for m in mods if name(m) == wanted]
+    if not start:
+        sys.exit(f"no module {wanted}")
+
+    @functools.lru_cache(None)
+    def chain(m):
+        below = [chain(w) for w in edges[m]]
+        return [m] + max(below, key=len, default=[])
+    path = chain(start[0])
+    print(f"{len(path) - 1} imports deep: " + ' -> '.join(name(m) for m in path))
 if '--check' in sys.argv and (circles or up):
     sys.exit(1)

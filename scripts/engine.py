@@ -24,7 +24,7 @@ TEST_MOD = re.compile(r'#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*
 FN = re.compile(r'\bfn\s+(\w+)')
 
 # The guard's pure decisions: each should be unit-tested without Redis.
-DECISIONS = ['sharing', 'answer_landed', 'answer_entry', 'answer_shared',
+DECISIONS = ['sharing', 'judge', 'answer_landed', 'answer_entry', 'answer_shared',
              'marked', 'lookup']
 
 

@@ -23,8 +23,8 @@ use tracing::Instrument;
 use super::answer::{failed, stood_aside, usable_on_error};
 use super::body::ResponseBody;
 use super::budget;
-use super::complete::{complete, not_kept};
-use super::fill::{Answered, Fill, Stopped, lease_unavailable};
+use super::complete::{Answer, complete};
+use super::fill::{Answered, Fill, NotRenewed, Stopped, lease_unavailable};
 use super::inflight::{Failure, Joined, Landed, Lead, Own, SharedAnswer, Waiting};
 use super::marks::Mark;
 use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
@@ -512,9 +512,15 @@ async fn renewed<B: OriginBody, E>(
             };
             (renewed, None)
         }
-        Err((renewed, why)) => {
-            let body = Stream::whole(current.response.body.clone());
-            not_kept(route, renewed, &body, why, false, asked, false)
+        Err(NotRenewed { head, verdict, why }) => {
+            let answer = Answer {
+                head,
+                verdict,
+                stream: Stream::whole(current.response.body.clone()),
+                asked,
+                published: false,
+            };
+            answer.not_kept(route, why)
         }
     }
 }

@@ -38,15 +38,15 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 
-use super::body::BoxError;
 use super::body::ResponseBody;
 use super::fill::{Fill, Kept, not_stored};
 use super::inflight::{Failure, Landed, Lead, Own, SharedAnswer};
 use super::origin::{Called, OriginBody};
-use super::read::{Parts, Read, parts_kept, read_body};
+use super::read::{BodyEnd, Parts, Read, ended, parts_kept, read_body};
 use super::route::Route;
 use super::stream::{Stream, Writer};
-use crate::http::response::{self, NotStored, Reuse, declared_length};
+use super::verdict::{Sharing, Verdict, is_own, judge};
+use crate::http::response::{self, NotStored};
 use crate::metrics::Event;
 use crate::notify::Ending;
 
@@ -80,61 +80,6 @@ pub(crate) async fn complete<B: OriginBody, E>(
     }
 }
 
-/// Who may have an answer, judged at its head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sharing {
-    /// Every caller of the fill, as its body streams.
-    Shared,
-    /// Stored, but given only to the caller that led (`no-cache`), as it streams.
-    StoredOnly,
-    /// Its caller's alone, not stored: streamed to it from the origin.
-    Own(NotStored),
-}
-
-/// The largest answer a crowd shares that is not stored, by its declared length: its
-/// stream holds it whole while the fill lasts (one copy for the crowd). 64 MiB, the
-/// largest body a route may store; a longer one streams to each caller from the origin.
-const SHARED_AT_MOST: u64 = crate::policy::defaults::MAX_BODY_LIMIT as u64;
-
-/// Who may have `head` (see the [module docs](self)).
-fn sharing(route: &Route, head: &Response<()>) -> Sharing {
-    let policy = &route.policy;
-    let headers = head.headers();
-    // An event stream is one connection's: it may never end, and is never whole.
-    let events = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("text/event-stream")
-        });
-    if events {
-        return Sharing::Own(NotStored::EventStream);
-    }
-    if declared_length(headers).is_some_and(|len| len > SHARED_AT_MOST.max(policy.max_body as u64))
-    {
-        return Sharing::Own(NotStored::TooLarge);
-    }
-    let never = response::reuse(headers) == Reuse::Never;
-    match response::storable(policy, head) {
-        Ok(()) if never => Sharing::StoredOnly,
-        Ok(()) => Sharing::Shared,
-        Err(why) if why.is_private() => Sharing::Own(why),
-        // With credentials in fill requests, whatever is not stored (a 401 for the
-        // leader's token, say) is the leader's alone.
-        Err(why) if policy.allow_authorization || policy.allow_cookies => Sharing::Own(why),
-        Err(_) if never => Sharing::Own(NotStored::NoCache),
-        // A failure is shared, so that a crowd does not each ask a failing origin.
-        Err(_) if response::is_failure(head.status()) => Sharing::Shared,
-        // On a route that follows the origin, an answer that it may not keep and that
-        // says nothing of caching is each caller's own, as in Varnish and Fastly.
-        Err(why) if policy.follow_origin => Sharing::Own(why),
-        // On a route the user declared cacheable: a 404 where 200s are stored, say.
-        Err(_) => Sharing::Shared,
-    }
-}
-
 /// Reads the answer whose head came, and lands the fill (see the [module docs](self)).
 async fn read<B: OriginBody, E>(
     route: &Route,
@@ -145,19 +90,14 @@ async fn read<B: OriginBody, E>(
 ) -> (Landed, Option<Own<B, E>>) {
     let (parts, body) = response.into_parts();
     let mut head = Response::from_parts(parts, ());
-    let failure = response::is_failure(head.status());
-    let sharing = sharing(route, &head);
-    if let Sharing::Own(why) = sharing {
+    let verdict = judge(&route.policy, &head);
+    if let Sharing::Own(why) = verdict.sharing {
         return own(route, fill, head, body, why).await;
     }
     // What a qualified `no-cache` names is never stored nor shared: not even with the
     // callers that join while the body streams.
     response::strip_no_cache_fields(head.headers_mut());
-    let max = route.policy.max_body as u64;
-    let too_large = |len: u64| len > max || head.headers().len() > crate::cache::entry::MAX_HEADERS;
-    let storable = response::storable(&route.policy, &head).is_ok();
-    let declared = declared_length(head.headers());
-    let storing = storable && !too_large(declared.unwrap_or(0));
+    let storing = verdict.storing();
     let mut writer = writer_for(route, lead, storing);
     let stream = writer.stream().clone();
     // The answer as every caller of the fill gets it, its body as far as it came (of
@@ -167,12 +107,13 @@ async fn read<B: OriginBody, E>(
             status: head.status(),
             headers: head.headers().clone(),
             body: stream.clone(),
-            storing: storable && !too_large(declared.unwrap_or(0).max(len)),
-            leader_only: sharing == Sharing::StoredOnly,
+            storing: verdict.storing_at(len),
+            leader_only: verdict.sharing == Sharing::StoredOnly,
         }),
-        failure,
+        failure: verdict.failure,
         origin_saw: asked.clone(),
     };
+    let max = route.policy.max_body as u64;
     let mut handing = Handing {
         lead,
         publish,
@@ -182,10 +123,11 @@ async fn read<B: OriginBody, E>(
         published: false,
         retired: false,
     };
-    if declared.is_some_and(|d| d > handing.stream_from) {
+    if verdict.declared.is_some_and(|d| d > handing.stream_from) {
         handing.publish(0);
     }
     let mut parts = Parts::of(route, &fill, &head, storing);
+    let declared = verdict.declared;
     let reading = read_body(route, body, declared, &mut writer, &mut parts, max, |len| {
         handing.grew(len)
     });
@@ -203,15 +145,27 @@ async fn read<B: OriginBody, E>(
     fill.parts_written(parts.as_ref().map_or(0, Parts::usable));
     let published = handing.published;
     drop(handing);
-    ended(
-        route,
-        fill,
-        read,
-        (head, writer, published, parts),
+    let answer = Answer {
+        head,
+        verdict,
+        stream,
         asked,
-        lead,
-    )
-    .await
+        published,
+    };
+    landed(route, fill, ended(route, read), answer, writer, parts, lead).await
+}
+
+/// A shared answer past its head, as the fill's callers may get it.
+pub(crate) struct Answer {
+    pub(crate) head: Response<()>,
+    /// What its head allows.
+    pub(crate) verdict: Verdict,
+    /// Its body, as far as it came.
+    pub(crate) stream: Arc<Stream>,
+    /// What the origin was asked (for which variant the answer is).
+    pub(crate) asked: Arc<Request<()>>,
+    /// Whether its callers were handed its stream already.
+    pub(crate) published: bool,
 }
 
 /// The stream of a fill's body, out of the guard's fill memory: held whole while it may
@@ -291,59 +245,46 @@ async fn own<B: OriginBody, E>(
     (others, Some(Ok(own)))
 }
 
-/// How the fill lands after its body `read` ended: stored, shared, or cut. The parts
-/// written while it streamed are deleted unless the entry written names them, before
-/// its readers' bodies end.
-async fn ended<B: Body, E>(
+/// How the fill lands once its body `ended`: stored, shared, or cut. The parts written
+/// while it streamed are deleted unless the entry written names them, before its
+/// readers' bodies end.
+async fn landed<B: Body, E>(
     route: &Route,
     fill: Fill,
-    read: Read<B::Error>,
-    (head, writer, published, parts): (Response<()>, Writer, bool, Option<Parts>),
-    asked: Arc<Request<()>>,
+    ended: BodyEnd,
+    answer: Answer,
+    writer: Writer,
+    parts: Option<Parts>,
     lead: &Lead,
-) -> (Landed, Option<Own<B, E>>)
-where
-    B::Error: Into<BoxError>,
-{
-    let stream = writer.stream().clone();
-    let landed = match read {
-        Read::Whole | Read::Trailers => {
-            let trailers = matches!(read, Read::Trailers);
-            let read = (head, writer, published, parts);
-            return read_whole(route, fill, trailers, read, asked, lead).await;
+) -> (Landed, Option<Own<B, E>>) {
+    // The fill ends (and the fleet backs off) first, then the flight closes to
+    // newcomers, and only then do its readers see the cut: a caller that comes after a
+    // reader saw it starts a fill of its own, not this one's failure.
+    let landed = match ended {
+        BodyEnd::Whole { trailers } => {
+            return read_whole(route, fill, trailers, answer, writer, parts, lead).await;
         }
-        // The fill ends (and the fleet backs off) first, then the flight closes to
-        // newcomers, and only then do its readers see the cut: a caller that comes
-        // after a reader saw it starts a fill of its own, not this one's failure.
-        Read::Failed(error) => {
-            route.stats.record(Event::OriginError);
-            let error: BoxError = error.into();
-            tracing::debug!(%error, "the origin's body failed mid-way: cut for every reader");
+        BodyEnd::Cut(Failure::Error) => {
             fill.end(Ending::Error).await;
             retire_and_cut(lead, writer);
-            cut(published, &stream, head)
+            cut(answer)
         }
-        Read::Short => {
-            route.stats.record(Event::OriginError);
-            tracing::debug!("the origin's body ended before its declared length: cut");
+        BodyEnd::Cut(failure) => {
             fill.end(Ending::Error).await;
             retire_and_cut(lead, writer);
-            cut(published, &stream, head)
+            (Landed::Failed(failure), None)
         }
-        // (A cold fill reads every body to its end: it never abandons one.)
-        Read::Abandoned => {
+        // (A cold fill reads every body to its end: it never lets one go for its size.)
+        BodyEnd::LetGo { deserted: false } => {
             fill.end(Ending::Error).await;
             retire_and_cut(lead, writer);
             (Landed::Failed(Failure::Error), None)
         }
-        Read::Deserted => (deserted(route, fill, &head, writer, lead).await, None),
-        Read::Stalled => {
-            route.stats.record(Event::OriginTimeout);
-            fill.end(Ending::Error).await;
-            retire_and_cut(lead, writer);
-            (Landed::Failed(Failure::Timeout), None)
-        }
-        Read::Stopped(lost) => {
+        BodyEnd::LetGo { deserted: true } => (
+            deserted(route, fill, &answer.head, writer, lead).await,
+            None,
+        ),
+        BodyEnd::Stopped(lost) => {
             let failure = match fill.stopped(lost).await {
                 super::fill::Stopped::AtMaximum => Failure::Timeout,
                 super::fill::Stopped::LeaseLost => Failure::LeaseLost,
@@ -394,11 +335,12 @@ async fn read_whole<B: Body, E>(
     route: &Route,
     fill: Fill,
     trailers: bool,
-    (head, writer, published, parts): (Response<()>, Writer, bool, Option<Parts>),
-    asked: Arc<Request<()>>,
+    answer: Answer,
+    writer: Writer,
+    parts: Option<Parts>,
     lead: &Lead,
 ) -> (Landed, Option<Own<B, E>>) {
-    let stream = writer.stream().clone();
+    let stream = answer.stream.clone();
     let len = stream.len();
     if stream.over_memory() {
         // Not stored for want of this process's memory, not for the answer's sake: the
@@ -410,40 +352,31 @@ async fn read_whole<B: Body, E>(
         }
         lead.retire();
         writer.finish();
-        let failure = response::is_failure(head.status());
-        return not_kept(
-            route,
-            head,
-            &stream,
-            NotStored::TooLarge,
-            failure,
-            asked,
-            published,
-        );
+        return answer.not_kept(route, NotStored::TooLarge);
     }
-    let over_max = len > route.policy.max_body as u64
-        || head.headers().len() > crate::cache::entry::MAX_HEADERS;
+    let over_max = !answer.verdict.fits(len);
     // One buffer of its own only for what may be stored; none of a stream that let go of
     // its start (an answer that will not be stored, read by its callers as it came).
     let gathered = (!trailers && !over_max)
         .then(|| writer.gathered())
         .flatten();
-    let why = if trailers {
-        Some(NotStored::Trailers)
+    let stores = if trailers {
+        Err(NotStored::Trailers)
     } else if gathered.is_none() {
-        Some(NotStored::TooLarge)
+        Err(NotStored::TooLarge)
     } else {
-        None
+        answer.verdict.stores
     };
     if over_max {
         route.said_too_large(len);
     }
     let body = gathered.unwrap_or_default();
     let gathered = body.clone();
-    let (landed, kept) = whole(route, fill, head, body, &stream, asked, why, published).await;
+    let (landed, kept) = answer.whole(route, fill, body, stores).await;
     if !kept && let Some(parts) = parts {
         // (The write, when one was tried, wrote the parts that had not streamed.)
-        parts.drop(route, why.is_none().then_some(len)).await;
+        let tried = (stores.is_ok()).then_some(len);
+        parts.drop(route, tried).await;
     }
     if let (Landed::Entry { kept: true, .. }, _) = &landed {
         lead.retire();
@@ -468,133 +401,113 @@ fn retire_and_cut(lead: &Lead, writer: Writer) {
 /// A body that failed mid-way: every caller that shares the stream gets it cut; one
 /// that looks only now, what may stand in, or `502`; the caller that led, if nothing
 /// was published yet, the answer as far as it came, then cut.
-fn cut<B: Body, E>(
-    published: bool,
-    stream: &Arc<Stream>,
-    head: Response<()>,
-) -> (Landed, Option<Own<B, E>>) {
-    let own = (!published).then(|| {
-        let (parts, ()) = head.into_parts();
+fn cut<B: Body, E>(answer: Answer) -> (Landed, Option<Own<B, E>>) {
+    let own = (!answer.published).then(|| {
+        let (parts, ()) = answer.head.into_parts();
         Ok(Response::from_parts(
             parts,
-            ResponseBody::shared(stream.reader()),
+            ResponseBody::shared(answer.stream.reader()),
         ))
     });
     (Landed::Failed(Failure::Error), own)
 }
 
-/// How a whole body lands: stored when it may be (`why` says why not, when that is
-/// known already), else given to its callers as an answer that was not stored.
-#[allow(clippy::too_many_arguments)]
-async fn whole<B: Body, E>(
-    route: &Route,
-    fill: Fill,
-    head: Response<()>,
-    body: Bytes,
-    stream: &Arc<Stream>,
-    asked: Arc<Request<()>>,
-    why: Option<NotStored>,
-    published: bool,
-) -> ((Landed, Option<Own<B, E>>), bool) {
-    let why = match why.map_or_else(|| response::storable(&route.policy, &head), Err) {
-        Ok(()) => {
-            let kept = fill.keep(&asked, head, body).await;
-            // Whether the entry written is the one the fill's parts are of.
-            let parts_kept = parts_kept(&kept);
-            let landed = match kept {
-                Kept::Stored { put, rekeyed } => {
-                    let stored = put.entry().clone();
-                    // Whenever the answer varies: its waiters may have asked for another
-                    // variant (sent a header the URL learned only from this answer), and
-                    // are checked against it.
-                    let varies = stored.has_header(&http::header::VARY);
-                    let variant_of = (rekeyed || varies).then_some(asked);
-                    let kept = put.is_kept();
-                    (
-                        Landed::Entry {
+impl Answer {
+    /// How a whole body lands: stored when it may be (`stores`, as its head and its
+    /// length said), else given to its callers as an answer that was not stored; and
+    /// whether the entry written is the one the fill's parts are of.
+    async fn whole<B: Body, E>(
+        self,
+        route: &Route,
+        fill: Fill,
+        body: Bytes,
+        stores: Result<(), NotStored>,
+    ) -> ((Landed, Option<Own<B, E>>), bool) {
+        let why = match stores {
+            Ok(()) => {
+                let asked = self.asked.clone();
+                let kept = fill.keep(&asked, self.head, body).await;
+                let parts_kept = parts_kept(&kept);
+                let landed = match kept {
+                    Kept::Stored { put, rekeyed } => {
+                        let stored = put.entry().clone();
+                        // Whenever the answer varies: its waiters may have asked for
+                        // another variant (sent a header the URL learned only from this
+                        // answer), and are checked against it.
+                        let varies = stored.has_header(&http::header::VARY);
+                        let variant_of = (rekeyed || varies).then_some(asked);
+                        let kept = put.is_kept();
+                        let entry = Landed::Entry {
                             stored,
                             kept,
                             variant_of,
-                        },
-                        None,
-                    )
-                }
-                Kept::NotStored { head, why, .. } => {
-                    not_kept(route, head, stream, why, false, asked, published)
-                }
-                // Another variant's, which someone else fills or filled: its caller has
-                // it; the others look again under their own keys.
-                Kept::Elsewhere { head, body } => {
-                    let (parts, ()) = head.into_parts();
-                    let response = Response::from_parts(parts, ResponseBody::full(body));
-                    (Landed::Rekey, Some(Ok(response)))
-                }
-            };
-            return (landed, parts_kept);
-        }
-        Err(why) => why,
-    };
-    not_stored(route, why);
-    let failure = response::is_failure(head.status());
-    if failure {
-        fill.end(Ending::Error).await;
-    } else if is_own(route, why, head.headers()) && !published {
-        fill.end_private().await;
-    } else {
-        fill.end(Ending::Pass).await;
-    }
-    (
-        not_kept(route, head, stream, why, failure, asked, published),
-        false,
-    )
-}
-
-/// Whether an answer that was not stored (for `why`) is its caller's alone: private,
-/// `no-cache`, or on a route that forwards credentials.
-fn is_own(route: &Route, why: NotStored, headers: &http::HeaderMap) -> bool {
-    let policy = &route.policy;
-    why.is_private()
-        || policy.allow_authorization
-        || policy.allow_cookies
-        || response::reuse(headers) == Reuse::Never
-}
-
-/// How a whole answer that was not stored lands: for its caller alone when it is
-/// private, says `no-cache` (or the route sends credentials), for every caller of its
-/// variant otherwise (without the fields a qualified `no-cache` names). `published`:
-/// its callers share its stream already.
-pub(crate) fn not_kept<B: Body, E>(
-    route: &Route,
-    head: Response<()>,
-    stream: &Arc<Stream>,
-    why: NotStored,
-    failure: bool,
-    origin_saw: Arc<Request<()>>,
-    published: bool,
-) -> (Landed, Option<Own<B, E>>) {
-    let own = is_own(route, why, head.headers());
-    let (mut parts, ()) = head.into_parts();
-    response::strip_no_cache_fields(&mut parts.headers);
-    if own && !published {
-        let response = Response::from_parts(parts, ResponseBody::shared(stream.reader()));
-        let others = if failure {
-            Landed::Failed(Failure::Error)
-        } else {
-            Landed::Pass
+                        };
+                        (entry, None)
+                    }
+                    Kept::NotStored { head, why, .. } => {
+                        // (Not said a failure, whatever its status.)
+                        let mut answer = Self { head, ..self };
+                        answer.verdict.failure = false;
+                        answer.not_kept(route, why)
+                    }
+                    // Another variant's, which someone else fills or filled: its caller
+                    // has it; the others look again under their own keys.
+                    Kept::Elsewhere { head, body } => {
+                        let (parts, ()) = head.into_parts();
+                        let response = Response::from_parts(parts, ResponseBody::full(body));
+                        (Landed::Rekey, Some(Ok(response)))
+                    }
+                };
+                return (landed, parts_kept);
+            }
+            Err(why) => why,
         };
-        return (others, Some(Ok(response)));
+        not_stored(route, why);
+        if self.verdict.failure {
+            fill.end(Ending::Error).await;
+        } else if is_own(&route.policy, why, self.head.headers()) && !self.published {
+            fill.end_private().await;
+        } else {
+            fill.end(Ending::Pass).await;
+        }
+        (self.not_kept(route, why), false)
     }
-    let shared = Landed::Shared {
-        response: Arc::new(SharedAnswer {
-            status: parts.status,
-            headers: parts.headers,
-            body: stream.clone(),
-            storing: false,
-            // (Published already to its caller alone.)
-            leader_only: own,
-        }),
-        failure,
-        origin_saw,
-    };
-    (shared, None)
+
+    /// How a whole answer that was not stored (for `why`) lands: for its caller alone
+    /// when it is private, says `no-cache` (or the route sends credentials), for every
+    /// caller of its variant otherwise (without the fields a qualified `no-cache`
+    /// names).
+    pub(crate) fn not_kept<B: Body, E>(
+        self,
+        route: &Route,
+        why: NotStored,
+    ) -> (Landed, Option<Own<B, E>>) {
+        let own = is_own(&route.policy, why, self.head.headers());
+        let failure = self.verdict.failure;
+        let (mut parts, ()) = self.head.into_parts();
+        response::strip_no_cache_fields(&mut parts.headers);
+        if own && !self.published {
+            let reader = ResponseBody::shared(self.stream.reader());
+            let response = Response::from_parts(parts, reader);
+            let others = if failure {
+                Landed::Failed(Failure::Error)
+            } else {
+                Landed::Pass
+            };
+            return (others, Some(Ok(response)));
+        }
+        let shared = Landed::Shared {
+            response: Arc::new(SharedAnswer {
+                status: parts.status,
+                headers: parts.headers,
+                body: self.stream,
+                storing: false,
+                // (Published already to its caller alone.)
+                leader_only: own,
+            }),
+            failure,
+            origin_saw: self.asked,
+        };
+        (shared, None)
+    }
 }

@@ -28,6 +28,7 @@ use super::marks::Mark;
 use super::origin::{Called, FillBody, Inner, OriginBody, call_origin};
 use super::route::Route;
 use super::vary::{Check, TooMany};
+use super::verdict::{Verdict, judge};
 use crate::cache::entry::{self, CachedResponse};
 use crate::cache::{
     Channels, Freshness, L2Read, Renewal, Stored, body_digest, l2_revalidate, l2_write,
@@ -116,6 +117,16 @@ pub(crate) enum Kept {
     /// The answer is another variant's than the fill's callers', and someone else fills
     /// (or filled) that variant: not stored here; the fill has ended.
     Elsewhere { head: Response<()>, body: Bytes },
+}
+
+/// A `304`'s renewal of an entry that may not be stored (see [`Fill::renew`]).
+pub(crate) struct NotRenewed {
+    /// The entry's head as renewed.
+    pub(crate) head: Response<()>,
+    /// What that head allows.
+    pub(crate) verdict: Verdict,
+    /// Why it may not be stored.
+    pub(crate) why: NotStored,
 }
 
 /// Where an entry went, and which one its callers get.
@@ -461,7 +472,7 @@ impl Fill {
         current: &Stored,
         not_modified: Response<()>,
         asked: &Request<()>,
-    ) -> Result<Put, (Response<()>, NotStored)> {
+    ) -> Result<Put, NotRenewed> {
         // An entry read in parts holds no body to renew with (refresh does not ask
         // conditionally for one; a cold fill does not revalidate one).
         debug_assert!(
@@ -477,7 +488,10 @@ impl Fill {
         *renewed.headers_mut() = headers;
         let keyed = self.keys.names.as_deref().unwrap_or_default();
         let unkeyed = response::unkeyed_vary(&route.policy, keyed, renewed.headers());
-        let why = match response::storable(&route.policy, &renewed) {
+        let mut verdict = judge(&route.policy, &renewed);
+        // (Not said a failure, whatever its status: the origin said the entry holds.)
+        verdict.failure = false;
+        let why = match verdict.stores {
             Err(why) => Some(why),
             Ok(()) if !unkeyed.is_empty() => Some(NotStored::VaryUnkeyed),
             Ok(()) => None,
@@ -486,7 +500,8 @@ impl Fill {
             not_stored(route, why);
             let ending = self.not_stored;
             self.end(ending).await;
-            return Err((renewed, why));
+            let head = renewed;
+            return Err(NotRenewed { head, verdict, why });
         }
         route.stats.record(Event::Revalidated);
         headers = std::mem::take(renewed.headers_mut());

@@ -233,6 +233,7 @@ mod service;
 mod shared;
 mod stream;
 mod vary;
+mod verdict;
 
 pub use self::body::{BodyError, ResponseBody};
 pub use self::future::ResponseFuture;

@@ -2,8 +2,9 @@
 //! [`stream`](super::stream) (that the callers of a cold fill follow as it comes), each
 //! part of it written to Redis as soon as its bytes came (under the fill's lease), with
 //! an idle timeout between frames rather than a total; and how that reading ended
-//! ([`Read`]), which a cold fill (`complete`) and a refresh (`refresh`) each map to
-//! their endings. One path from the origin's body to the entry for both.
+//! ([`Read`]), mapped once to how the fill ends ([`BodyEnd`]), for a cold fill
+//! (`complete`) and a refresh (`refresh`) alike. One path from the origin's body to the
+//! entry for both.
 
 use std::time::Duration;
 
@@ -11,7 +12,9 @@ use bytes::Bytes;
 use http::Response;
 use http_body_util::BodyExt;
 
+use super::body::BoxError;
 use super::fill::{Fill, Kept, Put};
+use super::inflight::Failure;
 use super::origin::OriginBody;
 use super::route::Route;
 use super::stream::{Room, Stream, Writer};
@@ -39,6 +42,49 @@ pub(crate) enum Read<E> {
     /// Nobody read the stream of an answer that will not be stored, nor waited to
     /// (see `stream`): the reading stopped.
     Deserted,
+}
+
+/// How a fill's body ended, for the fill: what cold fills and refreshes alike end on
+/// (see [`ended`]).
+#[derive(Debug)]
+pub(crate) enum BodyEnd {
+    /// Read to its end; not stored when it ended with `trailers`.
+    Whole { trailers: bool },
+    /// Cut by the origin: failed mid-way or ended short of its declared length
+    /// ([`Failure::Error`]), or no frame for the refresh timeout ([`Failure::Timeout`]).
+    Cut(Failure),
+    /// The watchdog stopped the fill.
+    Stopped(LeaseLost),
+    /// Let go by the fill: it grew past what the fill wanted (`deserted: false`), or
+    /// nobody reads the stream of an answer that will not be stored.
+    LetGo { deserted: bool },
+}
+
+/// The one mapping from how a body's reading ended to how its fill ends; what the
+/// origin did wrong is counted (an origin error, an origin timeout) and logged here.
+pub(crate) fn ended<E: Into<BoxError>>(route: &Route, read: Read<E>) -> BodyEnd {
+    match read {
+        Read::Whole => BodyEnd::Whole { trailers: false },
+        Read::Trailers => BodyEnd::Whole { trailers: true },
+        Read::Failed(error) => {
+            route.stats.record(Event::OriginError);
+            let error: BoxError = error.into();
+            tracing::debug!(%error, "the origin's body failed mid-way: cut for every reader");
+            BodyEnd::Cut(Failure::Error)
+        }
+        Read::Short => {
+            route.stats.record(Event::OriginError);
+            tracing::debug!("the origin's body ended before its declared length: cut");
+            BodyEnd::Cut(Failure::Error)
+        }
+        Read::Stalled => {
+            route.stats.record(Event::OriginTimeout);
+            BodyEnd::Cut(Failure::Timeout)
+        }
+        Read::Stopped(lost) => BodyEnd::Stopped(lost),
+        Read::Abandoned => BodyEnd::LetGo { deserted: false },
+        Read::Deserted => BodyEnd::LetGo { deserted: true },
+    }
 }
 
 /// Reads `body` into `writer`'s stream until it ends (`declared`: the length its head

@@ -14,14 +14,16 @@ use http::{Request, StatusCode};
 use tracing::Instrument;
 
 use super::fill::{Answered, Fill, Kept, Put, lease_unavailable, not_stored};
+use super::inflight::Failure;
 use super::inflight::Refresh;
 use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
-use super::read::{Parts, Read, parts_kept, read_body};
+use super::read::{BodyEnd, Parts, ended, parts_kept, read_body};
 use super::route::Route;
 use super::stream::{Stream, Writer};
-use crate::cache::{Freshness, L2Read, Stored, entry};
+use super::verdict::{Refused, judge};
+use crate::cache::{Freshness, L2Read, Stored};
 use crate::http::conditional;
-use crate::http::response::{self, NotStored};
+use crate::http::response::NotStored;
 use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease};
 use crate::metrics::Event;
@@ -386,19 +388,15 @@ async fn kept<B: OriginBody>(
     body: B,
     asked: &Request<()>,
 ) -> Option<HoldOff> {
-    let declared = response::declared_length(head.headers());
-    let max = route.policy.max_body as u64;
-    let fits = |len: u64| len <= max && head.headers().len() <= entry::MAX_HEADERS;
-    match response::storable(&route.policy, &head) {
-        Err(_) if response::is_failure(head.status()) => {
+    let verdict = judge(&route.policy, &head);
+    match verdict.refreshes() {
+        Ok(()) => {}
+        Err(Refused::Failure) => {
             return given_up(route, fill, Event::RefreshOriginError, None).await;
         }
-        Err(why) => return given_up(route, fill, Event::RefreshNotStored, Some(why)).await,
-        Ok(()) if !fits(declared.unwrap_or(0)) => {
-            let why = Some(NotStored::TooLarge);
-            return given_up(route, fill, Event::RefreshNotStored, why).await;
+        Err(Refused::NotStored(why)) => {
+            return given_up(route, fill, Event::RefreshNotStored, Some(why)).await;
         }
-        Ok(()) => {}
     }
     let mut writer = Stream::writer();
     writer.charged_to(route.shared.fill_memory.clone());
@@ -413,11 +411,11 @@ async fn kept<B: OriginBody>(
     };
     // (Held whole: a refresh has no reader, and stops past what fits, or once the fill
     // memory is spent.)
-    let grew = |len: u64| fits(len) && !stream.over_memory();
+    let grew = |len: u64| verdict.fits(len) && !stream.over_memory();
     let reading = read_body(
         route,
         body,
-        declared,
+        verdict.declared,
         &mut writer,
         &mut streamed,
         u64::MAX,
@@ -436,18 +434,14 @@ async fn kept<B: OriginBody>(
         }
     };
     fill.parts_written(parts.as_ref().map_or(0, Parts::usable));
-    let (event, why) = match read {
-        Read::Whole => return stored(route, fill, head, writer, parts, asked).await,
-        Read::Trailers => (Event::RefreshNotStored, Some(NotStored::Trailers)),
-        Read::Abandoned | Read::Deserted => (Event::RefreshNotStored, Some(NotStored::TooLarge)),
-        Read::Failed(_) | Read::Short => {
-            route.stats.record(Event::OriginError);
-            (Event::RefreshOriginError, None)
+    let (event, why) = match ended(route, read) {
+        BodyEnd::Whole { trailers: false } => {
+            return stored(route, fill, head, writer, parts, asked).await;
         }
-        Read::Stalled | Read::Stopped(_) => {
-            route.stats.record(Event::OriginTimeout);
-            (Event::RefreshTimeout, None)
-        }
+        BodyEnd::Whole { trailers: true } => (Event::RefreshNotStored, Some(NotStored::Trailers)),
+        BodyEnd::LetGo { .. } => (Event::RefreshNotStored, Some(NotStored::TooLarge)),
+        BodyEnd::Cut(Failure::Error) => (Event::RefreshOriginError, None),
+        BodyEnd::Cut(_) | BodyEnd::Stopped(_) => (Event::RefreshTimeout, None),
     };
     if let Some(parts) = parts {
         parts.drop(route, None).await;

@@ -11,7 +11,8 @@
 * the longest chain of imports below the guard's top (`scripts/modgraph.py --chain`);
 * the pure decisions with unit tests of their own, and those without.
 
-    python3 scripts/engine.py
+    python3 scripts/engine.py              # this checkout
+    python3 scripts/engine.py OTHER/src    # another's (an earlier commit's, say)
 """
 import os
 import re
@@ -19,13 +20,20 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GUARD = os.path.join(HERE, '..', 'src', 'guard')
+SRC = next((a for a in sys.argv[1:] if not a.startswith('-')), os.path.join(HERE, '..', 'src'))
+GUARD = os.path.join(SRC, 'guard')
 TEST_MOD = re.compile(r'#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{')
 FN = re.compile(r'\bfn\s+(\w+)')
 
-# The guard's pure decisions: each should be unit-tested without Redis.
-DECISIONS = ['sharing', 'judge', 'answer_landed', 'answer_entry', 'answer_shared',
-             'marked', 'lookup']
+# The guard's pure decisions, by the names the engine issue gives them, each with the
+# functions that have made it (before and after the engine's redesign): each should be
+# unit-tested without Redis.
+DECISIONS = {
+    'sharing (who may have an answer)': ['sharing', 'judge'],
+    'answer_* (what a caller of a fill gets)': ['answer_landed', 'answer_entry',
+                                                'answer_shared', 'reply'],
+    'marked (what a key\'s mark says)': ['marked', 'says'],
+}
 
 
 def source(path):
@@ -68,7 +76,7 @@ for dirpath, _, names in os.walk(GUARD):
 files.sort()
 
 def rel(path):
-    return os.path.relpath(path, os.path.join(HERE, '..'))
+    return os.path.relpath(path, os.path.join(SRC, '..'))
 
 leases, storable, mappings, packed = [], [], [], []
 tested = set()
@@ -90,19 +98,24 @@ for dirpath, _, names in os.walk(GUARD):
         if not n.endswith('.rs'):
             continue
         text = open(os.path.join(dirpath, n)).read()
+        names = [f for fns in DECISIONS.values() for f in fns]
         for m in TEST_MOD.finditer(text):
             tests = text[m.start():]
-            tested.update(d for d in DECISIONS if re.search(r'\b' + d + r'\(', tests))
+            tested.update(f for f in names if re.search(r'\b' + f + r'\(', tests))
         if n == 'tests.rs' or n.endswith('_tests.rs'):
-            tested.update(d for d in DECISIONS if re.search(r'\b' + d + r'\(', text))
+            tested.update(f for f in names if re.search(r'\b' + f + r'\(', text))
 
 defined = set()
 for path in files:
     for name, _ in functions(source(path)):
-        if name in DECISIONS:
-            defined.add(name)
+        defined.add(name)
+decided = {d: [f for f in fns if f in defined] for d, fns in DECISIONS.items()}
+with_tests = [f"{d}: {', '.join(f for f in fns if f in tested)}"
+              for d, fns in decided.items() if any(f in tested for f in fns)]
+without = [f"{d}: {', '.join(fns)}" for d, fns in decided.items()
+           if not any(f in tested for f in fns)]
 
-chain = subprocess.run([sys.executable, os.path.join(HERE, 'modgraph.py'), '--chain',
+chain = subprocess.run([sys.executable, os.path.join(HERE, 'modgraph.py'), SRC, '--chain',
                         'guard::handle'], capture_output=True, text=True).stdout
 chain = next((line for line in chain.splitlines() if 'imports deep' in line), '?')
 
@@ -116,5 +129,5 @@ show("places that call `storable`", storable)
 show("mappings from a body read's ending to a fill's ending", mappings)
 show("functions with arguments packed into a tuple", packed)
 print(f"longest import chain below guard::handle: {chain}")
-show("pure decisions with unit tests", sorted(defined & tested))
-show("pure decisions without", sorted(defined - tested))
+show("pure decisions with unit tests", with_tests)
+show("pure decisions without", without)

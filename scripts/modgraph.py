@@ -171,7 +171,10 @@ for module, src in sources.items():
     paths = []
     for m in re.finditer(r'\buse\s+([^;]+);', src):
         paths.extend(expand(m.group(1)))
-    for m in re.finditer(r'(?<![\w:])((?:crate|super|self|\w+)(?:::\w+)+)', src):
+    # Inline paths outside `use` items: the prefix of a group (`crate::cache` in
+    # `use crate::cache::{L1, Stored}`) names no import of its own.
+    inline = re.sub(r'\buse\s+[^;]+;', '', src)
+    for m in re.finditer(r'(?<![\w:])((?:crate|super|self|\w+)(?:::\w+)+)', inline):
         paths.append(m.group(1).split('::'))
     for segs in paths:
         target = absolute(module, segs)

@@ -1,9 +1,10 @@
 //! Answering a caller from what the guard has: the one decision on an entry found for
 //! a request (a hit, a stale entry served while its refresh starts, a `304`, or expired:
-//! not an answer), made in [`lookup`] and carried out in [`answer`], the one place a
-//! refresh is started; a request passed through to the origin (bounded by the route's
-//! pass timeout); an entry that may stand in for a failed origin, else the guard's own
-//! answer. The responses themselves are built in [`respond`](super::respond).
+//! not an answer), made in [`lookup`] (and carried out by the request path,
+//! `service::answer`, the one place a refresh is started); a request passed through to
+//! the origin (bounded by the route's pass timeout); an entry that may stand in for a
+//! failed origin, else the guard's own answer. The responses themselves are built in
+//! [`respond`](super::respond).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,14 +14,12 @@ use http_body::Body;
 
 use super::body::ResponseBody;
 use super::inflight::Failure;
-use super::origin::{FillBody, Inner, OriginBody, call_through};
+use super::origin::{Inner, OriginBody, call_through};
 use super::outcome::XCache;
-use super::refresh::spawn_refresh;
-use super::respond::{mark_forwarded, own_answer, rejected, serve, serve_aged, serve_not_modified};
+use super::respond::{mark_forwarded, own_answer, rejected, serve, serve_aged};
 use super::route::Route;
 use crate::cache::{Freshness, Stored};
-use crate::http::conditional::not_modified;
-use crate::http::request::{Asked, Kind};
+use crate::http::request::Kind;
 use crate::keys::{CacheKeys, LocalKey};
 use crate::metrics::Event;
 use crate::policy::ColdMiss;
@@ -60,55 +59,6 @@ pub(crate) fn lookup(route: &Route, found: &Found<'_>) -> Lookup {
         Freshness::Stale => Lookup::Stale,
         Freshness::Expired => Lookup::Expired,
     }
-}
-
-/// Carries out [`lookup`]: a hit, or a stale entry served while its refresh starts in
-/// the background with a clone of the service (the one place a refresh is started);
-/// `None` for an expired one. A conditional request that the entry meets gets `304`
-/// (see `http::conditional`).
-pub(crate) fn answer<S, ReqBody, ResBody>(
-    route: &Arc<Route>,
-    found: Found<'_>,
-    asked: Asked,
-    request: &Request<ReqBody>,
-    inner: &S,
-) -> Option<Response<ResponseBody<ResBody>>>
-where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: FillBody,
-    ResBody: OriginBody,
-{
-    let (x_cache, refresh) = match lookup(route, &found) {
-        Lookup::Fresh { refresh } => {
-            route.stats.record(Event::Hit);
-            (XCache::Hit, refresh)
-        }
-        Lookup::Stale => {
-            route.stats.record(Event::Stale);
-            (XCache::Stale, true)
-        }
-        Lookup::Expired => return None,
-    };
-    let Found {
-        stored,
-        age,
-        local,
-        keys,
-        ..
-    } = found;
-    if refresh
-        && spawn_refresh(route, local, keys, stored.clone(), request, inner)
-        && x_cache == XCache::Hit
-    {
-        route.stats.record(Event::EarlyRefresh);
-    }
-    if asked.conditional
-        && not_modified(stored.response.status, &stored.headers(), request.headers())
-    {
-        route.stats.record(Event::NotModified);
-        return Some(serve_not_modified(stored, age, x_cache, true));
-    }
-    Some(serve_aged(stored, age, asked.kind, x_cache))
 }
 
 /// A hit: the answer from an entry `age` old if it is fresh and not due for an early
@@ -164,7 +114,7 @@ where
     ReqBody: Send + 'static,
     ResBody: OriginBody,
 {
-    let Some(response) = call_through((&route.policy, &route.stats), inner, request).await? else {
+    let Some(response) = call_through(&route.policy, &route.stats, inner, request).await? else {
         route.stats.record(Event::OriginFailed);
         return Ok(own_answer(
             Failure::Timeout,

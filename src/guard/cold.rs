@@ -20,15 +20,16 @@ use http_body::Body;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use super::answer::{failed, stood_aside, usable_on_error};
+use super::answer::{failed, stood_aside};
 use super::body::ResponseBody;
 use super::budget;
 use super::complete::{Answer, complete};
-use super::fill::{Answered, Fill, NotRenewed, Stopped, lease_unavailable};
-use super::inflight::{Failure, Joined, Landed, Lead, Own, SharedAnswer, Waiting};
+use super::fill::{Answered, Fill, LeaseReply, NotRenewed, Stopped, ask_lease};
+use super::inflight::{Failure, Joined, Landed, Lead, Own, Waiting};
 use super::marks::Mark;
 use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
 use super::outcome::XCache;
+use super::reply::{Fit, Reply, Waiter, reply};
 use super::respond::{filled_not_modified, mark_forwarded, serve, serve_filled, serve_shared};
 use super::route::Route;
 use super::stream::Stream;
@@ -38,7 +39,7 @@ use crate::http::conditional;
 use crate::http::request::{Asked, Kind};
 use crate::http::response;
 use crate::keys::CacheKeys;
-use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease};
+use crate::lease::{FencingToken, Lease};
 use crate::metrics::Event;
 use crate::notify::{Ending, Wait};
 use crate::policy::ColdMiss;
@@ -65,16 +66,15 @@ pub(crate) enum Redis {
     Passing,
 }
 
-/// What a caller found, and brings to the cold path.
-pub(crate) struct Caller<'a, ReqBody> {
-    pub(crate) request: &'a Request<ReqBody>,
+/// A caller of the cold path: what it asked, with what headers, its keys and what it
+/// found.
+pub(crate) struct Caller<'a> {
+    pub(crate) asked: Asked,
+    pub(crate) headers: &'a http::HeaderMap,
     pub(crate) keys: &'a CacheKeys,
     /// An entry past its grace (or kept only to be revalidated), if any.
     pub(crate) fallback: &'a Option<Arc<Stored>>,
     pub(crate) redis: Redis,
-    /// Registered before the caller looked in L2: a notice of another instance's fill
-    /// cannot slip by.
-    pub(crate) wait: Wait,
 }
 
 /// A caller's place in the flight of its key.
@@ -84,11 +84,15 @@ pub(crate) struct Flight<B: Body, E> {
     own: Option<oneshot::Receiver<Own<B, E>>>,
 }
 
-/// Nothing servable is cached: joins the key's fill, or leads it (starts its task).
+/// Nothing servable is cached: joins the key's fill, or leads it (starts its task, which
+/// makes the fill's request of `request`). `wait` was registered before the caller
+/// looked in L2: a notice of another instance's fill cannot slip by.
 pub(crate) fn join<S, ReqBody, ResBody>(
     route: &Arc<Route>,
     inner: &S,
-    caller: Caller<'_, ReqBody>,
+    request: &Request<ReqBody>,
+    caller: &Caller<'_>,
+    wait: Wait,
 ) -> Flight<ResBody, S::Error>
 where
     S: Inner<ReqBody, ResBody>,
@@ -96,12 +100,11 @@ where
     ResBody: OriginBody,
 {
     let Caller {
-        request,
         keys,
         fallback,
         redis,
-        wait,
-    } = caller;
+        ..
+    } = *caller;
     let key: Arc<str> = keys.entry().into();
     match route
         .flights
@@ -139,18 +142,15 @@ where
     }
 }
 
-/// Waits for the key's fill and turns how it landed into what this caller (with
-/// request `headers`, and `fallback`) does; a HEAD is answered from the GET the fill
-/// made, and a conditional request that the entry meets, `304`.
+/// Waits for the key's fill and turns how it landed into what this caller does; a HEAD
+/// is answered from the GET the fill made, and a conditional request that the entry
+/// meets, `304`.
 pub(crate) async fn landed<B: OriginBody, E>(
     route: &Arc<Route>,
     flight: Flight<B, E>,
-    keys: &CacheKeys,
-    headers: &http::HeaderMap,
-    asked: Asked,
-    fallback: &Option<Arc<Stored>>,
+    caller: &Caller<'_>,
 ) -> Next<B, E> {
-    let kind = asked.kind;
+    let (kind, fallback) = (caller.asked.kind, caller.fallback);
     // (The wait is kept to the end: the caller is counted by the flight until it made
     // what it answers with.)
     let Flight { mut waiting, own } = flight;
@@ -176,9 +176,14 @@ pub(crate) async fn landed<B: OriginBody, E>(
     };
     // What only this caller may have, if it led: sent before the flight ended.
     let own = own.and_then(|mut own| own.try_recv().ok());
-    let next = answer_landed(
-        route, &landed, own, is_leader, keys, headers, asked, fallback,
-    );
+    let waiter = Waiter {
+        is_leader,
+        has_own: own.is_some(),
+        stands_in: stands_in(route, &landed, fallback),
+        rejects: matches!(policy.cold_miss, ColdMiss::Reject { .. }),
+        fit: fit(route, &landed, is_leader, caller),
+    };
+    let next = answer_landed(route, &landed, own, waiter, caller);
     if !is_leader && matches!(next, Next::Answer(_)) {
         // Answered by another caller's fill: its entry, its answer, or its failure.
         route.stats.record(Event::Coalesced);
@@ -186,140 +191,107 @@ pub(crate) async fn landed<B: OriginBody, E>(
     next
 }
 
-/// What a caller (the fill's leader, with its `own` answer, or not) does with how the
-/// fill `landed` (see [`landed`]).
-#[allow(clippy::too_many_arguments)]
-fn answer_landed<B: OriginBody, E>(
-    route: &Arc<Route>,
-    landed: &Landed,
-    mut own: Option<Own<B, E>>,
-    is_leader: bool,
-    keys: &CacheKeys,
-    headers: &http::HeaderMap,
-    asked: Asked,
-    fallback: &Option<Arc<Stored>>,
-) -> Next<B, E> {
-    let kind = asked.kind;
-    match landed {
+/// Whether the caller has an entry that may stand in for a failed origin, asked only
+/// where the fill failed or stood aside.
+fn stands_in(route: &Route, landed: &Landed, fallback: &Option<Arc<Stored>>) -> bool {
+    let failed = matches!(
+        landed,
+        Landed::Shared { failure: true, .. } | Landed::Failed(_) | Landed::StoodAside
+    );
+    failed && fallback.as_ref().is_some_and(|f| route.serves_on_error(f))
+}
+
+/// Whether what the fill landed with answers the caller's request. An entry stored
+/// under another key (`variant_of`: it varies on a header the caller's key did not
+/// include) answers only callers of that variant; one at the caller's key, those its
+/// own `Vary` lets it answer (it may have come from elsewhere: a header it varies on is
+/// learned here). An answer the fill shares answers callers of the variant the origin
+/// saw (the leader's request).
+fn fit(route: &Route, landed: &Landed, is_leader: bool, caller: &Caller<'_>) -> Fit {
+    let headers = caller.headers;
+    let serves = match landed {
         Landed::Entry {
-            stored,
-            kept,
-            variant_of,
+            stored, variant_of, ..
         } => {
-            let caller = (is_leader, keys, headers, asked);
-            answer_entry(route, stored, *kept, variant_of.as_deref(), caller)
+            let serves = match variant_of {
+                Some(asked) => {
+                    is_leader || response::same_variant(&stored.headers(), asked.headers(), headers)
+                }
+                None => match route.check(stored, caller.keys, headers) {
+                    Check::Serves => true,
+                    Check::Learn(names) => {
+                        let _ = route.learn(caller.keys, &names);
+                        false
+                    }
+                },
+            };
+            if serves && response::reuse(&stored.headers()) == response::Reuse::Never {
+                return Fit::EachUse;
+            }
+            serves
         }
         Landed::Shared {
             response,
-            failure,
             origin_saw,
-        } => {
-            if *failure && let Some(stale) = usable_on_error(route, fallback, kind) {
-                return Next::Answer(stale);
-            }
-            answer_shared(route, response, origin_saw, (is_leader, headers, kind))
-        }
-        Landed::Pass => match own.take() {
-            Some(own) => answer_own(route, own, kind),
-            // Private to the caller that made it: this one asks the origin itself.
-            None => Next::PassThrough,
-        },
-        Landed::Failed(failure) => {
-            if let Some(stale) = usable_on_error(route, fallback, kind) {
-                return Next::Answer(stale);
-            }
-            match own.take() {
-                Some(own) => answer_own(route, own, kind),
-                None => Next::Answer(failed(route, fallback, *failure, kind)),
-            }
-        }
-        // The fill stood aside for its leader's sake (an entry it may serve, or the
-        // route rejects): a caller with nothing to serve on a route that passes cold
-        // misses through looks again, and fills (one call for its process) rather than
-        // being refused for what another caller had.
-        Landed::StoodAside
-            if !matches!(route.policy.cold_miss, ColdMiss::Reject { .. })
-                && !fallback.as_ref().is_some_and(|f| route.serves_on_error(f)) =>
-        {
-            Next::Rekey
-        }
-        Landed::StoodAside => Next::Answer(stood_aside(route, fallback, kind)),
-        Landed::Rekey => match own.take() {
-            Some(own) => answer_own(route, own, kind),
-            None => Next::Rekey,
-        },
-    }
+            ..
+        } => is_leader || response::same_variant(&response.headers, origin_saw.headers(), headers),
+        _ => true,
+    };
+    if serves { Fit::Serves } else { Fit::Other }
 }
 
-/// A fill's entry, to a caller (`is_leader`, its `keys`, the `headers` it sent and what
-/// it `asked`). Stored under another key (`variant_of`: it varies on a header the
-/// caller's key did not include), it is only for callers of that variant. Else at the
-/// caller's key: for callers its own `Vary` lets it answer (it may have come from
-/// elsewhere).
-fn answer_entry<B: OriginBody, E>(
-    route: &Route,
-    stored: &Arc<Stored>,
-    kept: bool,
-    variant_of: Option<&Request<()>>,
-    (is_leader, keys, headers, asked): (bool, &CacheKeys, &http::HeaderMap, Asked),
+/// Carries out the [`reply`] a caller (`waiter`) gets from how the fill `landed` (with
+/// its `own` answer, if it led).
+fn answer_landed<B: OriginBody, E>(
+    route: &Arc<Route>,
+    landed: &Landed,
+    own: Option<Own<B, E>>,
+    waiter: Waiter,
+    caller: &Caller<'_>,
 ) -> Next<B, E> {
-    let serves = match variant_of {
-        // (The leader's request is the one the origin saw.)
-        Some(asked) => {
-            is_leader || response::same_variant(&stored.headers(), asked.headers(), headers)
-        }
-        None => match route.check(stored, keys, headers) {
-            Check::Serves => true,
-            Check::Learn(names) => {
-                let _ = route.learn(keys, &names);
-                false
+    let (kind, fallback) = (caller.asked.kind, caller.fallback);
+    match (reply(landed, waiter), landed, own) {
+        (Reply::Entry, Landed::Entry { stored, kept, .. }, _) => {
+            route.stats.record(Event::Miss);
+            let headers = caller.headers;
+            if caller.asked.conditional
+                && let Some(not_modified) = filled_not_modified(stored, *kept, headers)
+            {
+                route.stats.record(Event::NotModified);
+                return Next::Answer(not_modified);
             }
-        },
-    };
-    if !serves {
-        return Next::Rekey;
+            Next::Answer(serve_filled(stored, *kept, kind))
+        }
+        (Reply::Shared, Landed::Shared { response, .. }, _) => {
+            let Some(answer) = serve_shared(response, kind, !waiter.is_leader) else {
+                // Its stream moved past its start: this caller asks the origin itself.
+                route.stats.record(Event::FillTooLate);
+                return Next::PassThrough;
+            };
+            route.stats.record(if response.storing {
+                Event::Miss
+            } else {
+                Event::Pass
+            });
+            Next::Answer(answer)
+        }
+        (Reply::Own, _, Some(own)) => answer_own(route, own, kind),
+        (Reply::StandIn | Reply::Rejected, Landed::StoodAside, _) => {
+            Next::Answer(stood_aside(route, fallback, kind))
+        }
+        (Reply::StandIn, Landed::Failed(failure), _) => {
+            Next::Answer(failed(route, fallback, *failure, kind))
+        }
+        (Reply::StandIn, _, _) => Next::Answer(failed(route, fallback, Failure::Error, kind)),
+        (Reply::Failed(failure), _, _) => Next::Answer(failed(route, fallback, failure, kind)),
+        (Reply::Rekey, _, _) => Next::Rekey,
+        // (Never: each reply comes with its landing, `Own` with the leader's own.)
+        (
+            Reply::PassThrough | Reply::Entry | Reply::Shared | Reply::Own | Reply::Rejected,
+            _,
+            _,
+        ) => Next::PassThrough,
     }
-    // An answer to be revalidated on every use (`no-cache`) is its caller's alone: each
-    // other caller asks the origin itself.
-    if !is_leader && response::reuse(&stored.headers()) == response::Reuse::Never {
-        return Next::PassThrough;
-    }
-    route.stats.record(Event::Miss);
-    if asked.conditional
-        && let Some(not_modified) = filled_not_modified(stored, kept, headers)
-    {
-        route.stats.record(Event::NotModified);
-        return Next::Answer(not_modified);
-    }
-    Next::Answer(serve_filled(stored, kept, asked.kind))
-}
-
-/// An answer the fill shared, not stored: for the leader, and for the others unless it
-/// is the leader's only, or of another variant than theirs (the origin saw the
-/// leader's request).
-fn answer_shared<B: OriginBody, E>(
-    route: &Route,
-    response: &Arc<SharedAnswer>,
-    origin_saw: &Request<()>,
-    (is_leader, headers, kind): (bool, &http::HeaderMap, Kind),
-) -> Next<B, E> {
-    if !is_leader && response.leader_only {
-        return Next::PassThrough;
-    }
-    if !is_leader && !response::same_variant(&response.headers, origin_saw.headers(), headers) {
-        return Next::Rekey;
-    }
-    let Some(answer) = serve_shared(response, kind, !is_leader) else {
-        // Its stream moved past its start: this caller asks the origin itself.
-        route.stats.record(Event::FillTooLate);
-        return Next::PassThrough;
-    };
-    route.stats.record(if response.storing {
-        Event::Miss
-    } else {
-        Event::Pass
-    });
-    Next::Answer(answer)
 }
 
 /// The answer only the caller that led may have, as its answer (without its body, to
@@ -579,19 +551,19 @@ async fn claim(
         if redis == Redis::Failed {
             return local(slot);
         }
-        let outcome = match lease_asked(route, keys, found).await {
-            LeaseAsked::Outcome(outcome) => outcome,
+        let asked_for = match lease_asked(route, keys, found).await {
+            LeaseAsked::Asked(asked_for) => asked_for,
             LeaseAsked::Landed(stored) => return Claimed::Landed(stored),
             // Said written twice, and still nothing that serves: the fill goes ahead
             // on its own.
             LeaseAsked::Written => return local(slot),
         };
-        match outcome {
-            AcquireOutcome::Acquired(lease) => {
+        match asked_for {
+            LeaseReply::Leased(lease) => {
                 let notified = waiting_since.is_some() || wait.has_notice();
-                return leased(route, keys, lease, slot, (found, notified)).await;
+                return leased(route, keys, lease, slot, found, notified).await;
             }
-            AcquireOutcome::Busy {
+            LeaseReply::Busy {
                 held_off: true,
                 retry_after,
             } => {
@@ -604,21 +576,26 @@ async fn claim(
                     false => local(slot),
                 };
             }
-            AcquireOutcome::Busy { .. } => {
+            LeaseReply::Busy { .. } => {
                 drop(slot);
                 let since = *waiting_since.get_or_insert_with(|| {
                     route.stats.record(Event::ColdWaitStarted);
                     tokio::time::Instant::now()
                 });
-                let waiting = (since, deadline, stand_aside);
-                if let Some(claimed) = waited(route, keys, wait, found, waiting).await {
+                let remote = Remote {
+                    since,
+                    deadline,
+                    found,
+                    stand_aside,
+                };
+                if let Some(claimed) = waited(route, keys, wait, remote).await {
                     return claimed;
                 }
             }
-            other => {
-                lease_unavailable(route, other);
-                return local(slot);
-            }
+            // (Counted.)
+            LeaseReply::Unavailable => return local(slot),
+            // (Taken care of by `lease_asked`.)
+            LeaseReply::Written => return local(slot),
         }
     }
 }
@@ -639,7 +616,8 @@ async fn budget_slot(
     slot
 }
 
-/// The lease taken: the fill is the caller's, unless the URL learned a `Vary` header
+/// The lease taken (`found`: the token of what the caller found; `notified`: whether
+/// a notice came while it waited): the fill is the caller's, unless the URL learned a `Vary` header
 /// since the fill's key was made (the key is not its callers' any more), or another
 /// fill landed meanwhile (looked for in Redis when a notice said so).
 async fn leased(
@@ -647,7 +625,8 @@ async fn leased(
     keys: &CacheKeys,
     lease: Lease,
     slot: Option<budget::Slot>,
-    (found, notified): (FencingToken, bool),
+    found: FencingToken,
+    notified: bool,
 ) -> Claimed {
     if !route.same_names(keys) {
         Fill::leased(route, keys.clone(), lease, None)
@@ -665,7 +644,7 @@ async fn leased(
 
 /// What asking for the lease came to, the entry found meanwhile taken into account.
 enum LeaseAsked {
-    Outcome(AcquireOutcome),
+    Asked(LeaseReply),
     /// Another instance's fill landed since the caller looked (its notice may still be
     /// on its way).
     Landed(Arc<Stored>),
@@ -677,37 +656,44 @@ enum LeaseAsked {
 /// written (another instance's fill landed since the caller looked), the entry is taken;
 /// if none serves (garbage, say), the lease is asked for as usual.
 async fn lease_asked(route: &Route, keys: &CacheKeys, found: FencingToken) -> LeaseAsked {
-    let leases = &route.shared.leases;
-    let acquired = leases
-        .try_acquire_fill(keys, route.label(), route.lease_ttl(), found)
-        .await;
-    if let Acquire::Outcome(outcome) = acquired {
-        return LeaseAsked::Outcome(outcome);
+    let asked_for = ask_lease(route, keys, found).await;
+    if !matches!(asked_for, LeaseReply::Written) {
+        return LeaseAsked::Asked(asked_for);
     }
     if let Some(stored) = landed_meanwhile(route, keys, found, true).await {
         return LeaseAsked::Landed(stored);
     }
-    let newest = FencingToken::new(u64::MAX);
-    match leases
-        .try_acquire_fill(keys, route.label(), route.lease_ttl(), newest)
-        .await
-    {
-        Acquire::Outcome(outcome) => LeaseAsked::Outcome(outcome),
-        Acquire::Written => LeaseAsked::Written,
+    match ask_lease(route, keys, FencingToken::new(u64::MAX)).await {
+        LeaseReply::Written => LeaseAsked::Written,
+        asked_for => LeaseAsked::Asked(asked_for),
     }
 }
 
+/// A wait for another instance's fill: since when (for the metric), until when, the
+/// token of what the caller found, and whether its callers may stand aside (they have
+/// an entry to serve, or the route rejects).
+struct Remote {
+    since: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+    found: FencingToken,
+    stand_aside: bool,
+}
+
 /// Waits for another instance's fill of the key (its holder has the lease), until
-/// `deadline`: what the caller then claims, or `None` to ask for the lease again (the
-/// holder may be gone, or its lease is held off now). `since` the wait began, for the
-/// metric; `stand_aside`: a caller with an entry to serve does not fill.
+/// its deadline: what the caller then claims, or `None` to ask for the lease again (the
+/// holder may be gone, or its lease is held off now).
 async fn waited(
     route: &Arc<Route>,
     keys: &CacheKeys,
     wait: &mut Wait,
-    found: FencingToken,
-    (since, deadline, stand_aside): (tokio::time::Instant, tokio::time::Instant, bool),
+    remote: Remote,
 ) -> Option<Claimed> {
+    let Remote {
+        since,
+        deadline,
+        found,
+        stand_aside,
+    } = remote;
     let local = |slot| Claimed::Fill(Fill::local(route, keys.clone(), found, slot));
     let woke = wait_for_remote(route, keys, wait, deadline).await;
     let event = match &woke {

@@ -42,7 +42,7 @@ use super::body::ResponseBody;
 use super::fill::{Fill, Kept, not_stored};
 use super::inflight::{Failure, Landed, Lead, Own, SharedAnswer};
 use super::origin::{Called, OriginBody};
-use super::read::{BodyEnd, Parts, Read, ended, parts_kept, read_body};
+use super::read::{BodyEnd, Parts, Read, ended, read_body};
 use super::route::Route;
 use super::stream::{Stream, Writer};
 use super::verdict::{Sharing, Verdict, is_own, judge};
@@ -126,7 +126,7 @@ async fn read<B: OriginBody, E>(
     if verdict.declared.is_some_and(|d| d > handing.stream_from) {
         handing.publish(0);
     }
-    let mut parts = Parts::of(route, &fill, &head, storing);
+    let mut parts = Parts::of(route, fill.keys(), fill.lease_token(), &head, storing);
     let declared = verdict.declared;
     let reading = read_body(route, body, declared, &mut writer, &mut parts, max, |len| {
         handing.grew(len)
@@ -427,7 +427,7 @@ impl Answer {
             Ok(()) => {
                 let asked = self.asked.clone();
                 let kept = fill.keep(&asked, self.head, body).await;
-                let parts_kept = parts_kept(&kept);
+                let parts_kept = kept.has_its_parts();
                 let landed = match kept {
                     Kept::Stored { put, rekeyed } => {
                         let stored = put.entry().clone();

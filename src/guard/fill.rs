@@ -119,6 +119,20 @@ pub(crate) enum Kept {
     Elsewhere { head: Response<()>, body: Bytes },
 }
 
+impl Kept {
+    /// Whether the entry kept is the one the parts of its body written while it
+    /// streamed are of: written to Redis under the fill's own key. Else they are deleted.
+    pub(crate) fn has_its_parts(&self) -> bool {
+        matches!(
+            self,
+            Kept::Stored {
+                put: Put::Written { to_l2: true, .. },
+                rekeyed: false
+            }
+        )
+    }
+}
+
 /// A `304`'s renewal of an entry that may not be stored (see [`Fill::renew`]).
 pub(crate) struct NotRenewed {
     /// The entry's head as renewed.
@@ -267,7 +281,7 @@ impl Fill {
     {
         let route = self.route.clone();
         let calling = Instant::now();
-        let call = call_origin((&route.policy, &route.stats), inner, request);
+        let call = call_origin(&route.policy, &route.stats, inner, request);
         let called = self.hold(call).await;
         route.recompute.record(calling.elapsed());
         self.slot = None;
@@ -353,26 +367,17 @@ impl Fill {
                 // waiters elsewhere, woken by its end, find the variant being filled and
                 // wait for it, rather than racing this instance to fill it again. Never
                 // waits, so holding both for a moment cannot deadlock.
-                let acquired = route
-                    .shared
-                    .leases
-                    .try_acquire_fill(&own, route.label(), route.lease_ttl(), FencingToken::new(0))
-                    .await;
+                let asked_for = ask_lease(&route, &own, FencingToken::new(0)).await;
                 self.end(Ending::Gone).await;
-                match acquired {
-                    Acquire::Outcome(AcquireOutcome::Acquired(lease)) => {
-                        Fill::leased(&route, own, lease, None)
-                    }
+                match asked_for {
+                    LeaseReply::Leased(lease) => Fill::leased(&route, own, lease, None),
                     // Someone stored that variant meanwhile, or fills it already: the
                     // answer goes to its caller unstored.
-                    Acquire::Written | Acquire::Outcome(AcquireOutcome::Busy { .. }) => {
+                    LeaseReply::Written | LeaseReply::Busy { .. } => {
                         return Kept::Elsewhere { head, body };
                     }
                     // Redis failed: stored here only.
-                    Acquire::Outcome(other) => {
-                        lease_unavailable(&route, other);
-                        Fill::local(&route, own, FencingToken::new(1), None)
-                    }
+                    LeaseReply::Unavailable => Fill::local(&route, own, FencingToken::new(1), None),
                 }
             }
         };
@@ -805,10 +810,52 @@ fn fresh_time(policy: &crate::Policy) -> Duration {
     }
 }
 
+/// What asking for a key's lease came to (see [`ask_lease`]).
+pub(crate) enum LeaseReply {
+    /// The lease is the caller's.
+    Leased(Lease),
+    /// Someone else holds it, for `retry_after` if its TTL says; `held_off` when nobody
+    /// does, but its last holder failed and keeps the fleet away until then.
+    Busy {
+        retry_after: Option<Duration>,
+        held_off: bool,
+    },
+    /// An entry newer than the one the caller saw was written since: not taken.
+    Written,
+    /// Redis could not say (counted): the caller goes on without the lease.
+    Unavailable,
+}
+
+/// Asks for the lease of `keys`, for the route's lease TTL; `seen` is the token of the
+/// newest entry the caller knows of (one written since refuses the lease: `Written`).
+/// The one place the guard asks for a lease: cold fills, refreshes and a fill's answer
+/// stored under another variant's key all come here.
+pub(crate) async fn ask_lease(route: &Route, keys: &CacheKeys, seen: FencingToken) -> LeaseReply {
+    let leases = &route.shared.leases;
+    let acquired = leases
+        .try_acquire_fill(keys, route.label(), route.lease_ttl(), seen)
+        .await;
+    match acquired {
+        Acquire::Written => LeaseReply::Written,
+        Acquire::Outcome(AcquireOutcome::Acquired(lease)) => LeaseReply::Leased(lease),
+        Acquire::Outcome(AcquireOutcome::Busy {
+            retry_after,
+            held_off,
+        }) => LeaseReply::Busy {
+            retry_after,
+            held_off,
+        },
+        Acquire::Outcome(other) => {
+            lease_unavailable(route, other);
+            LeaseReply::Unavailable
+        }
+    }
+}
+
 /// The lease could not be had for another reason than `Busy`: go on without it. An
 /// acquire whose reply was lost may have set the lease after all: release it,
 /// best-effort and once, so that other instances need not wait out its TTL.
-pub(crate) fn lease_unavailable(route: &Route, outcome: AcquireOutcome) {
+fn lease_unavailable(route: &Route, outcome: AcquireOutcome) {
     route.stats.record(Event::RedisError);
     if let AcquireOutcome::TimedOut(attempt) = outcome {
         route.stats.record(Event::UncertainAcquire);

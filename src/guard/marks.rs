@@ -30,6 +30,34 @@ pub(crate) enum Mark {
     BackOff,
 }
 
+/// What a key's mark says a request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Says {
+    /// Nothing: it looks in L2, and fills or waits for a fill.
+    Look,
+    /// Its last answer could not be stored: nothing in the caches to look for, but the
+    /// callers that come while one asks the origin share its answer, if it may be shared
+    /// (else each asks the origin itself).
+    Passing,
+    /// Its last answer here was its caller's alone: no fill to wait for.
+    Pass,
+    /// The origin just failed for it, and the request has an entry that may stand in:
+    /// that entry, at once.
+    StandIn,
+}
+
+/// What `mark` says a request does; `stands_in`: whether it has an entry that may
+/// stand in for a failed origin (asked only of a key the fleet backs off from).
+pub(crate) fn says(mark: Option<Mark>, stands_in: impl FnOnce() -> bool) -> Says {
+    match mark {
+        Some(Mark::Pass) => Says::Passing,
+        Some(Mark::Private) => Says::Pass,
+        Some(Mark::BackOff) if stands_in() => Says::StandIn,
+        // Backing off, with nothing to stand in: its fill decides (see `cold`).
+        Some(Mark::BackOff) | None => Says::Look,
+    }
+}
+
 /// The marks of one guard.
 pub(crate) struct Marks {
     map: Cache<Arc<str>, (Mark, Instant)>,
@@ -82,6 +110,16 @@ impl Marks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_each_mark_says() {
+        let never = || -> bool { panic!("asked only of a key the fleet backs off from") };
+        assert_eq!(says(None, never), Says::Look);
+        assert_eq!(says(Some(Mark::Pass), never), Says::Passing);
+        assert_eq!(says(Some(Mark::Private), never), Says::Pass);
+        assert_eq!(says(Some(Mark::BackOff), || true), Says::StandIn);
+        assert_eq!(says(Some(Mark::BackOff), || false), Says::Look);
+    }
 
     #[test]
     fn marks_end_by_themselves_and_can_be_cleared() {

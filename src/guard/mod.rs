@@ -182,26 +182,33 @@
 //! Each file imports only the ones listed above it (and the crate's lower modules:
 //! `http`, `cache`, `lease`, `store`, `notify`, `policy`, `keys`, `metrics`):
 //!
-//! * `body`, `outcome`, `marks`, `budget`, `vary`, `early`, `hold`, `purge`, `ranged`:
-//!   the pieces: the answer's body, what `x-cache` and `Cache-Status` say, the marks a
-//!   fill's ending leaves, the refresh budget, learned `Vary` names, early refresh,
-//!   adaptive lease TTLs, tag purges as read, byte ranges cut from a held body;
+//! * `body`, `outcome`, `marks`, `budget`, `vary`, `early`, `hold`, `purge`, `ranged`,
+//!   `verdict`: the pieces: the answer's body, what `x-cache` and `Cache-Status` say,
+//!   the marks a fill's ending leaves (and what they say a request does), the refresh
+//!   budget, learned `Vary` names, early refresh, adaptive lease TTLs, tag purges as
+//!   read, byte ranges cut from a held body, and what may become of an origin's answer,
+//!   judged once at its head;
 //! * `stream`: a fill's body, read once and followed by every caller that shares it;
-//! * `origin`: calling the origin, each call bounded, and reading its answer;
+//! * `origin`: calling the origin, each call bounded;
 //! * `inflight`: what is in flight in this process: cold fills (one per key, and what
 //!   their waiters get) and refreshes (one per key, or held off);
+//! * `reply`: what each caller of a fill gets from how it landed (the table above);
 //! * `shared`: what every route of a guard shares, and what it makes of the fleet's
 //!   notices;
 //! * `route`: what every request of one route shares, and its keys;
-//! * `fill`: one fill under its lease, as a type whose methods end it once;
+//! * `read`: an answer's body read into its stream, its parts written to Redis as they
+//!   come, and how the reading ended, mapped once to how the fill ends;
+//! * `fill`: one fill under its claim (the one place a lease is asked for), as a type
+//!   whose methods end it once;
 //! * `complete`: a cold fill's answer, from its head to how the fill lands: who may
 //!   have it, its body streamed to them, and whether it is stored;
 //! * `refresh`: refreshing a stale entry in the background;
 //! * `respond`: the responses, built from an entry, a shared answer or the guard's own;
-//! * `answer`: the one decision on an entry found (where a refresh starts), a
-//!   pass-through, and what stands in for a failed origin;
+//! * `answer`: the one decision on an entry found, a pass-through, and what stands in
+//!   for a failed origin;
 //! * `cold`: a cold miss, from claiming the fill to what each waiter gets;
-//! * `service`, `future`: the Tower service and its future (the request path);
+//! * `service`, `future`: the Tower service and its future (the request path, where a
+//!   refresh starts);
 //! * `layer`: the Tower layer of one route;
 //! * `handle`: [`StampedeGuard`] and its builder, which make the layers.
 
@@ -227,6 +234,7 @@ mod purge;
 mod ranged;
 mod read;
 mod refresh;
+mod reply;
 mod respond;
 mod route;
 mod service;

@@ -70,7 +70,8 @@ pub(crate) enum Called<B: Body, E> {
 /// Calls the origin for its answer's head, within the policy's refresh timeout;
 /// counted in `stats`.
 pub(crate) async fn call_origin<S, ReqBody, B>(
-    (policy, stats): (&Policy, &RouteStats),
+    policy: &Policy,
+    stats: &RouteStats,
     inner: S,
     request: Request<ReqBody>,
 ) -> Called<B, S::Error>
@@ -93,7 +94,8 @@ where
 /// Calls the origin for a caller that passes through: its answer as it comes, once its
 /// head came within the route's pass timeout; `Ok(None)` when it did not (counted).
 pub(crate) async fn call_through<S, ReqBody, B>(
-    (policy, stats): (&Policy, &RouteStats),
+    policy: &Policy,
+    stats: &RouteStats,
     inner: S,
     request: Request<ReqBody>,
 ) -> Result<Option<Response<B>>, S::Error>

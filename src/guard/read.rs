@@ -13,7 +13,6 @@ use http::Response;
 use http_body_util::BodyExt;
 
 use super::body::BoxError;
-use super::fill::{Fill, Kept, Put};
 use super::inflight::Failure;
 use super::origin::OriginBody;
 use super::route::Route;
@@ -155,18 +154,6 @@ pub(crate) async fn read_body<B: OriginBody>(
     }
 }
 
-/// Whether the entry a fill kept is the one its parts (written as its body came) are
-/// of: written to Redis under the fill's own key. Else they are deleted.
-pub(crate) fn parts_kept(kept: &Kept) -> bool {
-    matches!(
-        kept,
-        Kept::Stored {
-            put: Put::Written { to_l2: true, .. },
-            rekeyed: false
-        }
-    )
-}
-
 /// The parts of a body written to Redis as it streams, under the fill's lease (see
 /// `cache::l2`): each as soon as its bytes came, while the answer may be stored. The
 /// fill's write then writes only those left, and the entry; when the answer is not
@@ -183,19 +170,20 @@ pub(crate) struct Parts {
 }
 
 impl Parts {
-    /// The parts of `head`'s body, for a fill under the lease of an answer that may be
-    /// stored.
+    /// The parts of `head`'s body, for a fill of `keys` under the lease whose token is
+    /// `leased` (if it has one), of an answer that may be stored (`storing`).
     pub(crate) fn of(
         route: &Route,
-        fill: &Fill,
+        keys: &crate::keys::CacheKeys,
+        leased: Option<FencingToken>,
         head: &Response<()>,
         storing: bool,
     ) -> Option<Self> {
-        let token = fill.lease_token().filter(|_| storing)?;
+        let token = leased.filter(|_| storing)?;
         let policy = &route.policy;
         let life = lifetimes(policy, head.headers(), policy.fresh_ttl);
         Some(Self {
-            keys: fill.keys().clone(),
+            keys: keys.clone(),
             token,
             keep: life.keep.saturating_sub(life.age),
             written: 0,

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use http::{Request, StatusCode};
 use tracing::Instrument;
 
-use super::fill::{Answered, Fill, Kept, Put, lease_unavailable, not_stored};
+use super::fill::{Answered, Fill, Kept, LeaseReply, Put, ask_lease, not_stored};
 use super::inflight::Failure;
 use super::inflight::Refresh;
 use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
-use super::read::{BodyEnd, Parts, ended, parts_kept, read_body};
+use super::read::{BodyEnd, Parts, ended, read_body};
 use super::route::Route;
 use super::stream::{Stream, Writer};
 use super::verdict::{Refused, judge};
@@ -25,7 +25,7 @@ use crate::cache::{Freshness, L2Read, Stored};
 use crate::http::conditional;
 use crate::http::response::NotStored;
 use crate::keys::{CacheKeys, LocalKey};
-use crate::lease::{Acquire, AcquireOutcome, FencingToken, Lease};
+use crate::lease::{FencingToken, Lease};
 use crate::metrics::Event;
 use crate::notify::Ending;
 use crate::notify::Interest;
@@ -266,25 +266,17 @@ enum Taken {
 async fn taken(route: &Route, keys: &CacheKeys, seen: FencingToken) -> Taken {
     let mut listening = None;
     loop {
-        let acquired = route
-            .shared
-            .leases
-            .try_acquire_fill(keys, route.label(), route.lease_ttl(), seen)
-            .await;
-        let outcome = match acquired {
-            Acquire::Outcome(outcome) => outcome,
+        match ask_lease(route, keys, seen).await {
             // Written by another instance since the look above: take it.
-            Acquire::Written => {
+            LeaseReply::Written => {
                 if let Ok(L2Read::Found(stored)) = route.read_l2(keys).await {
                     route.put_l1(keys, stored).await;
                 }
                 route.stats.record(Event::RefreshAdopted);
                 return Taken::Adopted;
             }
-        };
-        match outcome {
-            AcquireOutcome::Acquired(lease) => return Taken::Leased(lease),
-            AcquireOutcome::Busy { retry_after, .. } => {
+            LeaseReply::Leased(lease) => return Taken::Leased(lease),
+            LeaseReply::Busy { retry_after, .. } => {
                 let ttl = route.lease_ttl();
                 let hold_off = retry_after.map_or(ttl, |left| left.min(ttl));
                 if listening.is_none() {
@@ -302,9 +294,8 @@ async fn taken(route: &Route, keys: &CacheKeys, seen: FencingToken) -> Taken {
                     listening: listening.flatten(),
                 });
             }
-            other => {
+            LeaseReply::Unavailable => {
                 route.stats.record(Event::RefreshRedisError);
-                lease_unavailable(route, other);
                 return Taken::Unavailable;
             }
         }
@@ -401,7 +392,7 @@ async fn kept<B: OriginBody>(
     let mut writer = Stream::writer();
     writer.charged_to(route.shared.fill_memory.clone());
     let stream = writer.stream().clone();
-    let mut parts = Parts::of(route, &fill, &head, true);
+    let mut parts = Parts::of(route, fill.keys(), fill.lease_token(), &head, true);
     // Not written as they stream when the body may be the entry's own: the write tells
     // at the end (all of them if not; deleted with the others if it is not kept).
     let mut streamed = if fill.renews_unchanged() {
@@ -470,7 +461,7 @@ async fn stored(
         .await;
     };
     let kept = fill.keep(asked, head, body).await;
-    if !parts_kept(&kept)
+    if !kept.has_its_parts()
         && let Some(parts) = parts
     {
         parts.drop(route, Some(len)).await;

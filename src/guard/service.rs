@@ -9,19 +9,21 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::answer::{Found, answer, answer_fresh, passthrough, usable_on_error};
+use super::answer::{Found, Lookup, answer_fresh, lookup, passthrough, usable_on_error};
 use super::body::ResponseBody;
 use super::cold::{Caller, Next, Redis, join, landed};
 use super::early;
 use super::future::ResponseFuture;
-use super::marks::Mark;
+use super::marks::{Says, says};
 use super::origin::{FillBody, Inner, OriginBody};
 use super::outcome::XCache;
 use super::ranged;
-use super::respond::set_own_status;
+use super::refresh::spawn_refresh;
+use super::respond::{serve_aged, serve_not_modified, set_own_status};
 use super::route::Route;
 use super::vary::{self, Check};
 use crate::cache::{Instant, L2Read, Stored, l2_read_with_names};
+use crate::http::conditional::not_modified;
 use crate::http::invalidation;
 use crate::http::range::Ranged;
 use crate::http::request::{self, Asked, Bypass};
@@ -245,6 +247,55 @@ impl<S> Guard<S> {
     }
 }
 
+/// Carries out [`lookup`](super::answer::lookup): a hit, or a stale entry served while its refresh starts in
+/// the background with a clone of the service (the one place a refresh is started);
+/// `None` for an expired one. A conditional request that the entry meets gets `304`
+/// (see `http::conditional`).
+pub(crate) fn answer<S, ReqBody, ResBody>(
+    route: &Arc<Route>,
+    found: Found<'_>,
+    asked: Asked,
+    request: &Request<ReqBody>,
+    inner: &S,
+) -> Option<Response<ResponseBody<ResBody>>>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: FillBody,
+    ResBody: OriginBody,
+{
+    let (x_cache, refresh) = match lookup(route, &found) {
+        Lookup::Fresh { refresh } => {
+            route.stats.record(Event::Hit);
+            (XCache::Hit, refresh)
+        }
+        Lookup::Stale => {
+            route.stats.record(Event::Stale);
+            (XCache::Stale, true)
+        }
+        Lookup::Expired => return None,
+    };
+    let Found {
+        stored,
+        age,
+        local,
+        keys,
+        ..
+    } = found;
+    if refresh
+        && spawn_refresh(route, local, keys, stored.clone(), request, inner)
+        && x_cache == XCache::Hit
+    {
+        route.stats.record(Event::EarlyRefresh);
+    }
+    if asked.conditional
+        && not_modified(stored.response.status, &stored.headers(), request.headers())
+    {
+        route.stats.record(Event::NotModified);
+        return Some(serve_not_modified(stored, age, x_cache, true));
+    }
+    Some(serve_aged(stored, age, asked.kind, x_cache))
+}
+
 /// Invalidates what a successful unsafe request changed: its URI's entries and those
 /// of `named`. A Redis failure costs only the other instances' copies (counted).
 async fn invalidate_after(route: &Route, mut target: Request<()>, named: Option<Vec<http::Uri>>) {
@@ -309,7 +360,8 @@ where
             && let Some(response) = answered(
                 &route,
                 stored,
-                (&keys, asked),
+                &keys,
+                asked,
                 &request,
                 &inner,
                 &mut fallback,
@@ -328,16 +380,15 @@ where
             continue;
         }
         let caller = Caller {
-            request: &request,
+            asked,
+            headers: request.headers(),
             keys: &keys,
             fallback: &fallback,
             redis,
-            wait,
         };
-        let flight = join(&route, &inner, caller);
+        let flight = join(&route, &inner, &request, &caller, wait);
         // (A HEAD joins the fill of the GET it is answered from, as a cache converts it.)
-        let landed = landed(&route, flight, &keys, request.headers(), asked, &fallback);
-        match landed.await {
+        match landed(&route, flight, &caller).await {
             Next::Answer(response) => return Ok(response),
             Next::Error(error) => return Err(error),
             Next::PassThrough => {
@@ -372,29 +423,31 @@ enum Marked<B: Body> {
     Stale(Response<ResponseBody<B>>),
 }
 
+/// Carries out what the fleet's mark on the request's key says (see [`says`]).
 fn marked<B: Body>(
     route: &Route,
     keys: &CacheKeys,
     asked: Asked,
     fallback: &Option<Arc<Stored>>,
 ) -> Marked<B> {
-    match route.shared.marks.get(keys.entry()) {
+    let stands_in = || fallback.as_ref().is_some_and(|f| route.serves_on_error(f));
+    match says(route.shared.marks.get(keys.entry()), stands_in) {
         // A range too: its callers share one call of the whole, and each gets its range
         // cut from it as it streams (when its length is declared; else the whole); the
         // call stops once the last of them has read what it wanted.
-        Some(Mark::Pass) => {
+        Says::Passing => {
             route.stats.record(Event::HitForPass);
             Marked::Passing
         }
-        Some(Mark::Private) => {
+        Says::Pass => {
             route.stats.record(Event::HitForPass);
             Marked::Pass
         }
-        Some(Mark::BackOff) => match usable_on_error(route, fallback, asked.kind) {
+        Says::StandIn => match usable_on_error(route, fallback, asked.kind) {
             Some(stale) => Marked::Stale(stale),
             None => Marked::Look,
         },
-        None => Marked::Look,
+        Says::Look => Marked::Look,
     }
 }
 
@@ -454,7 +507,8 @@ async fn from_l2(
 fn answered<S, ReqBody, ResBody>(
     route: &Arc<Route>,
     stored: Arc<Stored>,
-    (keys, asked): (&CacheKeys, Asked),
+    keys: &CacheKeys,
+    asked: Asked,
     request: &Request<ReqBody>,
     inner: &S,
     fallback: &mut Option<Arc<Stored>>,

@@ -13,7 +13,8 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 
-use super::response::{is_set_by_the_layer, strip_unstorable};
+use super::own_headers::is_set_by_the_layer;
+use super::response::strip_unstorable;
 
 /// Whether the request's condition says the client's copy is the entry's: `304`.
 ///

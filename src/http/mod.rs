@@ -11,6 +11,7 @@
 //! * `conditional`: conditional requests, from clients and to the origin;
 //! * `range`: range requests, answered from a whole body;
 //! * `invalidation`: what a successful unsafe request changed (RFC 9111 §4.4);
+//! * `own_headers`: the headers the layer sets itself on every answer;
 //! * `response`: which answers may be stored and shared, and their `Vary`;
 //! * `structured`: Structured Field dictionaries, as `CDN-Cache-Control` is one.
 
@@ -19,10 +20,11 @@ pub(crate) mod date;
 pub(crate) mod directives;
 pub(crate) mod forward;
 pub(crate) mod invalidation;
+pub(crate) mod own_headers;
 pub(crate) mod range;
 pub(crate) mod request;
 pub(crate) mod response;
 pub(crate) mod structured;
 
-pub use self::response::{CACHE_NAME, CACHE_STATUS, X_CACHE};
-pub(crate) use self::response::{CACHE_STATUS_NAME, X_CACHE_NAME, is_set_by_the_layer};
+pub use self::own_headers::{CACHE_NAME, CACHE_STATUS, X_CACHE};
+pub(crate) use self::own_headers::{CACHE_STATUS_NAME, X_CACHE_NAME, is_set_by_the_layer};

@@ -1,0 +1,192 @@
+//! What each caller of a fill gets, row by row of the guard's "every way a fill ends"
+//! table (see `guard`'s module docs): the caller that led, and every other waiter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+
+use super::*;
+use crate::cache::Stored;
+use crate::cache::entry::CachedResponse;
+use crate::guard::inflight::SharedAnswer;
+use crate::guard::stream::Stream;
+use crate::lease::FencingToken;
+
+fn entry() -> Landed {
+    let response = CachedResponse {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+        body: Bytes::from_static(b"x"),
+        fresh_for: Duration::from_secs(5),
+        grace: Duration::from_secs(5),
+        keep: Duration::from_secs(10),
+        token: FencingToken::new(2),
+    };
+    Landed::Entry {
+        stored: Arc::new(Stored::aged(response, Duration::ZERO)),
+        kept: true,
+        variant_of: None,
+    }
+}
+
+fn shared(failure: bool, leader_only: bool) -> Landed {
+    Landed::Shared {
+        response: Arc::new(SharedAnswer {
+            status: if failure {
+                StatusCode::BAD_GATEWAY
+            } else {
+                StatusCode::OK
+            },
+            headers: HeaderMap::new(),
+            body: Stream::whole(Bytes::from_static(b"x")),
+            storing: !failure,
+            leader_only,
+        }),
+        failure,
+        origin_saw: Arc::new(Request::new(())),
+    }
+}
+
+/// The caller that led, with or without an answer of its own.
+fn leader(has_own: bool) -> Waiter {
+    Waiter {
+        is_leader: true,
+        has_own,
+        stands_in: false,
+        rejects: false,
+        fit: Fit::Serves,
+    }
+}
+
+/// Another waiter, of the leader's variant.
+fn other() -> Waiter {
+    Waiter {
+        is_leader: false,
+        has_own: false,
+        stands_in: false,
+        rejects: false,
+        fit: Fit::Serves,
+    }
+}
+
+fn standing_in(waiter: Waiter) -> Waiter {
+    Waiter {
+        stands_in: true,
+        ..waiter
+    }
+}
+
+#[test]
+fn stored() {
+    // The entry, for every caller of its variant; one of another looks again.
+    assert_eq!(reply(&entry(), leader(false)), Reply::Entry);
+    assert_eq!(reply(&entry(), other()), Reply::Entry);
+    let elsewhere = Waiter {
+        fit: Fit::Other,
+        ..other()
+    };
+    assert_eq!(reply(&entry(), elsewhere), Reply::Rekey);
+    // An entry revalidated on every use is its leader's alone.
+    let each_use = |waiter| Waiter {
+        fit: Fit::EachUse,
+        ..waiter
+    };
+    assert_eq!(reply(&entry(), each_use(leader(false))), Reply::Entry);
+    assert_eq!(reply(&entry(), each_use(other())), Reply::PassThrough);
+}
+
+#[test]
+fn not_storable_not_private() {
+    // The answer as it streams, to every caller of its variant.
+    assert_eq!(reply(&shared(false, false), leader(false)), Reply::Shared);
+    assert_eq!(reply(&shared(false, false), other()), Reply::Shared);
+    let elsewhere = Waiter {
+        fit: Fit::Other,
+        ..other()
+    };
+    assert_eq!(reply(&shared(false, false), elsewhere), Reply::Rekey);
+    // A 5xx is an origin error: an entry that may stand in is served instead.
+    assert_eq!(reply(&shared(true, false), other()), Reply::Shared);
+    assert_eq!(
+        reply(&shared(true, false), standing_in(other())),
+        Reply::StandIn
+    );
+    assert_eq!(
+        reply(&shared(true, false), standing_in(leader(false))),
+        Reply::StandIn
+    );
+    // Stored, but revalidated on every use: its leader's alone.
+    assert_eq!(reply(&shared(false, true), leader(false)), Reply::Shared);
+    assert_eq!(reply(&shared(false, true), other()), Reply::PassThrough);
+}
+
+#[test]
+fn private_to_its_caller() {
+    assert_eq!(reply(&Landed::Pass, leader(true)), Reply::Own);
+    assert_eq!(reply(&Landed::Pass, other()), Reply::PassThrough);
+    // A private 5xx: an entry that may stand in, else 502.
+    let failed = Landed::Failed(Failure::Error);
+    assert_eq!(reply(&failed, leader(true)), Reply::Own);
+    assert_eq!(reply(&failed, standing_in(other())), Reply::StandIn);
+    assert_eq!(reply(&failed, other()), Reply::Failed(Failure::Error));
+}
+
+#[test]
+fn body_cut_mid_way() {
+    // The leader that was handed nothing yet has the answer as far as it came (its
+    // own); the others, an entry that may stand in, or 502.
+    let cut = Landed::Failed(Failure::Error);
+    assert_eq!(reply(&cut, leader(true)), Reply::Own);
+    assert_eq!(reply(&cut, leader(false)), Reply::Failed(Failure::Error));
+    assert_eq!(reply(&cut, standing_in(leader(true))), Reply::StandIn);
+    assert_eq!(reply(&cut, other()), Reply::Failed(Failure::Error));
+}
+
+#[test]
+fn another_variants() {
+    // Its leader has its own answer; the others look again under their own keys.
+    assert_eq!(reply(&Landed::Rekey, leader(true)), Reply::Own);
+    assert_eq!(reply(&Landed::Rekey, other()), Reply::Rekey);
+    // The URL learned a `Vary` header meanwhile: everyone looks again.
+    assert_eq!(reply(&Landed::Rekey, leader(false)), Reply::Rekey);
+}
+
+#[test]
+fn origin_error_timeout_lease_lost_panicked_cancelled() {
+    for failure in [
+        Failure::Error,
+        Failure::Timeout,
+        Failure::LeaseLost,
+        Failure::Panicked,
+        Failure::Cancelled,
+    ] {
+        let failed = Landed::Failed(failure);
+        assert_eq!(reply(&failed, standing_in(leader(false))), Reply::StandIn);
+        assert_eq!(reply(&failed, standing_in(other())), Reply::StandIn);
+        assert_eq!(reply(&failed, leader(false)), Reply::Failed(failure));
+        assert_eq!(reply(&failed, other()), Reply::Failed(failure));
+    }
+    // The inner service's error goes to the caller that led, and to it only.
+    let failed = Landed::Failed(Failure::Error);
+    assert_eq!(reply(&failed, leader(true)), Reply::Own);
+}
+
+#[test]
+fn backed_off_over_budget_or_not_landed_within_the_cold_wait() {
+    let stood = Landed::StoodAside;
+    // With an entry that may stand in: that entry, for leader and others alike.
+    assert_eq!(reply(&stood, standing_in(leader(false))), Reply::StandIn);
+    assert_eq!(reply(&stood, standing_in(other())), Reply::StandIn);
+    // On a route that rejects: 503.
+    let rejecting = |waiter| Waiter {
+        rejects: true,
+        ..waiter
+    };
+    assert_eq!(reply(&stood, rejecting(leader(false))), Reply::Rejected);
+    assert_eq!(reply(&stood, rejecting(other())), Reply::Rejected);
+    // Else the caller looks again, and fills (one call for its process).
+    assert_eq!(reply(&stood, leader(false)), Reply::Rekey);
+    assert_eq!(reply(&stood, other()), Reply::Rekey);
+}

@@ -969,9 +969,14 @@ async fn the_quick_start_runs_as_written() {
 
     let _b = start(second);
     let other = fetch(at(second), "/products/2", &[]).await;
-    assert_eq!(
-        other.x_cache(),
-        "hit",
-        "the second instance shares what the first filled"
+    // From the entry the first filled, not from the origin (`miss`): a hit, or, when
+    // the second instance's notice subscription came up between its read of Redis and
+    // its answer (its first request starts it), stale: an entry it got before it
+    // listened may have missed an invalidation, and is refreshed in the background.
+    assert!(
+        matches!(other.x_cache(), "hit" | "stale"),
+        "the second instance shares what the first filled: {}",
+        other.x_cache()
     );
+    assert_eq!(other.body, "product 2\n");
 }

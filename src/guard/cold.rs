@@ -523,18 +523,31 @@ async fn claim(
     stand_aside: bool,
     redis: Redis,
 ) -> Claimed {
-    let policy = &route.policy;
     // The caller looked in the caches before this fill began; another fill may have
     // landed since (here, or elsewhere: its notice then came). Take that instead.
     if let Some(stored) = landed_meanwhile(route, keys, found, false).await {
         return Claimed::Landed(stored);
     }
-    let local = |slot| Claimed::Fill(Fill::local(route, keys.clone(), found, slot));
     if redis == Redis::Passing {
         // Neither the lease nor a budget slot: the callers would each have called the
         // origin.
         return Claimed::Fill(Fill::passing(route, keys.clone(), found));
     }
+    lease_claimed(route, keys, wait, found, stand_aside, redis).await
+}
+
+/// Claims the key under its lease, within the cold wait (see [`claim`]): a budget slot
+/// first, then the lease, or a wait for the instance that holds it.
+async fn lease_claimed(
+    route: &Arc<Route>,
+    keys: &CacheKeys,
+    wait: &mut Wait,
+    found: FencingToken,
+    stand_aside: bool,
+    redis: Redis,
+) -> Claimed {
+    let policy = &route.policy;
+    let local = |slot| Claimed::Fill(Fill::local(route, keys.clone(), found, slot));
     let deadline = tokio::time::Instant::now() + policy.cold_wait;
     // Since when this fill waits for another instance's (for the metric).
     let mut waiting_since = None;
@@ -592,10 +605,8 @@ async fn claim(
                     return claimed;
                 }
             }
-            // (Counted.)
-            LeaseReply::Unavailable => return local(slot),
-            // (Taken care of by `lease_asked`.)
-            LeaseReply::Written => return local(slot),
+            // (Counted. Said written: taken care of by `lease_asked`.)
+            LeaseReply::Unavailable | LeaseReply::Written => return local(slot),
         }
     }
 }

@@ -416,8 +416,10 @@ async fn redis_connections_killed_under_load_are_never_a_5xx() {
     }
 }
 
-/// `redis-cli MONITOR` on `server`, counting the part writes it sees (a `SET` of a
-/// part's key, run by `part.lua` or by a whole write) until dropped.
+/// The part writes on `server` (a `SET` of a part's key, run by `part.lua` or by a
+/// whole write), counted from its keyspace notifications until dropped: `redis-cli
+/// PSUBSCRIBE` to the `set` events, which name the key only (`MONITOR` would echo every
+/// part's 512 KiB, and slow Redis down enough for the writes it counts to time out).
 struct PartWrites {
     child: std::process::Child,
     seen: Arc<AtomicU64>,
@@ -426,28 +428,37 @@ struct PartWrites {
 impl PartWrites {
     fn watch(server: &RedisServer) -> Self {
         use std::io::BufRead;
-        let mut child = Command::new(support::cluster::redis_cli_binary())
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &server.addr().port().to_string(),
-                "MONITOR",
-            ])
+        let port = server.addr().port().to_string();
+        let cli = |args: &[&str]| {
+            let mut command = Command::new(support::cluster::redis_cli_binary());
+            command.args(["-h", "127.0.0.1", "-p", &port]).args(args);
+            command
+        };
+        let set = cli(&["CONFIG", "SET", "notify-keyspace-events", "E$"])
+            .output()
+            .expect("redis-cli CONFIG SET");
+        assert!(set.status.success(), "{set:?}");
+        let mut child = cli(&["PSUBSCRIBE", "__keyevent@*__:set"])
             .stdout(Stdio::piped())
             .spawn()
-            .expect("redis-cli MONITOR");
+            .expect("redis-cli PSUBSCRIBE");
         let seen = Arc::new(AtomicU64::new(0));
         let (out, counted) = (child.stdout.take().unwrap(), seen.clone());
+        let (subscribed, listening) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if line.contains("\"SET\"") && line.contains(":p:") {
+                // Each event is four lines: `pmessage`, the pattern, the channel, the
+                // key; the subscription's own reply ends with its count.
+                if line == "1" {
+                    let _ = subscribed.send(());
+                } else if line.contains(":p:") {
                     counted.fetch_add(1, Ordering::SeqCst);
                 }
             }
         });
-        // MONITOR answers OK before it streams.
-        std::thread::sleep(Duration::from_millis(200));
+        listening
+            .recv_timeout(HANG)
+            .expect("redis-cli subscribed to the set events");
         Self { child, seen }
     }
 

@@ -67,8 +67,8 @@ pub mod fuzzing {
 
 pub use self::error::ConfigError;
 pub use self::guard::{
-    BodyError, Guard, GuardLayer, InvalidateError, LocalOnly, Mode, Purge, ResponseBody,
-    ResponseFuture, StampedeGuard,
+    BodyError, Guard, GuardLayer, InvalidateError, LocalOnly, Mode, NoValue, Purge, ResponseBody,
+    ResponseFuture, StampedeGuard, ValueError, Values,
 };
 pub use self::keys::KeySpace;
 pub use self::policy::{ColdMiss, KeyQuery, Policy};

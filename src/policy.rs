@@ -108,6 +108,8 @@ pub struct Policy {
     pub(crate) invalidate_on_unsafe: Option<bool>,
     /// False for a route that is never cached: every request goes to the origin.
     pub(crate) cache: bool,
+    /// Part of every key of the route when not 0: what its entries hold changed shape.
+    pub(crate) version: u32,
 }
 
 impl fmt::Debug for Policy {
@@ -148,6 +150,7 @@ impl fmt::Debug for Policy {
             .field("adaptive_lease_ttl", &self.adaptive)
             .field("invalidate_on_unsafe", &self.invalidate_on_unsafe())
             .field("cache", &self.cache)
+            .field("version", &self.version)
             .finish()
     }
 }
@@ -194,6 +197,7 @@ impl Policy {
                 adaptive: None,
                 invalidate_on_unsafe: None,
                 cache: true,
+                version: 0,
             },
             header_error: None,
             cold_wait_set: false,
@@ -701,6 +705,17 @@ impl PolicyBuilder {
             floor,
             ceiling,
         });
+        self
+    }
+
+    /// A version that is part of every key of the route (0, the default, adds nothing):
+    /// raise it when what the route's entries hold changes shape, so that instances of
+    /// the new code and of the old, running side by side in a rolling deploy, keep
+    /// apart entries rather than each reading the other's as a miss and writing over
+    /// it. Typed values ([`StampedeGuard::values`](crate::StampedeGuard::values)) need
+    /// it when their type's encoding changes; an HTTP route may use it to start afresh.
+    pub fn version(mut self, version: u32) -> Self {
+        self.policy.version = version;
         self
     }
 

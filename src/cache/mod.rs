@@ -27,4 +27,4 @@ pub(crate) use self::l2::{
 };
 pub(crate) use self::parts::InParts;
 pub(crate) use self::scripts::{Channels, Renewal, purge};
-pub(crate) use self::stored::{Freshness, Instant, Stored};
+pub(crate) use self::stored::{Decoded, Freshness, Instant, Stored};

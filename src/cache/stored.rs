@@ -44,6 +44,10 @@ pub(crate) struct Stored {
     /// The names in its `Vary` that its route does not key on anyway (see
     /// `guard::vary`), made when first needed: most entries vary on none.
     pub(crate) vary: std::sync::OnceLock<Box<[http::HeaderName]>>,
+    /// The typed value its body encodes (see `guard::values`), decoded once: by the
+    /// fill that fetched it, or by the first caller that reads the entry. A hit hands out
+    /// a clone of the `Arc`, neither decoding nor copying the value.
+    pub(crate) value: std::sync::OnceLock<Decoded>,
     /// Filled without Redis: its token is borrowed (the entry it replaced had it), so
     /// Redis may hold another body under that token.
     local: bool,
@@ -51,6 +55,18 @@ pub(crate) struct Stored {
     /// by part as it is answered (see `cache::parts`): such an entry is never kept in
     /// L1, nor written.
     in_parts: Option<std::sync::Arc<InParts>>,
+}
+
+/// A typed value, decoded, of whatever type its [`Values`](crate::Values) handle holds.
+/// A fill's answer carries it in its extensions from the fetch that made it to the
+/// entry that stores it, so that the value fetched is never decoded again here.
+#[derive(Clone)]
+pub(crate) struct Decoded(pub(crate) std::sync::Arc<dyn std::any::Any + Send + Sync>);
+
+impl std::fmt::Debug for Decoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Decoded(..)")
+    }
 }
 
 /// A [`CachedResponse`] but for its headers, which an entry keeps apart.
@@ -133,6 +149,7 @@ impl Stored {
             created: token.get(),
             tag_ids: std::sync::OnceLock::new(),
             vary: std::sync::OnceLock::new(),
+            value: std::sync::OnceLock::new(),
             local: false,
             in_parts: None,
         }

@@ -77,7 +77,7 @@ pub(crate) struct Caller<'a> {
     pub(crate) redis: Redis,
 }
 
-/// A caller's place in the flight of its key.
+/// A caller's place in the flight of its key (see [`wait_landed`]).
 pub(crate) struct Flight<B: Body, E> {
     waiting: Waiting,
     /// What only this caller may have, if it leads.
@@ -142,21 +142,33 @@ where
     }
 }
 
-/// Waits for the key's fill and turns how it landed into what this caller does; a HEAD
-/// is answered from the GET the fill made, and a conditional request that the entry
-/// meets, `304`.
-pub(crate) async fn landed<B: OriginBody, E>(
-    route: &Arc<Route>,
-    flight: Flight<B, E>,
-    caller: &Caller<'_>,
-) -> Next<B, E> {
-    let (kind, fallback) = (caller.asked.kind, caller.fallback);
-    // (The wait is kept to the end: the caller is counted by the flight until it made
-    // what it answers with.)
-    let Flight { mut waiting, own } = flight;
-    let is_leader = own.is_some();
-    let policy = &route.policy;
-    let landed = match (policy.soft_timeout, fallback) {
+/// How a caller's wait for its key's fill ended.
+pub(crate) enum Waited<B: Body, E> {
+    /// The fill landed: how, and what only this caller may have, if it led.
+    Landed {
+        landed: Arc<Landed>,
+        own: Option<Own<B, E>>,
+        is_leader: bool,
+    },
+    /// The route's soft timeout passed, and this entry (the caller's) stands in while
+    /// the fill goes on (counted).
+    SoftTimedOut(Arc<Stored>),
+    /// Far past what the fill can take: it is stuck somewhere.
+    Stuck,
+}
+
+/// Waits for the key's fill (`flight`), with `fallback` the entry the caller may serve
+/// instead: at most the route's soft timeout when that entry may stand in for a failed
+/// origin, else at most what a fill can take. The caller stays counted by the flight
+/// until it drops `flight` (once it made what it answers with).
+pub(crate) async fn wait_landed<B: Body, E>(
+    route: &Route,
+    flight: &mut Flight<B, E>,
+    fallback: &Option<Arc<Stored>>,
+) -> Waited<B, E> {
+    let is_leader = flight.own.is_some();
+    let waiting = &mut flight.waiting;
+    let landed = match (route.policy.soft_timeout, fallback) {
         // Something may be served instead: wait only the soft timeout; the fill goes on.
         (Some(soft), Some(stale)) if route.serves_on_error(stale) => {
             match tokio::time::timeout(soft, waiting.landed()).await {
@@ -164,23 +176,49 @@ pub(crate) async fn landed<B: OriginBody, E>(
                 Err(_) => {
                     route.stats.record(Event::SoftTimeout);
                     route.stats.record(Event::Stale);
-                    return Next::Answer(serve(stale, kind, XCache::Stale));
+                    return Waited::SoftTimedOut(stale.clone());
                 }
             }
         }
         _ => match tokio::time::timeout(longest_fill(route), waiting.landed()).await {
             Ok(landed) => landed,
-            // Far past what the fill can take: it is stuck somewhere.
-            Err(_) => return Next::Answer(failed(route, fallback, Failure::Timeout, kind)),
+            Err(_) => return Waited::Stuck,
         },
     };
     // What only this caller may have, if it led: sent before the flight ended.
-    let own = own.and_then(|mut own| own.try_recv().ok());
+    let own = flight.own.take().and_then(|mut own| own.try_recv().ok());
+    Waited::Landed {
+        landed,
+        own,
+        is_leader,
+    }
+}
+
+/// Waits for the key's fill and turns how it landed into what this caller does; a HEAD
+/// is answered from the GET the fill made, and a conditional request that the entry
+/// meets, `304`.
+pub(crate) async fn landed<B: OriginBody, E>(
+    route: &Arc<Route>,
+    mut flight: Flight<B, E>,
+    caller: &Caller<'_>,
+) -> Next<B, E> {
+    let (kind, fallback) = (caller.asked.kind, caller.fallback);
+    // (The flight is kept to the end: the caller is counted by it until it made what it
+    // answers with.)
+    let (landed, own, is_leader) = match wait_landed(route, &mut flight, fallback).await {
+        Waited::Landed {
+            landed,
+            own,
+            is_leader,
+        } => (landed, own, is_leader),
+        Waited::SoftTimedOut(stale) => return Next::Answer(serve(&stale, kind, XCache::Stale)),
+        Waited::Stuck => return Next::Answer(failed(route, fallback, Failure::Timeout, kind)),
+    };
     let waiter = Waiter {
         is_leader,
         has_own: own.is_some(),
         stands_in: stands_in(route, &landed, fallback),
-        rejects: matches!(policy.cold_miss, ColdMiss::Reject { .. }),
+        rejects: matches!(route.policy.cold_miss, ColdMiss::Reject { .. }),
         fit: fit(route, &landed, is_leader, caller),
     };
     let next = answer_landed(route, &landed, own, waiter, caller);
@@ -188,12 +226,13 @@ pub(crate) async fn landed<B: OriginBody, E>(
         // Answered by another caller's fill: its entry, its answer, or its failure.
         route.stats.record(Event::Coalesced);
     }
+    drop(flight);
     next
 }
 
 /// Whether the caller has an entry that may stand in for a failed origin, asked only
 /// where the fill failed or stood aside.
-fn stands_in(route: &Route, landed: &Landed, fallback: &Option<Arc<Stored>>) -> bool {
+pub(crate) fn stands_in(route: &Route, landed: &Landed, fallback: &Option<Arc<Stored>>) -> bool {
     let failed = matches!(
         landed,
         Landed::Shared { failure: true, .. } | Landed::Failed(_) | Landed::StoodAside

@@ -31,7 +31,7 @@ use super::vary::{Check, TooMany};
 use super::verdict::{Verdict, judge};
 use crate::cache::entry::{self, CachedResponse};
 use crate::cache::{
-    Channels, Freshness, L2Read, Renewal, Stored, body_digest, l2_revalidate, l2_write,
+    Channels, Decoded, Freshness, L2Read, Renewal, Stored, body_digest, l2_revalidate, l2_write,
 };
 use crate::http::conditional;
 use crate::http::directives::{Lifetimes, lifetimes};
@@ -459,6 +459,10 @@ impl Fill {
         // Already a copy of its own: `read` gathers the body's frames into one buffer of
         // its exact size.
         let stored = self.entry_of(parts.status, headers, body, life);
+        // A typed value's fetch handed over what it encoded: never decoded again here.
+        if let Some(value) = parts.extensions.get::<Decoded>() {
+            let _ = stored.value.set(value.clone());
+        }
         let write = self.renew_unchanged.map_or(Write::Whole, Write::Unchanged);
         self.put(stored, write, asked).await
     }

@@ -12,7 +12,9 @@ use super::budget::Budget;
 use super::layer::GuardLayer;
 use super::marks::Marks;
 use super::purge::Purges;
+use super::route::Route;
 use super::shared::Shared;
+use super::values::{Codec, Postcard, Values};
 use super::vary::Learned;
 use crate::cache::{L1, new_tombstones};
 use crate::error::ConfigError;
@@ -22,6 +24,8 @@ use crate::notify::Notices;
 use crate::notify::Purge;
 use crate::policy::Policy;
 use crate::store::{RedisStore, StoreError, StoreErrorKind};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 /// Default L1 capacity, in bytes of entries.
 pub const DEFAULT_L1_CAPACITY: u64 = 64 * 1024 * 1024;
@@ -100,6 +104,44 @@ impl StampedeGuard {
     /// made a layer for a route of that name (their metrics and keys would merge: clone
     /// the [`GuardLayer`] to put one route's layer in several places).
     pub fn layer(&self, policy: Policy) -> Result<GuardLayer, ConfigError> {
+        Ok(GuardLayer::new(self.route(policy)?))
+    }
+
+    /// Makes a cache of typed values `V` under `policy` (its route's name is the cache's,
+    /// in keys and metrics), kept in Redis with [`Postcard`](crate::guard::Postcard):
+    /// see [`Values`]. Refused, naming the field, as [`layer`](Self::layer) refuses a
+    /// policy, and for what values cannot have: `follow_origin` (a value has no
+    /// `Cache-Control` to follow) and `key_headers` (nor headers).
+    pub fn values<V>(&self, policy: Policy) -> Result<Values<V>, ConfigError>
+    where
+        V: Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        self.values_with(policy, Postcard)
+    }
+
+    /// As [`values`](Self::values), kept in Redis with another [`Codec`] (such as
+    /// [`Json`](crate::guard::Json), with the `json` feature).
+    pub fn values_with<V, C>(&self, policy: Policy, codec: C) -> Result<Values<V, C>, ConfigError>
+    where
+        V: Serialize + DeserializeOwned + Send + Sync + 'static,
+        C: Codec,
+    {
+        if policy.follow_origin {
+            let why = "a typed value has no `Cache-Control` to follow";
+            return Err(ConfigError::invalid("follow_origin", why));
+        }
+        if !policy.key_headers.is_empty() {
+            return Err(ConfigError::invalid(
+                "key_headers",
+                "a typed value has no headers",
+            ));
+        }
+        Ok(Values::new(self.route(policy)?, codec))
+    }
+
+    /// The route of `policy`, checked against the store and against the guard's other
+    /// routes (see [`layer`](Self::layer)).
+    pub(crate) fn route(&self, policy: Policy) -> Result<Arc<Route>, ConfigError> {
         policy.check_against(self.shared.store.command_timeout())?;
         self.shared
             .keys
@@ -120,7 +162,7 @@ impl StampedeGuard {
             routes.insert(policy.route.clone(), learned.clone());
             learned
         };
-        Ok(GuardLayer::new(self.shared.clone(), policy, learned))
+        Ok(Arc::new(Route::new(self.shared.clone(), policy, learned)))
     }
 
     /// Opens a Redis connection and the notice subscription, waiting at most the store's

@@ -6,15 +6,12 @@ use std::sync::Arc;
 use http::Request;
 use tower_layer::Layer;
 
-use super::hold::LeaseTtl;
 use super::invalidate::InvalidateError;
 use super::route::Route;
 use super::service::Guard;
-use super::shared::Shared;
-use super::vary::Learned;
 use crate::http::request;
 use crate::keys::CacheKeys;
-use crate::metrics::{RouteStats, Stats};
+use crate::metrics::Stats;
 use crate::policy::Policy;
 use crate::store::StoreError;
 
@@ -34,32 +31,8 @@ impl fmt::Debug for GuardLayer {
 }
 
 impl GuardLayer {
-    pub(super) fn new(shared: Arc<Shared>, policy: Policy, learned: Arc<Learned>) -> Self {
-        let stats = RouteStats::new(&policy.route);
-        let label = metrics::SharedString::from(std::sync::Arc::<str>::from(policy.route.as_str()));
-        crate::metrics::route_lease_ttl(label.clone(), policy.lease_ttl);
-        let hashers = shared.keys.local_hashers(&policy.route);
-        let policy_tags = policy
-            .tags
-            .iter()
-            .filter_map(|t| crate::keys::tag_key(&shared.keys.tag_id(t)))
-            .collect();
-        let (policy_ttl, policy_adaptive) = (policy.lease_ttl, policy.adaptive);
-        Self {
-            route: Arc::new(Route {
-                hashers,
-                shared,
-                policy,
-                stats,
-                flights: Arc::default(),
-                learned,
-                recompute: Default::default(),
-                tag_ids: policy_tags,
-                lease_ttl: LeaseTtl::new(policy_ttl, policy_adaptive),
-                label,
-                said_too_large: Default::default(),
-            }),
-        }
+    pub(super) fn new(route: Arc<Route>) -> Self {
+        Self { route }
     }
 
     /// The route's policy.

@@ -240,6 +240,7 @@ mod route;
 mod service;
 mod shared;
 mod stream;
+mod values;
 mod vary;
 mod verdict;
 
@@ -253,4 +254,9 @@ pub use self::invalidate::InvalidateError;
 pub use self::layer::GuardLayer;
 pub use self::purge::MARGIN as PURGE_MARGIN;
 pub use self::service::Guard;
+#[cfg(feature = "json")]
+pub use self::values::Json;
+pub use self::values::{
+    Codec, CodecError, MAX_KEY, NoValue, Postcard, ValueError, ValueLayer, ValueService, Values,
+};
 pub use crate::notify::Purge;

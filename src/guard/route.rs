@@ -54,9 +54,34 @@ pub(crate) struct Route {
 }
 
 impl Route {
-    /// Logs, the first time only, that an answer of `size` bytes was too large to store
-    /// on this route: its size, the limit, and the setting that raises it. Every such
-    /// answer is counted (`not_stored_total{reason="too_large"}`).
+    /// The route of `policy` in a guard (`shared`), with the `Vary` names its URLs
+    /// learned so far.
+    pub(crate) fn new(shared: Arc<Shared>, policy: Policy, learned: Arc<Learned>) -> Self {
+        let stats = RouteStats::new(&policy.route);
+        let label = metrics::SharedString::from(Arc::<str>::from(policy.route.as_str()));
+        crate::metrics::route_lease_ttl(label.clone(), policy.lease_ttl);
+        let hashers = shared.keys.local_hashers(&policy.route);
+        let tag_ids = policy
+            .tags
+            .iter()
+            .filter_map(|t| crate::keys::tag_key(&shared.keys.tag_id(t)))
+            .collect();
+        let lease_ttl = LeaseTtl::new(policy.lease_ttl, policy.adaptive);
+        Self {
+            hashers,
+            shared,
+            policy,
+            stats,
+            flights: Arc::default(),
+            learned,
+            recompute: Default::default(),
+            tag_ids,
+            lease_ttl,
+            label,
+            said_too_large: Default::default(),
+        }
+    }
+
     /// The longest body of an entry read from L2 whole (one L1 may keep, with room for
     /// its headers and L1's own bookkeeping); a longer one stays in Redis, read part by
     /// part as it is answered.
@@ -72,6 +97,9 @@ impl Route {
         l2_read(store, keys, max, self.whole_up_to()).await
     }
 
+    /// Logs, the first time only, that an answer of `size` bytes was too large to store
+    /// on this route: its size, the limit, and the setting that raises it. Every such
+    /// answer is counted (`not_stored_total{reason="too_large"}`).
     pub(crate) fn said_too_large(&self, size: u64) {
         use std::sync::atomic::Ordering;
         if !self.said_too_large.swap(true, Ordering::Relaxed) {
@@ -96,6 +124,24 @@ impl Route {
         request::identity_into(&self.policy, request, &mut |bytes| gather.push(bytes));
         gather.flush();
         response.finish128().as_u128()
+    }
+
+    /// The key in L1 of a GET of `path` (no host, no query, no header the route keys
+    /// on): a typed value's (see `values`), as [`find_l1`](Self::find_l1) and
+    /// [`keys_for`](Self::keys_for) make it of that request, without the request.
+    pub(crate) fn path_local_key(&self, path: &[u8]) -> LocalKey {
+        let mut response = self.hashers.response;
+        let mut gather = Gather::new(&mut response);
+        request::path_identity_into(&self.policy, b"", path, &mut |bytes| gather.push(bytes));
+        gather.flush();
+        LocalKey::of_response(response.finish128().as_u128())
+    }
+
+    /// Reads the entry at `keys` from L2 with its whole body, however long (up to the
+    /// route's `max_body`): a typed value's, decoded whole.
+    pub(crate) async fn read_l2_whole(&self, keys: &CacheKeys) -> Result<L2Read, StoreError> {
+        let (store, max) = (&self.shared.store, self.policy.max_body);
+        l2_read(store, keys, max, usize::MAX).await
     }
 
     /// The key in L1 of a request for URL `response`, which varies on `names`: the URL's

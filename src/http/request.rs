@@ -108,9 +108,9 @@ pub(crate) struct Asked {
     pub(crate) ranged: bool,
 }
 
-/// What tells the URLs of a route apart, as bytes to be hashed: the host (if keyed), the
-/// path and the keyed query parameters (sorted). Each part is length-prefixed, so no two
-/// different URLs give the same bytes.
+/// What tells the URLs of a route apart, as bytes to be hashed: the route's version (if
+/// not 0), the host (if keyed), the path and the keyed query parameters (sorted). Each
+/// part is length-prefixed, so no two different URLs give the same bytes.
 ///
 /// The route's keyed headers are not part of it: like the headers a URL learned from
 /// `Vary`, they tell the variants of one URL apart ([`variant`]), so that the variants
@@ -124,16 +124,35 @@ pub(crate) fn identity<B>(policy: &Policy, request: &Request<B>) -> Vec<u8> {
 /// [`identity`], written piece by piece into `out` (a hasher, on the hit path: no
 /// allocation).
 pub(crate) fn identity_into<B>(policy: &Policy, request: &Request<B>, out: &mut impl FnMut(&[u8])) {
+    let host = host(request).unwrap_or_default();
+    path_identity_into(policy, host, request.uri().path().as_bytes(), out);
+    keyed_query(policy, request.uri(), &mut |param| {
+        out(&(param.len() as u32).to_le_bytes());
+        out(param.as_bytes());
+    });
+}
+
+/// The identity of a URL without a query (see [`identity`]): that of a GET of `path`
+/// at `host` (read only where the route keys on it), as a typed value's is (see
+/// `guard::values`).
+pub(crate) fn path_identity_into(
+    policy: &Policy,
+    host: &[u8],
+    path: &[u8],
+    out: &mut impl FnMut(&[u8]),
+) {
     let mut part = |bytes: &[u8]| {
         out(&(bytes.len() as u32).to_le_bytes());
         out(bytes);
     };
     part(b"v1");
-    if policy.key_host {
-        part(host(request).unwrap_or_default());
+    if policy.version != 0 {
+        part(&policy.version.to_le_bytes());
     }
-    part(request.uri().path().as_bytes());
-    keyed_query(policy, request.uri(), &mut |param| part(param.as_bytes()));
+    if policy.key_host {
+        part(host);
+    }
+    part(path);
 }
 
 /// Whether the request has any of the headers its URL varies on (the route's keyed

@@ -1,0 +1,62 @@
+//! What every call of one [`Values`](super::Values) handle shares (its route and its
+//! codec), and how a key is carried through the engine: as the path of a GET that no
+//! client ever sends, whose identity is the value's.
+
+use std::sync::Arc;
+
+use http::Request;
+use serde::Serialize;
+
+use super::codec::Codec;
+use super::error::NoValue;
+use crate::guard::route::Route;
+use crate::keys::LocalKey;
+
+/// The longest a key may be, encoded with postcard: 4 KiB.
+pub const MAX_KEY: usize = 4096;
+
+/// A handle's route and codec.
+pub(crate) struct Cache<C> {
+    pub(crate) route: Arc<Route>,
+    pub(crate) codec: Arc<C>,
+}
+
+/// A key, as the engine carries it.
+pub(crate) struct Keyed {
+    /// The path of its request: `/` and the hex of its identity (the codec's name, the
+    /// value's type name and the key's postcard bytes, each length-prefixed).
+    pub(crate) path: String,
+    /// Its key in L1.
+    pub(crate) local: LocalKey,
+}
+
+impl Keyed {
+    /// The request that carries the key through the engine: a GET of its path.
+    pub(crate) fn request(&self) -> Request<()> {
+        let mut request = Request::new(());
+        // (A `/` and hex digits: always a path.)
+        *request.uri_mut() = self.path.parse().unwrap_or_default();
+        request
+    }
+}
+
+impl<C: Codec> Cache<C> {
+    /// `key`, for values of type `V`.
+    pub(crate) fn keyed<V, K: Serialize + ?Sized>(&self, key: &K) -> Result<Keyed, NoValue> {
+        let key = postcard::to_stdvec(key).map_err(|e| NoValue::Encode(e.to_string()))?;
+        if key.len() > MAX_KEY {
+            return Err(NoValue::KeyTooLong(key.len()));
+        }
+        let type_name = std::any::type_name::<V>();
+        let mut identity = Vec::with_capacity(key.len() + type_name.len() + 32);
+        for part in [C::NAME.as_bytes(), type_name.as_bytes(), &key] {
+            identity.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            identity.extend_from_slice(part);
+        }
+        let mut path = String::with_capacity(1 + identity.len() * 2);
+        path.push('/');
+        path.push_str(&hex::encode(&identity));
+        let local = self.route.path_local_key(path.as_bytes());
+        Ok(Keyed { path, local })
+    }
+}

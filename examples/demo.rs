@@ -18,7 +18,7 @@
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,6 +31,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stampede_guard::{KeySpace, Policy, RedisStore, StampedeGuard};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceBuilder, ServiceExt};
+
+#[path = "support/throwaway.rs"]
+mod throwaway;
+use throwaway::ThrowawayRedis;
 
 const INSTANCES: usize = 3;
 const KEYS: usize = 4;
@@ -181,66 +185,6 @@ async fn stampede(label: &str, instances: Vec<Svc>, calls: Arc<AtomicU64>) -> Re
     report.origin_calls = calls.load(Ordering::Relaxed);
     report.per_second = sampler.await.expect("the sampler task");
     report
-}
-
-/// A `redis-server` of the demo's own, on a free port, for one run: no persistence;
-/// killed when dropped (at the end, on an error or a panic) and on Ctrl-C.
-struct ThrowawayRedis {
-    child: Child,
-    url: String,
-}
-
-impl ThrowawayRedis {
-    /// `None` when there is no `redis-server` on `PATH`.
-    async fn start() -> Option<Result<Self, String>> {
-        let port = match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
-            Ok(addr) => addr.port(),
-            Err(e) => return Some(Err(format!("no free port: {e}"))),
-        };
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => return Some(Err(format!("redis-server did not start: {e}"))),
-        };
-        let redis = Self {
-            child,
-            url: format!("redis://127.0.0.1:{port}"),
-        };
-        // Ctrl-C ends the process without unwinding: stop the server first.
-        let pid = redis.child.id().to_string();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                let _ = Command::new("kill").arg(&pid).status();
-                eprintln!("\ninterrupted");
-                #[allow(clippy::exit)] // nothing left to unwind: the server is stopped
-                std::process::exit(130);
-            }
-        });
-        let store = RedisStore::builder(redis.url.as_str())
-            .build()
-            .expect("a valid URL");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while store.ping().await.is_err() {
-            if Instant::now() > deadline {
-                return Some(Err("redis-server did not answer within 10 s".to_owned()));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Some(Ok(redis))
-    }
-}
-
-impl Drop for ThrowawayRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Writes the chart of origin calls per second, one line per run.

@@ -99,4 +99,6 @@ mod guides {
     pub struct Lease;
     #[doc = include_str!("../docs/testing.md")]
     pub struct Testing;
+    #[doc = include_str!("../docs/values.md")]
+    pub struct Values;
 }

@@ -64,6 +64,11 @@ const RUN: &[(&str, &str)] = &[
         "stampede-sidecar --config sidecar.toml --check",
         "check_says_what_the_readme_quotes",
     ),
+    (
+        // Run as the example cargo built for the tests, on a Redis of the test's own.
+        "cargo run --release --example values",
+        "the_values_example_runs_as_written",
+    ),
 ];
 
 /// The commands not run here, and why.
@@ -866,6 +871,41 @@ fn the_readme_is_short_and_its_guides_are_there() {
             Path::new(&path).exists(),
             "the README links to docs/{guide}"
         );
+    }
+}
+
+/// The typed values' example, as the README runs it (built by `cargo test`, on a Redis
+/// of the test's own): every phase without an error, and its last line the fetches the
+/// README promises: one for 200 cold callers over two instances, one refresh for the
+/// fleet, one after an invalidation, one per instance with Redis unreachable.
+#[tokio::test]
+async fn the_values_example_runs_as_written() {
+    let [run] = run_by("the_values_example_runs_as_written");
+    assert_eq!(run, "cargo run --release --example values");
+    let built = Path::new(BIN).parent().unwrap().join("examples/values");
+    assert!(built.exists(), "{} is built", built.display());
+    let redis = RedisServer::start();
+    let out = tokio::process::Command::new(&built)
+        .env_clear()
+        .env("REDIS_URL", redis.url())
+        .output();
+    let out = support::within(HANG * 2, out, "the values example")
+        .await
+        .unwrap();
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert_eq!(
+        said.lines().last(),
+        Some("fetches: cold=1 stale=1 invalidated=1 redis-down=2"),
+        "{said}"
+    );
+    for phase in ["cold", "stale", "invalidated", "redis-down"] {
+        let row = said
+            .lines()
+            .find(|l| l.starts_with(phase) && !l.starts_with("fetches"))
+            .unwrap_or_else(|| panic!("no row for {phase}: {said}"));
+        let errors: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(errors[2], "0", "{phase}: errors in {row}");
     }
 }
 

@@ -126,13 +126,27 @@ impl Route {
         response.finish128().as_u128()
     }
 
-    /// The key in L1 of a GET of `path` (no host, no query, no header the route keys
-    /// on): a typed value's (see `values`), as [`find_l1`](Self::find_l1) and
-    /// [`keys_for`](Self::keys_for) make it of that request, without the request.
-    pub(crate) fn path_local_key(&self, path: &[u8]) -> LocalKey {
+    /// The key in L1 of a GET of `/` and the hex of `identity` (no host, no query, no
+    /// header the route keys on): a typed value's (see `values`), as
+    /// [`find_l1`](Self::find_l1) and [`keys_for`](Self::keys_for) make it of that
+    /// request, without the request or its path (a hit allocates nothing).
+    pub(crate) fn hex_path_local_key(&self, identity: &[u8]) -> LocalKey {
         let mut response = self.hashers.response;
         let mut gather = Gather::new(&mut response);
-        request::path_identity_into(&self.policy, b"", path, &mut |bytes| gather.push(bytes));
+        let len = 1 + 2 * identity.len();
+        let mut path = |write: &mut dyn FnMut(&[u8])| {
+            write(b"/");
+            let mut hex = [0u8; 64];
+            for chunk in identity.chunks(32) {
+                let hex = &mut hex[..chunk.len() * 2];
+                // (Never fails: the buffer is twice the chunk.)
+                let _ = hex::encode_to_slice(chunk, hex);
+                write(hex);
+            }
+        };
+        request::written_path_identity_into(&self.policy, b"", len, &mut path, &mut |bytes| {
+            gather.push(bytes)
+        });
         gather.flush();
         LocalKey::of_response(response.finish128().as_u128())
     }

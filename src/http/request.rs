@@ -141,6 +141,18 @@ pub(crate) fn path_identity_into(
     path: &[u8],
     out: &mut impl FnMut(&[u8]),
 ) {
+    written_path_identity_into(policy, host, path.len(), &mut |write| write(path), out);
+}
+
+/// [`path_identity_into`], with the path (of `len` bytes) written piece by piece by
+/// `path`: a typed value's path is made only when a request needs it, not for a hit.
+pub(crate) fn written_path_identity_into(
+    policy: &Policy,
+    host: &[u8],
+    len: usize,
+    path: &mut dyn FnMut(&mut dyn FnMut(&[u8])),
+    out: &mut impl FnMut(&[u8]),
+) {
     let mut part = |bytes: &[u8]| {
         out(&(bytes.len() as u32).to_le_bytes());
         out(bytes);
@@ -152,7 +164,8 @@ pub(crate) fn path_identity_into(
     if policy.key_host {
         part(host);
     }
-    part(path);
+    out(&(len as u32).to_le_bytes());
+    path(&mut |bytes| out(bytes));
 }
 
 /// Whether the request has any of the headers its URL varies on (the route's keyed

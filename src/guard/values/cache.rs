@@ -23,19 +23,27 @@ pub(crate) struct Cache<C> {
 
 /// A key, as the engine carries it.
 pub(crate) struct Keyed {
-    /// The path of its request: `/` and the hex of its identity (the codec's name, the
-    /// value's type name and the key's postcard bytes, each length-prefixed).
-    pub(crate) path: String,
+    /// Its identity: the codec's name, the value's type name and the key's postcard
+    /// bytes, each length-prefixed.
+    identity: Vec<u8>,
     /// Its key in L1.
     pub(crate) local: LocalKey,
 }
 
 impl Keyed {
+    /// The path of its request: `/` and the hex of its identity.
+    pub(crate) fn path(&self) -> String {
+        let mut path = String::with_capacity(1 + self.identity.len() * 2);
+        path.push('/');
+        path.push_str(&hex::encode(&self.identity));
+        path
+    }
+
     /// The request that carries the key through the engine: a GET of its path.
     pub(crate) fn request(&self) -> Request<()> {
         let mut request = Request::new(());
         // (A `/` and hex digits: always a path.)
-        *request.uri_mut() = self.path.parse().unwrap_or_default();
+        *request.uri_mut() = self.path().parse().unwrap_or_default();
         request
     }
 }
@@ -43,20 +51,24 @@ impl Keyed {
 impl<C: Codec> Cache<C> {
     /// `key`, for values of type `V`.
     pub(crate) fn keyed<V, K: Serialize + ?Sized>(&self, key: &K) -> Result<Keyed, NoValue> {
-        let key = postcard::to_stdvec(key).map_err(|e| NoValue::Encode(e.to_string()))?;
-        if key.len() > MAX_KEY {
-            return Err(NoValue::KeyTooLong(key.len()));
-        }
         let type_name = std::any::type_name::<V>();
-        let mut identity = Vec::with_capacity(key.len() + type_name.len() + 32);
-        for part in [C::NAME.as_bytes(), type_name.as_bytes(), &key] {
+        let mut identity = Vec::with_capacity(64 + type_name.len());
+        for part in [C::NAME.as_bytes(), type_name.as_bytes()] {
             identity.extend_from_slice(&(part.len() as u32).to_le_bytes());
             identity.extend_from_slice(part);
         }
-        let mut path = String::with_capacity(1 + identity.len() * 2);
-        path.push('/');
-        path.push_str(&hex::encode(&identity));
-        let local = self.route.path_local_key(path.as_bytes());
-        Ok(Keyed { path, local })
+        // The key's length first, then its bytes, written in place.
+        let at = identity.len();
+        identity.extend_from_slice(&[0; 4]);
+        let identity =
+            postcard::to_extend(key, identity).map_err(|e| NoValue::Encode(e.to_string()))?;
+        let mut identity = identity;
+        let len = identity.len() - at - 4;
+        if len > MAX_KEY {
+            return Err(NoValue::KeyTooLong(len));
+        }
+        identity[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+        let local = self.route.hex_path_local_key(&identity);
+        Ok(Keyed { identity, local })
     }
 }

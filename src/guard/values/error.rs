@@ -2,6 +2,10 @@
 //! gets no value: its own fetch's error, kept whole, or the guard's reason.
 
 use std::fmt;
+use std::sync::Arc;
+
+/// What a value, or the guard's reason for none, comes to.
+pub(crate) type Answer<V, E> = Result<Arc<V>, ValueError<E>>;
 
 /// No value: the caller's own fetch failed ([`ValueError::Fetch`], its error whole),
 /// or the guard had none to give ([`ValueError::Guard`], saying why). Neither is ever

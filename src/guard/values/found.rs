@@ -66,14 +66,15 @@ impl<C: Codec> Cache<C> {
     /// Whether an entry found `age` old answers: fresh (counted a hit; its early refresh
     /// started when it is due), or stale (counted; its refresh started with a clone of
     /// `fetch`). `false` when it expired. `keys`: the key's Redis keys, if the caller
-    /// has them already.
+    /// has them already; `in_l1`: found in L1 (counted an L1 hit with it).
     pub(crate) fn answers<F: Clone>(
         &self,
         stored: &Arc<Stored>,
         age: Duration,
         keyed: &Keyed,
         keys: Option<&CacheKeys>,
-        fetch: &Fetch<F, C>,
+        fetch: &F,
+        in_l1: bool,
     ) -> bool
     where
         Fetch<F, C>: FetchService,
@@ -88,7 +89,15 @@ impl<C: Codec> Cache<C> {
             keys,
             early,
         };
-        let refresh = match lookup(route, &found) {
+        let lookup = lookup(route, &found);
+        if in_l1 && lookup != (Lookup::Fresh { refresh: false }) {
+            route.stats.record(Event::L1Hit);
+        }
+        let refresh = match lookup {
+            Lookup::Fresh { refresh: false } if in_l1 => {
+                route.stats.record_fresh_l1_hit();
+                return true;
+            }
             Lookup::Fresh { refresh } => {
                 route.stats.record(Event::Hit);
                 refresh
@@ -101,7 +110,11 @@ impl<C: Codec> Cache<C> {
         };
         if refresh {
             let request = keyed.request();
-            let started = spawn_refresh(route, keyed.local, keys, stored.clone(), &request, fetch);
+            let fetch = Fetch {
+                fetch: fetch.clone(),
+                codec: self.codec.clone(),
+            };
+            let started = spawn_refresh(route, keyed.local, keys, stored.clone(), &request, &fetch);
             if started && early {
                 route.stats.record(Event::EarlyRefresh);
             }

@@ -9,9 +9,9 @@ use serde::de::DeserializeOwned;
 
 use super::cache::{Cache, Keyed};
 use super::codec::Codec;
+use super::error::Answer;
 use super::fetch::Fetch;
 use super::found::FetchService;
-use super::miss::Answer;
 use crate::cache::{Instant, Stored};
 use crate::metrics::Event;
 
@@ -25,24 +25,20 @@ impl<C: Codec> Cache<C> {
         E: Send + 'static,
     {
         self.route.shared.ensure_listening();
-        let fetch = Fetch {
-            fetch,
-            codec: self.codec.clone(),
-        };
         let fallback = match self.in_l1(&keyed, &fetch) {
             Ok(value) => return Ok(value),
             Err(fallback) => fallback,
+        };
+        let fetch = Fetch {
+            fetch,
+            codec: self.codec.clone(),
         };
         self.past_l1(&keyed, fallback, fetch).await
     }
 
     /// A value from L1 if one answers (a fresh one, or a stale one while its refresh
     /// starts); else the entry found, expired, that may stand in later.
-    fn in_l1<V, F: Clone>(
-        &self,
-        keyed: &Keyed,
-        fetch: &Fetch<F, C>,
-    ) -> Result<Arc<V>, Option<Arc<Stored>>>
+    fn in_l1<V, F: Clone>(&self, keyed: &Keyed, fetch: &F) -> Result<Arc<V>, Option<Arc<Stored>>>
     where
         V: DeserializeOwned + Send + Sync + 'static,
         Fetch<F, C>: FetchService,
@@ -57,13 +53,12 @@ impl<C: Codec> Cache<C> {
             route.stats.record(Event::L1Miss);
             return Err(None);
         };
-        route.stats.record(Event::L1Hit);
         let Some(value) = self.decoded::<V>(&stored) else {
             // (Read from Redis: Redis holds it too, and the look there forgets it.)
             route.l1().invalidate_response(keyed.local.response);
             return Err(None);
         };
-        if self.answers(&stored, stored.age_at(now), keyed, None, fetch) {
+        if self.answers(&stored, stored.age_at(now), keyed, None, fetch, true) {
             return Ok(value);
         }
         Err(Some(stored))

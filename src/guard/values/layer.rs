@@ -18,8 +18,7 @@ use tower_service::Service;
 
 use super::cache::Cache;
 use super::codec::Codec;
-use super::error::ValueError;
-use super::miss::Answer;
+use super::error::{Answer, ValueError};
 
 /// Applies a [`ValueService`]: made by [`Values::layer`](super::Values::layer).
 pub struct ValueLayer<V, KF, C> {

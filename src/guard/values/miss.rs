@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 
 use super::cache::{Cache, Keyed};
 use super::codec::Codec;
-use super::error::{NoValue, ValueError};
+use super::error::{Answer, NoValue, ValueError};
 use super::fetch::{Fetch, Fetched};
 use crate::cache::{L2Read, Stored};
 use crate::guard::body::ResponseBody;
@@ -29,9 +29,6 @@ use crate::policy::ColdMiss;
 /// How many times a caller looks again (the fill it waited for stood aside for
 /// another caller's sake) before it fetches on its own, uncached.
 const MAX_LOOKS: usize = 3;
-
-/// What a value, or the guard's reason for none, comes to.
-pub(crate) type Answer<V, E> = Result<Arc<V>, ValueError<E>>;
 
 /// What a caller does after its key's fill landed.
 enum Then<V, E> {
@@ -86,7 +83,8 @@ impl<C: Codec> Cache<C> {
                 match self.in_l2(keyed, &keys).await {
                     // (Answered now, if it may: a stale one starts its refresh.)
                     Looked::Found(stored, value) => {
-                        if self.answers(&stored, stored.age(), keyed, Some(&keys), &fetch) {
+                        let age = stored.age();
+                        if self.answers(&stored, age, keyed, Some(&keys), &fetch.fetch, false) {
                             return Ok(value);
                         }
                         // Else it may stand in later, as the newest one found.

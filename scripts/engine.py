@@ -3,7 +3,7 @@
 `#[cfg(test)]` modules and tests' own files):
 
 * the places that ask for a lease (`.try_acquire_fill(`);
-* the places that judge whether an answer may be stored (`storable(`);
+* the modules that judge whether an answer may be stored (that call `storable(`);
 * the functions that map how a body read ended to how a fill ends (a `match` with a
   `Read::Stalled` arm);
 * the functions whose arguments are packed into a tuple (a parameter such as
@@ -84,8 +84,9 @@ for path in files:
     src = source(path)
     for m in re.finditer(r'\.try_acquire_fill\(', src):
         leases.append(f"{rel(path)}:{src[:m.start()].count(chr(10)) + 1}")
-    for m in re.finditer(r'(?<!fn )\bstorable\(', src):
-        storable.append(f"{rel(path)}:{src[:m.start()].count(chr(10)) + 1}")
+    calls = [src[:m.start()].count(chr(10)) + 1 for m in re.finditer(r'(?<!fn )\bstorable\(', src)]
+    if calls:
+        storable.append(f"{rel(path)} (line {', '.join(map(str, calls))})")
     for name, body in functions(src):
         if 'Read::Stalled' in body and name != 'read_body':
             mappings.append(f"{rel(path)}: {name}")
@@ -125,7 +126,7 @@ def show(title, items):
         print(f"    {item}")
 
 show("places that ask for a lease", leases)
-show("places that call `storable`", storable)
+show("modules that call `storable`", storable)
 show("mappings from a body read's ending to a fill's ending", mappings)
 show("functions with arguments packed into a tuple", packed)
 print(f"longest import chain below guard::handle: {chain}")

@@ -96,7 +96,7 @@ async fn read<B: OriginBody, E>(
     }
     // What a qualified `no-cache` names is never stored nor shared: not even with the
     // callers that join while the body streams.
-    response::strip_no_cache_fields(head.headers_mut());
+    let verdict = verdict.stripped(&route.policy, &mut head);
     let storing = verdict.storing();
     let mut writer = writer_for(route, lead, storing);
     let stream = writer.stream().clone();

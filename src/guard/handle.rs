@@ -111,7 +111,7 @@ impl StampedeGuard {
     /// in keys and metrics), kept in Redis with [`Postcard`](crate::guard::Postcard):
     /// see [`Values`]. Refused, naming the field, as [`layer`](Self::layer) refuses a
     /// policy, and for what values cannot have: `follow_origin` (a value has no
-    /// `Cache-Control` to follow) and `key_headers` (nor headers).
+    /// `Cache-Control` to follow), `key_headers` (nor headers) and `never_cache`.
     pub fn values<V>(&self, policy: Policy) -> Result<Values<V>, ConfigError>
     where
         V: Serialize + DeserializeOwned + Send + Sync + 'static,

@@ -1,6 +1,7 @@
 //! What may become of an origin's answer, judged once, at its head (RFC 9111 §3:
 //! `response::storable` and `response::reuse`): who may have it, and whether it may be
-//! stored. Pure: the route's policy and the answer's head in, a [`Verdict`] out (its
+//! stored (again, once what a qualified `no-cache` names is stripped from it:
+//! [`Verdict::stripped`]). The only module that asks `storable`. Pure: the route's policy and the answer's head in, a [`Verdict`] out (its
 //! rules are unit-tested in `verdict/tests.rs`, as pingora-cache's `filters.rs` are).
 //!
 //! A cold fill and a refresh read the same verdict differently: a cold fill has
@@ -76,6 +77,23 @@ pub(crate) fn judge(policy: &Policy, head: &Response<()>) -> Verdict {
 }
 
 impl Verdict {
+    /// The verdict on `head` once what a qualified `no-cache` names is stripped from
+    /// it (as a cold fill shares it: never those fields, not even with the callers
+    /// that join while its body streams): who may have it stays as judged before (an
+    /// answer with a `Set-Cookie` its `no-cache` names is still its caller's), but
+    /// whether it is stored, and its length and header values, are the stripped
+    /// head's.
+    pub(crate) fn stripped(mut self, policy: &Policy, head: &mut Response<()>) -> Self {
+        let before = head.headers().len();
+        response::strip_no_cache_fields(head.headers_mut());
+        if head.headers().len() != before {
+            self.stores = response::storable(policy, head);
+            self.declared = declared_length(head.headers());
+            self.too_many_headers = head.headers().len() > MAX_HEADERS;
+        }
+        self
+    }
+
     /// Whether a body of `len` bytes fits an entry (and the head's header values too).
     pub(crate) fn fits(&self, len: u64) -> bool {
         len <= self.max_body && !self.too_many_headers

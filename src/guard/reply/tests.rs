@@ -190,3 +190,81 @@ fn backed_off_over_budget_or_not_landed_within_the_cold_wait() {
     assert_eq!(reply(&stood, leader(false)), Reply::Rekey);
     assert_eq!(reply(&stood, other()), Reply::Rekey);
 }
+
+/// The row of the guard's "every way a fill ends" table a landing is (its first
+/// column's first words): every way a fill lands has a row (the match is exhaustive).
+fn row_of(landed: &Landed) -> &'static [&'static str] {
+    match landed {
+        Landed::Entry { kept: true, .. } => &["stored"],
+        Landed::Entry { kept: false, .. } => &["write refused"],
+        Landed::Shared { .. } => &["not storable, not private"],
+        Landed::Pass => &[
+            "private to its caller",
+            "another instance's fill ended with an answer that may not be stored",
+        ],
+        Landed::Failed(Failure::Error) => &["its body failed", "origin error"],
+        Landed::Failed(Failure::Timeout) => &["origin timeout"],
+        Landed::Failed(Failure::LeaseLost) => &["lease lost while calling"],
+        Landed::Failed(Failure::Panicked) => &["panicked"],
+        Landed::Failed(Failure::Cancelled) => &["cancelled"],
+        Landed::StoodAside => &["backed off"],
+        Landed::Rekey => &["another variant's", "the URL learned a `Vary` header"],
+    }
+}
+
+/// The table's rows, as the guard's module docs write them: their first column.
+fn table_rows() -> Vec<&'static str> {
+    include_str!("../mod.rs")
+        .lines()
+        .filter_map(|line| line.strip_prefix("//! | "))
+        .map(|row| row.split(" | ").next().unwrap_or_default())
+        .filter(|ending| *ending != "ending" && !ending.starts_with("---"))
+        .collect()
+}
+
+/// Each row of the "every way a fill ends" table is a way a fill lands (a variant of
+/// `Landed`, with its failure), and each way a fill lands is a row: the table and the
+/// code cannot drift apart.
+#[test]
+fn every_row_of_the_table_is_a_landing_and_every_landing_a_row() {
+    let rows = table_rows();
+    assert_eq!(rows.len(), 14, "{rows:#?}");
+    let landings = [
+        entry(),
+        {
+            let Landed::Entry {
+                stored, variant_of, ..
+            } = entry()
+            else {
+                unreachable!()
+            };
+            Landed::Entry {
+                stored,
+                kept: false,
+                variant_of,
+            }
+        },
+        shared(false, false),
+        Landed::Pass,
+        Landed::Failed(Failure::Error),
+        Landed::Failed(Failure::Timeout),
+        Landed::Failed(Failure::LeaseLost),
+        Landed::Failed(Failure::Panicked),
+        Landed::Failed(Failure::Cancelled),
+        Landed::StoodAside,
+        Landed::Rekey,
+    ];
+    let named: Vec<&str> = landings.iter().flat_map(row_of).copied().collect();
+    for row in &rows {
+        assert!(
+            named.iter().any(|start| row.starts_with(start)),
+            "the table's row `{row}` is no way a fill lands"
+        );
+    }
+    for start in &named {
+        assert!(
+            rows.iter().any(|row| row.starts_with(start)),
+            "a fill lands as `{start}`, which is no row of the table"
+        );
+    }
+}

@@ -42,8 +42,11 @@ impl Keyed {
     /// The request that carries the key through the engine: a GET of its path.
     pub(crate) fn request(&self) -> Request<()> {
         let mut request = Request::new(());
-        // (A `/` and hex digits: always a path.)
-        *request.uri_mut() = self.path().parse().unwrap_or_default();
+        // A `/` and hex digits, at most 32 KiB (see `keyed`): always a path.
+        *request.uri_mut() = self
+            .path()
+            .parse()
+            .expect("a slash and hex digits, within the length of a URI");
         request
     }
 }
@@ -64,7 +67,8 @@ impl<C: Codec> Cache<C> {
             postcard::to_extend(key, identity).map_err(|e| NoValue::Encode(e.to_string()))?;
         let mut identity = identity;
         let len = identity.len() - at - 4;
-        if len > MAX_KEY {
+        // (The path, twice the identity, must also fit a URI: the type's name counts.)
+        if len > MAX_KEY || identity.len() > 4 * MAX_KEY {
             return Err(NoValue::KeyTooLong(len));
         }
         identity[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());

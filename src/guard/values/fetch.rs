@@ -2,7 +2,8 @@
 //! value, encoded, with the value itself in its extensions (so that the entry the fill
 //! stores holds it decoded from the start). The engine calls it as it calls an HTTP
 //! origin: once per fill for the fleet, bounded by the refresh timeout, in a task of its
-//! own (so a fetch is `'static`, and cloned for each refresh in the background).
+//! own (so a fetch is `'static`, and cloned for each refresh in the background). A value
+//! whose encoding does not decode is refused here, before it is stored.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,6 +14,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tower_service::Service;
 
 use super::codec::{Codec, CodecError};
@@ -46,7 +48,7 @@ impl<F, Fut, V, E, C> Service<Request<()>> for Fetch<F, C>
 where
     F: FnOnce() -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<V, E>> + Send + 'static,
-    V: Serialize + Send + Sync + 'static,
+    V: Serialize + DeserializeOwned + Send + Sync + 'static,
     E: Send + 'static,
     C: Codec,
 {
@@ -63,6 +65,14 @@ where
         Box::pin(async move {
             let value = fetch().await.map_err(Fetched::Failed)?;
             let bytes = codec.encode(&value).map_err(Fetched::Encode)?;
+            // Read back once: this process keeps the value it fetched, decoded, but every
+            // other one decodes these bytes; a type whose encoding does not read back
+            // (with postcard: `skip_serializing_if`, a field of `serde_json::Value`) would
+            // have each instance forget the others' entries.
+            if let Err(error) = codec.decode::<V>(&bytes) {
+                let why = format!("its {} encoding does not decode: {error}", C::NAME);
+                return Err(Fetched::Encode(CodecError(why)));
+            }
             let len = bytes.len();
             let mut response = Response::new(Full::new(Bytes::from(bytes)));
             response

@@ -93,6 +93,7 @@ impl<C: Codec> Cache<C> {
         if in_l1 && lookup != (Lookup::Fresh { refresh: false }) {
             route.stats.record(Event::L1Hit);
         }
+        let fresh = matches!(lookup, Lookup::Fresh { .. });
         let refresh = match lookup {
             Lookup::Fresh { refresh: false } if in_l1 => {
                 route.stats.record_fresh_l1_hit();
@@ -115,7 +116,7 @@ impl<C: Codec> Cache<C> {
                 codec: self.codec.clone(),
             };
             let started = spawn_refresh(route, keyed.local, keys, stored.clone(), &request, &fetch);
-            if started && early {
+            if started && fresh {
                 route.stats.record(Event::EarlyRefresh);
             }
         }

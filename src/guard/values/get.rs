@@ -12,6 +12,7 @@ use super::codec::Codec;
 use super::error::Answer;
 use super::fetch::Fetch;
 use super::found::FetchService;
+use super::miss::Look;
 use crate::cache::{Instant, Stored};
 use crate::metrics::Event;
 
@@ -33,7 +34,7 @@ impl<C: Codec> Cache<C> {
             fetch,
             codec: self.codec.clone(),
         };
-        self.past_l1(&keyed, fallback, fetch).await
+        self.past_l1(&keyed, fallback, fetch, Look::First).await
     }
 
     /// A value from L1 if one answers (a fresh one, or a stale one while its refresh
@@ -55,6 +56,7 @@ impl<C: Codec> Cache<C> {
         };
         let Some(value) = self.decoded::<V>(&stored) else {
             // (Read from Redis: Redis holds it too, and the look there forgets it.)
+            route.stats.record(Event::L1Miss);
             route.l1().invalidate_response(keyed.local.response);
             return Err(None);
         };

@@ -30,6 +30,14 @@ use crate::policy::ColdMiss;
 /// another caller's sake) before it fetches on its own, uncached.
 const MAX_LOOKS: usize = 3;
 
+/// Whether a caller looks at the fleet's marks and in Redis before its key's fill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Look {
+    First,
+    /// Not: a value being set is filled at once.
+    Skip,
+}
+
 /// What a caller does after its key's fill landed.
 enum Then<V, E> {
     Answer(Answer<V, E>),
@@ -50,12 +58,15 @@ enum Looked<V> {
 
 impl<C: Codec> Cache<C> {
     /// The value of `keyed` past L1 (see the [module docs](self)); `fallback`: an entry
-    /// L1 holds, expired, that may stand in if the fetch fails.
+    /// L1 holds, expired, that may stand in if the fetch fails. `look`: whether the
+    /// fleet's marks and Redis are looked at first (not for a value being set: its fill
+    /// goes ahead at once).
     pub(crate) async fn past_l1<V, F, Fut, E>(
         &self,
         keyed: &Keyed,
         mut fallback: Option<Arc<Stored>>,
         fetch: Fetch<F, C>,
+        look: Look,
     ) -> Answer<V, E>
     where
         V: Serialize + DeserializeOwned + Send + Sync + 'static,
@@ -72,6 +83,8 @@ impl<C: Codec> Cache<C> {
         let headers = HeaderMap::new();
         for _ in 0..MAX_LOOKS {
             let mut redis = match self.marked(&keys, &fallback) {
+                _ if look == Look::Skip && route.shared.store.is_local_only() => Redis::Failed,
+                _ if look == Look::Skip => Redis::Usable,
                 Ok(redis) => redis,
                 Err(Some(stale)) => return Ok(stale),
                 Err(None) => return self.alone(fetch.fetch).await,
@@ -79,7 +92,7 @@ impl<C: Codec> Cache<C> {
             // Registered before the look in Redis: a notice of another instance's fill
             // cannot slip by.
             let wait = route.shared.notices.wait_for(keys.entry().into());
-            if redis == Redis::Usable {
+            if redis == Redis::Usable && look == Look::First {
                 match self.in_l2(keyed, &keys).await {
                     // (Answered now, if it may: a stale one starts its refresh.)
                     Looked::Found(stored, value) => {
@@ -262,11 +275,15 @@ impl<C: Codec> Cache<C> {
                 }
             }
             (Reply::Shared, Landed::Shared { response, .. }, _) => {
-                route.stats.record(Event::Miss);
                 let Some(reader) = response.body.join() else {
                     route.stats.record(Event::FillTooLate);
                     return Then::Alone;
                 };
+                route.stats.record(if response.storing {
+                    Event::Miss
+                } else {
+                    Event::Pass
+                });
                 self.read(ResponseBody::<Full<Bytes>>::shared(reader)).await
             }
             (Reply::Own, _, Some(Ok(response))) => self.read(response.into_body()).await,

@@ -27,6 +27,8 @@ mod found;
 mod get;
 mod layer;
 mod miss;
+#[cfg(test)]
+mod tests;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -38,6 +40,7 @@ use serde::de::DeserializeOwned;
 
 use self::cache::Cache;
 use self::fetch::Fetch;
+use self::miss::Look;
 use crate::guard::route::Route;
 use crate::metrics::{Event, Stats};
 use crate::store::StoreError;
@@ -114,10 +117,12 @@ where
     /// fleet, which every other caller waits for (on another instance, at most the
     /// route's cold wait, woken by its notice).
     ///
-    /// `fetch` runs in a task of its own, bounded by the route's refresh timeout: a
-    /// caller that goes away does not cancel it, and it is `Clone + Send + 'static`
-    /// (clone what it needs into it), since a refresh calls a clone of it later, in the
-    /// background. Its error is never cached: the caller whose fetch failed gets it
+    /// A fetch for the fleet (a fill or a refresh) runs in a task of its own, bounded by
+    /// the route's refresh timeout: a caller that goes away does not cancel it, and it
+    /// is `Clone + Send + 'static` (clone what it needs into it), since a refresh calls
+    /// a clone of it later, in the background. Where the guard cannot share one (a fill
+    /// it was too late to join, a key the key space cannot hash), the caller fetches on
+    /// its own, in its own task, bounded by the route's pass timeout, uncached. Its error is never cached: the caller whose fetch failed gets it
     /// ([`ValueError::Fetch`]); the others that waited for that fetch get
     /// [`NoValue::OtherFetchFailed`]; a stale value within the route's
     /// `stale_if_error` stands in for both, and the fleet leaves the key alone for the
@@ -140,9 +145,12 @@ where
     /// Puts `value` in the caches as the value of `key`, for a caller that has it
     /// already (it just wrote it where the fetch reads it): what the key held is
     /// invalidated first, here and in the fleet, so that no fill that began before
-    /// stores an older value over it; then the value is filled as a fetch's would be,
-    /// under the key's lease. Returns the value the key holds now: `value`, or a newer
-    /// one that another instance's fill (which began after the invalidation) stored.
+    /// stores an older value over it; then `value` is filled as a fetch's would be, at
+    /// once (nothing is looked up first): written to Redis under the key's lease,
+    /// fenced, or, when the lease cannot be had (Redis fails, or the fleet backs off
+    /// the key), kept in this process's L1 only. Returns the value the key holds now:
+    /// `value`, or that of another instance's fill that took the lease after the
+    /// invalidation (and so read what the caller wrote).
     pub async fn set<K>(&self, key: &K, value: V) -> Result<Arc<V>, ValueError<Infallible>>
     where
         K: Serialize + ?Sized,
@@ -152,13 +160,13 @@ where
         let keyed = cache.keyed::<V, K>(key).map_err(ValueError::Guard)?;
         if let Err(error) = cache.route.invalidate(&keyed.request()).await {
             cache.route.stats.record(Event::RedisError);
-            tracing::debug!(%error, "invalidating before a set: the value is set here only");
+            tracing::debug!(%error, "invalidating before a set: other instances keep theirs");
         }
         let fetch = Fetch {
             fetch: move || async move { Ok::<V, Infallible>(value) },
             codec: cache.codec.clone(),
         };
-        cache.past_l1(&keyed, None, fetch).await
+        cache.past_l1(&keyed, None, fetch, Look::Skip).await
     }
 
     /// Removes the value of `key` from Redis and from the L1 of every instance

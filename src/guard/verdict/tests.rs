@@ -155,3 +155,33 @@ fn too_many_header_values_are_never_stored() {
         Err(Refused::NotStored(NotStored::TooLarge))
     );
 }
+
+#[test]
+fn what_no_cache_names_is_judged_stripped_but_sharing_is_not() {
+    let following = Policy::builder("r").follow_origin(true).build().unwrap();
+    // `no-store` in `Cache-Control`, the field targeted at this cache named by
+    // `no-cache`: once it is stripped, `Cache-Control` rules, and says not to store.
+    let mut answer = head(
+        200,
+        &[
+            ("cdn-cache-control", "max-age=60"),
+            ("cache-control", "no-store, no-cache=\"CDN-Cache-Control\""),
+        ],
+    );
+    let verdict = judge(&following, &answer);
+    assert_eq!(verdict.stores, Ok(()));
+    let verdict = verdict.stripped(&following, &mut answer);
+    assert!(!answer.headers().contains_key("cdn-cache-control"));
+    assert_eq!(verdict.stores, Err(NotStored::NoStore));
+    // A `Set-Cookie` its `no-cache` names: stripped, but still its caller's alone.
+    let mut answer = head(
+        200,
+        &[
+            ("set-cookie", "a=b"),
+            ("cache-control", "max-age=60, no-cache=\"Set-Cookie\""),
+        ],
+    );
+    let verdict = judge(&following, &answer).stripped(&following, &mut answer);
+    assert_eq!(verdict.sharing, Sharing::Own(NotStored::SetCookie));
+    assert!(!answer.headers().contains_key("set-cookie"));
+}

@@ -49,12 +49,22 @@ impl Redis {
             .expect("a free port")
             .port();
         let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server on PATH");
         for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
                 return Self(child, port);
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -76,8 +86,12 @@ impl Drop for Redis {
 
 /// One library's two instances, as the crowd and the hits use them.
 trait Fleet: Clone + Send + Sync + 'static {
-    fn get(&self, instance: usize, key: String, fetches: Arc<AtomicU64>)
-    -> impl Future<Output = f64> + Send;
+    fn get(
+        &self,
+        instance: usize,
+        key: String,
+        fetches: Arc<AtomicU64>,
+    ) -> impl Future<Output = f64> + Send;
 }
 
 #[derive(Clone)]
@@ -85,7 +99,9 @@ struct Guard([stampede_guard::Values<f64>; 2]);
 
 impl Fleet for Guard {
     async fn get(&self, instance: usize, key: String, fetches: Arc<AtomicU64>) -> f64 {
-        let got = self.0[instance].get_or_fetch(&key, move || fetch(fetches)).await;
+        let got = self.0[instance]
+            .get_or_fetch(&key, move || fetch(fetches))
+            .await;
         *got.expect("a value")
     }
 }
@@ -119,7 +135,10 @@ struct Amalgam([amalgam::Cache<f64>; 2]);
 impl Fleet for Amalgam {
     async fn get(&self, instance: usize, key: String, fetches: Arc<AtomicU64>) -> f64 {
         let source = amalgam::source::factory(move |_context| fetch(fetches));
-        self.0[instance].get_or_set(key, source).await.expect("a value")
+        self.0[instance]
+            .get_or_set(key, source)
+            .await
+            .expect("a value")
     }
 }
 
@@ -246,7 +265,9 @@ async fn hits(fleet: &impl Fleet, prefix: &str) -> (Duration, Duration) {
 async fn main() {
     let redis = Redis::start().await;
     let url = redis.url();
-    println!("{CALLERS} callers of a cold key over two instances (a fetch takes {FETCH:?}), then hits\n");
+    println!(
+        "{CALLERS} callers of a cold key over two instances (a fetch takes {FETCH:?}), then hits\n"
+    );
     println!(
         "{:<16} {:>8} {:>14} {:>12} {:>12} {:>8}",
         "library", "fetches", "slowest wait", "hit", "moka get", "ratio"

@@ -250,7 +250,16 @@ async fn cold_key_fetched_once(redis: Redis) {
 /// takes a second), on both instances, and the fleet refreshes once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn past_freshness_the_stale_value_is_served_at_once_and_refreshed_once() {
-    let redis = RedisServer::start();
+    stale_served_and_refreshed_once(Redis::single()).await;
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_past_freshness_the_stale_value_is_served_at_once_and_refreshed_once() {
+    stale_served_and_refreshed_once(Redis::cluster()).await;
+}
+
+async fn stale_served_and_refreshed_once(redis: Redis) {
     let upstream = Upstream::new(0.92, Duration::ZERO);
     let fleet = [
         instance(&redis, rates()).await.1,
@@ -297,7 +306,16 @@ async fn past_freshness_the_stale_value_is_served_at_once_and_refreshed_once() {
 /// (once the notice came), fetched once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_invalidation_on_one_instance_is_seen_on_the_other() {
-    let redis = RedisServer::start();
+    invalidation_seen_on_the_other(Redis::single()).await;
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_an_invalidation_on_one_instance_is_seen_on_the_other() {
+    invalidation_seen_on_the_other(Redis::cluster()).await;
+}
+
+async fn invalidation_seen_on_the_other(redis: Redis) {
     let upstream = Upstream::new(0.92, Duration::ZERO);
     let policy = || {
         Policy::builder("rates")
@@ -422,7 +440,16 @@ async fn with_redis_stopped_no_error_and_at_most_one_fetch_per_instance_per_wind
 /// refused by the fenced write, and Redis keeps the newer value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refresher_that_lost_its_lease_cannot_write_over_a_newer_value() {
-    let redis = RedisServer::start();
+    late_refresher_fenced(Redis::single()).await;
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_a_refresher_that_lost_its_lease_cannot_write_over_a_newer_value() {
+    late_refresher_fenced(Redis::cluster()).await;
+}
+
+async fn late_refresher_fenced(redis: Redis) {
     let (a, b) = (
         instance(&redis, rates()).await.1,
         instance(&redis, rates()).await.1,
@@ -451,16 +478,7 @@ async fn a_refresher_that_lost_its_lease_cannot_write_over_a_newer_value() {
     assert_eq!(a.get_or_fetch("EUR", held).await.unwrap().per_usd, 0.90);
     within(HANG, notified, "A's refresh reaching its fetch").await;
     let keys = a.cache_keys("EUR").unwrap();
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let deleted: i64 = redis::cmd("DEL")
-        .arg(keys.lease().key())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let deleted: i64 = redis.cmd(redis::cmd("DEL").arg(keys.lease().key())).await;
     assert_eq!(deleted, 1, "A's lease was not there");
     // B refreshes with a newer value.
     let fresh = Upstream::new(0.95, Duration::ZERO);
@@ -657,4 +675,58 @@ async fn garbage_and_another_types_bytes_are_a_miss_and_a_fetch() {
         .unwrap();
     assert_eq!(rate.per_usd, 0.92);
     assert_eq!(upstream.calls(), 2);
+}
+
+/// A purge of the route's tag on one instance: hard, the next call on the other fetches
+/// again; soft, it gets the purged value at once while one refresh fetches the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_purge_of_the_routes_tag_reaches_the_values_of_every_instance() {
+    use stampede_guard::Purge;
+    let redis = RedisServer::start();
+    let policy = || {
+        Policy::builder("rates")
+            .fresh_ttl(Duration::from_secs(3600))
+            .grace(Duration::from_secs(3600))
+            .tags(["fx"])
+            .build()
+            .unwrap()
+    };
+    let (a_guard, a) = instance(&redis, policy()).await;
+    let (_, b) = instance(&redis, policy()).await;
+    let upstream = Upstream::new(0.92, Duration::ZERO);
+    for values in [&a, &b] {
+        let rate = values.get_or_fetch("EUR", upstream.fetch("EUR")).await;
+        assert_eq!(rate.unwrap().per_usd, 0.92);
+    }
+    assert_eq!(upstream.calls(), 1);
+    upstream.set(0.95);
+    within(
+        HANG,
+        a_guard.purge_tags(["fx"], Purge::Hard),
+        "the hard purge",
+    )
+    .await
+    .unwrap();
+    let seen = eventually(Duration::from_secs(3), || async {
+        let rate = b.get_or_fetch("EUR", upstream.fetch("EUR")).await;
+        rate.unwrap().per_usd == 0.95
+    });
+    assert!(seen.await, "the other instance served the purged value");
+    assert_eq!(upstream.calls(), 2);
+    upstream.set(0.97);
+    within(
+        HANG,
+        a_guard.purge_tags(["fx"], Purge::Soft),
+        "the soft purge",
+    )
+    .await
+    .unwrap();
+    // Soft: the purged value stands in at once (stale) while one refresh fetches.
+    let refreshed = eventually(Duration::from_secs(3), || async {
+        let rate = b.get_or_fetch("EUR", upstream.fetch("EUR")).await.unwrap();
+        assert!([0.95, 0.97].contains(&rate.per_usd), "{rate:?}");
+        rate.per_usd == 0.97
+    });
+    assert!(refreshed.await, "the soft purge was never refreshed");
+    assert_eq!(upstream.calls(), 3, "one refresh for the soft purge");
 }

@@ -9,9 +9,10 @@
 //!
 //! Each benchmark answers `HITS` requests in one go: the bare service, and the same
 //! service behind the guard with the entry in L1 (a local-only guard: a hit never
-//! reaches Redis, see `benches/l1_hit.rs`). Divide by `HITS` for the figure per request;
-//! setting up the runtime, the guard and the entry, and tearing them down, is not
-//! counted.
+//! reaches Redis, see `benches/l1_hit.rs`); and `HITS` gets of a typed value L1 holds
+//! (`Values::get_or_fetch`) beside `HITS` gets of `moka::future::Cache` on the same ten
+//! keys. Divide by `HITS` for the figure per request; setting up the runtime, the guard
+//! and the entry, and tearing them down, is not counted.
 
 // gungraun's macros make undocumented items and a `main` that exits with the runner's
 // status.
@@ -112,10 +113,72 @@ fn guarded_service() -> Job {
     Box::new(move || run(&runtime, &service))
 }
 
+/// `HITS` gets of values cached in `moka::future::Cache` (the baseline of a typed hit).
+fn moka_gets() -> Job {
+    let (runtime, moka) = (
+        runtime(),
+        moka::future::Cache::<String, std::sync::Arc<f64>>::new(100),
+    );
+    let keys: Vec<String> = (0..10).map(|n| format!("k{n}")).collect();
+    runtime.block_on(async {
+        for key in &keys {
+            moka.insert(key.clone(), std::sync::Arc::new(0.92)).await;
+        }
+    });
+    let get = move || {
+        runtime.block_on(async {
+            for n in 0..HITS {
+                black_box(moka.get(&keys[n % keys.len()]).await.unwrap());
+            }
+        })
+    };
+    get();
+    Box::new(get)
+}
+
+/// `HITS` typed hits (`Values::get_or_fetch` of values L1 holds), on the same keys.
+fn typed_value_hits() -> Job {
+    let runtime = runtime();
+    let keys = KeySpace::builder()
+        .env("bench")
+        .service("bench")
+        .secret(b"bench secret, sixteen bytes or more".to_vec())
+        .build()
+        .unwrap();
+    let guard = StampedeGuard::builder(RedisStore::local_only(), keys)
+        .build()
+        .unwrap();
+    let policy = Policy::builder("rates")
+        .fresh_ttl(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let rates = guard.values::<f64>(policy).unwrap();
+    let keys: Vec<String> = (0..10).map(|n| format!("k{n}")).collect();
+    let never = || async { Err::<f64, ()>(()) };
+    runtime.block_on(async {
+        for key in &keys {
+            let value = rates.get_or_fetch(key.as_str(), || async { Ok::<_, ()>(0.92) });
+            assert_eq!(*value.await.unwrap(), 0.92);
+        }
+    });
+    let get = move || {
+        runtime.block_on(async {
+            for n in 0..HITS {
+                let key = keys[n % keys.len()].as_str();
+                black_box(rates.get_or_fetch(key, never).await.unwrap());
+            }
+        })
+    };
+    get();
+    Box::new(get)
+}
+
 // Hands the job back, so that tearing it down (the runtime, the caches) is not counted.
 #[library_benchmark]
 #[bench::bare(setup = bare_service, teardown = drop)]
 #[bench::guarded_l1_hit(setup = guarded_service, teardown = drop)]
+#[bench::moka_get(setup = moka_gets, teardown = drop)]
+#[bench::typed_value_hit(setup = typed_value_hits, teardown = drop)]
 fn requests(mut job: Job) -> Job {
     job();
     job

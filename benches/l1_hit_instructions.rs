@@ -81,17 +81,22 @@ fn bare_service() -> Job {
     Box::new(move || run(&runtime, &service))
 }
 
-fn guarded_service() -> Job {
-    let runtime = runtime();
+/// A guard without Redis: a hit never leaves the process.
+fn local_guard() -> StampedeGuard {
     let keys = KeySpace::builder()
         .env("bench")
         .service("bench")
         .secret(b"bench secret, sixteen bytes or more".to_vec())
         .build()
         .unwrap();
-    let guard = StampedeGuard::builder(RedisStore::local_only(), keys)
+    StampedeGuard::builder(RedisStore::local_only(), keys)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn guarded_service() -> Job {
+    let runtime = runtime();
+    let guard = local_guard();
     let layer = guard
         .layer(
             Policy::builder("items")
@@ -139,15 +144,7 @@ fn moka_gets() -> Job {
 /// `HITS` typed hits (`Values::get_or_fetch` of values L1 holds), on the same keys.
 fn typed_value_hits() -> Job {
     let runtime = runtime();
-    let keys = KeySpace::builder()
-        .env("bench")
-        .service("bench")
-        .secret(b"bench secret, sixteen bytes or more".to_vec())
-        .build()
-        .unwrap();
-    let guard = StampedeGuard::builder(RedisStore::local_only(), keys)
-        .build()
-        .unwrap();
+    let guard = local_guard();
     let policy = Policy::builder("rates")
         .fresh_ttl(Duration::from_secs(3600))
         .build()

@@ -307,11 +307,7 @@ fn answer_landed<B: OriginBody, E>(
                 route.stats.record(Event::FillTooLate);
                 return Next::PassThrough;
             };
-            route.stats.record(if response.storing {
-                Event::Miss
-            } else {
-                Event::Pass
-            });
+            route.stats.record(response.event());
             Next::Answer(answer)
         }
         (Reply::Own, _, Some(own)) => answer_own(route, own, kind),

@@ -31,6 +31,7 @@ use super::stream::Stream;
 use crate::cache::Stored;
 use crate::keys::LocalKey;
 use crate::lease::FencingToken;
+use crate::metrics::Event;
 use crate::notify::Interest;
 
 /// What a fill came to, for every caller that waited for it (see the
@@ -81,6 +82,17 @@ pub(crate) struct SharedAnswer {
     /// Only for the caller that led (a `no-cache` answer the route stores, to be
     /// revalidated on every use): every other caller asks the origin itself.
     pub(crate) leader_only: bool,
+}
+
+impl SharedAnswer {
+    /// What a caller given it counts: a miss while it may be stored, else a pass.
+    pub(crate) fn event(&self) -> Event {
+        if self.storing {
+            Event::Miss
+        } else {
+            Event::Pass
+        }
+    }
 }
 
 /// How the origin failed, when its callers have no answer of its to share.

@@ -279,11 +279,7 @@ impl<C: Codec> Cache<C> {
                     route.stats.record(Event::FillTooLate);
                     return Then::Alone;
                 };
-                route.stats.record(if response.storing {
-                    Event::Miss
-                } else {
-                    Event::Pass
-                });
+                route.stats.record(response.event());
                 self.read(ResponseBody::<Full<Bytes>>::shared(reader)).await
             }
             (Reply::Own, _, Some(Ok(response))) => self.read(response.into_body()).await,

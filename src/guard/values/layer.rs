@@ -115,7 +115,7 @@ where
     fn call(&mut self, request: Req) -> Self::Future {
         let key = (self.key)(&request);
         let (cache, inner) = (self.cache.clone(), self.inner.clone());
-        let keyed = cache.keyed::<V, K>(&key);
+        let keyed = cache.keyed(&key);
         Box::pin(async move {
             let keyed = keyed.map_err(ValueError::Guard)?;
             cache

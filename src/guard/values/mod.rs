@@ -9,7 +9,7 @@
 //!
 //! * A key is any [`Serialize`] value, encoded with postcard (whatever the values'
 //!   codec): stable across processes and machines while the key's type keeps its
-//!   shape. With the codec's name, the value's type name and the route's
+//!   shape. With a digest of the codec's name and the value's type name, and the route's
 //!   [`version`](crate::policy::PolicyBuilder::version), it is the identity of the entry,
 //!   hashed with the key space's secret as every key is (never in Redis as it is).
 //! * L1 holds the value decoded, behind an `Arc`: a hit hands out a clone of it, with no
@@ -101,10 +101,7 @@ where
     C: Codec,
 {
     pub(crate) fn new(route: Arc<Route>, codec: C) -> Self {
-        let cache = Cache {
-            route,
-            codec: Arc::new(codec),
-        };
+        let cache = Cache::new::<V>(route, Arc::new(codec));
         Self {
             cache: Arc::new(cache),
             value: PhantomData,
@@ -138,7 +135,7 @@ where
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: Send + 'static,
     {
-        let keyed = self.cache.keyed::<V, K>(key).map_err(ValueError::Guard)?;
+        let keyed = self.cache.keyed(key).map_err(ValueError::Guard)?;
         self.cache.get_or_fetch(keyed, fetch).await
     }
 
@@ -157,7 +154,7 @@ where
         V: Clone,
     {
         let cache = &self.cache;
-        let keyed = cache.keyed::<V, K>(key).map_err(ValueError::Guard)?;
+        let keyed = cache.keyed(key).map_err(ValueError::Guard)?;
         if let Err(error) = cache.route.invalidate(&keyed.request()).await {
             cache.route.stats.record(Event::RedisError);
             tracing::debug!(%error, "invalidating before a set: other instances keep theirs");
@@ -176,7 +173,7 @@ where
     /// `true`. On a Redis error, the local copy is gone but the other instances keep
     /// theirs until it expires.
     pub async fn invalidate<K: Serialize + ?Sized>(&self, key: &K) -> Result<bool, StoreError> {
-        let Ok(keyed) = self.cache.keyed::<V, K>(key) else {
+        let Ok(keyed) = self.cache.keyed(key) else {
             // (Such a key was never cached.)
             return Ok(false);
         };
@@ -223,7 +220,7 @@ where
     /// cache holds); `None` for a key over [`MAX_KEY`], or a key space whose keys would
     /// be too long.
     pub fn cache_keys<K: Serialize + ?Sized>(&self, key: &K) -> Option<crate::keys::CacheKeys> {
-        let keyed = self.cache.keyed::<V, K>(key).ok()?;
+        let keyed = self.cache.keyed(key).ok()?;
         self.cache.route.keys_for(&keyed.request())
     }
 

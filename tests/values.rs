@@ -5,7 +5,8 @@
 //! other; Redis stopped, no error and at most one fetch per instance per window; a
 //! refresher whose lease ran out cannot write over a newer value; a failing fetch,
 //! the stale value within `stale_if_error` and one fetch per back-off; garbage and
-//! another type's bytes in Redis, a miss and a fetch.
+//! another type's bytes in Redis, a miss and a fetch; a purge of a tag seen by every
+//! instance. Each also on a Cluster, but for the layer and `axum::serve`.
 
 mod support;
 
@@ -366,7 +367,16 @@ async fn invalidation_seen_on_the_other(redis: Redis) {
 /// window of freshness (its own fill, without the lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_redis_stopped_no_error_and_at_most_one_fetch_per_instance_per_window() {
-    let mut redis = RedisServer::start();
+    redis_stopped(Redis::single()).await;
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_stopped_no_error_and_at_most_one_fetch_per_instance_per_window() {
+    redis_stopped(Redis::cluster()).await;
+}
+
+async fn redis_stopped(mut redis: Redis) {
     let fleet = [
         instance(&redis, rates()).await.1,
         instance(&redis, rates()).await.1,
@@ -527,7 +537,16 @@ async fn late_refresher_fenced(redis: Redis) {
 /// every caller, and the fleet fetches once per back-off; the error is never cached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failing_fetch_is_stood_in_for_and_tried_once_per_back_off() {
-    let redis = RedisServer::start();
+    failing_fetch(Redis::single()).await;
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_a_failing_fetch_is_stood_in_for_and_tried_once_per_back_off() {
+    failing_fetch(Redis::cluster()).await;
+}
+
+async fn failing_fetch(redis: Redis) {
     let policy = || {
         Policy::builder("rates")
             .fresh_ttl(Duration::from_millis(200))
@@ -593,22 +612,23 @@ async fn a_failing_fetch_is_stood_in_for_and_tried_once_per_back_off() {
 /// miss, and the value is fetched (and stored) again; never a panic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn garbage_and_another_types_bytes_are_a_miss_and_a_fetch() {
-    let redis = RedisServer::start();
+    garbage_a_miss(Redis::single()).await;
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_garbage_and_another_types_bytes_are_a_miss_and_a_fetch() {
+    garbage_a_miss(Redis::cluster()).await;
+}
+
+async fn garbage_a_miss(redis: Redis) {
     let (guard, eur) = instance(&redis, rates()).await;
     let upstream = Upstream::new(0.92, Duration::ZERO);
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     // Garbage where the entry is.
     let keys = eur.cache_keys("EUR").unwrap();
-    let _: () = redis::cmd("SET")
-        .arg(keys.entry())
-        .arg("not an entry")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let () = redis
+        .cmd(redis::cmd("SET").arg(keys.entry()).arg("not an entry"))
+        .await;
     let rate = eur
         .get_or_fetch("EUR", upstream.fetch("EUR"))
         .await
@@ -616,13 +636,12 @@ async fn garbage_and_another_types_bytes_are_a_miss_and_a_fetch() {
     assert_eq!(rate.per_usd, 0.92);
     assert_eq!(upstream.calls(), 1);
     // (Garbage is a miss, written over by the fill: nothing was invalidated.)
-    let invalidated: bool = redis::cmd("EXISTS")
-        .arg(keys.invalidated_key())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let invalidated: bool = redis
+        .cmd(redis::cmd("EXISTS").arg(keys.invalidated_key()))
+        .await;
     assert!(!invalidated);
-    // Another type's entry, copied over this one's: decodes to no `Rate`.
+    // Another type's entry, copied over this one's: decodes to no `Rate`. (On a
+    // Cluster, `DUMP` and `RESTORE` are each routed by their own key.)
     let words = guard
         .values::<Vec<u8>>(Policy::builder("words").build().unwrap())
         .unwrap();
@@ -632,20 +651,17 @@ async fn garbage_and_another_types_bytes_are_a_miss_and_a_fetch() {
         .unwrap();
     assert!(word.is_empty());
     let from = words.cache_keys("w").unwrap();
-    let dump: Vec<u8> = redis::cmd("DUMP")
-        .arg(from.entry())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let dump: Vec<u8> = redis.cmd(redis::cmd("DUMP").arg(from.entry())).await;
     // (With a TTL, as every entry has: one without is garbage of another kind.)
-    let _: () = redis::cmd("RESTORE")
-        .arg(keys.entry())
-        .arg(60_000)
-        .arg(dump)
-        .arg("REPLACE")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let () = redis
+        .cmd(
+            redis::cmd("RESTORE")
+                .arg(keys.entry())
+                .arg(60_000)
+                .arg(dump)
+                .arg("REPLACE"),
+        )
+        .await;
     // A fresh instance, whose L1 holds nothing: it reads Redis.
     let (_, fresh) = instance(&redis, rates()).await;
     let rate = fresh
@@ -661,11 +677,9 @@ async fn garbage_and_another_types_bytes_are_a_miss_and_a_fetch() {
     );
     // Bytes that are no `Rate` were forgotten for the fleet (an invalidation), not only
     // written over.
-    let invalidated: bool = redis::cmd("EXISTS")
-        .arg(keys.invalidated_key())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let invalidated: bool = redis
+        .cmd(redis::cmd("EXISTS").arg(keys.invalidated_key()))
+        .await;
     assert!(invalidated, "the undecodable entry was not invalidated");
     // And stored again: a third instance reads it without a fetch.
     let (_, third) = instance(&redis, rates()).await;
@@ -681,8 +695,17 @@ async fn garbage_and_another_types_bytes_are_a_miss_and_a_fetch() {
 /// again; soft, it gets the purged value at once while one refresh fetches the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_purge_of_the_routes_tag_reaches_the_values_of_every_instance() {
+    purge_reaches_every_instance(Redis::single()).await;
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_a_purge_of_the_routes_tag_reaches_the_values_of_every_instance() {
+    purge_reaches_every_instance(Redis::cluster()).await;
+}
+
+async fn purge_reaches_every_instance(redis: Redis) {
     use stampede_guard::Purge;
-    let redis = RedisServer::start();
     let policy = || {
         Policy::builder("rates")
             .fresh_ttl(Duration::from_secs(3600))

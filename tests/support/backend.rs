@@ -89,6 +89,19 @@ impl Redis {
         Self::LeastPrivileged(server, url)
     }
 
+    /// Kills the server, or every node of the cluster (SIGKILL): Redis is gone.
+    pub(crate) fn kill(&mut self) {
+        match self {
+            Redis::Single(server) | Redis::LeastPrivileged(server, _) => server.kill(),
+            #[cfg(feature = "cluster")]
+            Redis::Cluster(cluster) => {
+                for port in cluster.ports() {
+                    cluster.server(port).kill();
+                }
+            }
+        }
+    }
+
     /// Runs `cmd` on a direct connection (on a cluster, routed by its first key), for
     /// looking at or changing what the code under test left in Redis.
     pub(crate) async fn cmd<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> T {

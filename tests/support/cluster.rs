@@ -85,6 +85,11 @@ impl RedisCluster {
         &self.nodes
     }
 
+    /// The nodes' ports, in the order they were started.
+    pub(crate) fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.addr().port()).collect()
+    }
+
     /// The node process on `port`.
     pub(crate) fn server(&mut self, port: u16) -> &mut RedisServer {
         self.nodes

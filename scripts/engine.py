@@ -4,6 +4,7 @@
 
 * the places that ask for a lease (`.try_acquire_fill(`);
 * the modules that judge whether an answer may be stored (that call `storable(`);
+* the places that ask the origin conditionally (`ask_if_changed(`);
 * the functions that map how a body read ended to how a fill ends (a `match` with a
   `Read::Stalled` arm);
 * the functions whose arguments are packed into a tuple (a parameter such as
@@ -78,12 +79,14 @@ files.sort()
 def rel(path):
     return os.path.relpath(path, os.path.join(SRC, '..'))
 
-leases, storable, mappings, packed = [], [], [], []
+leases, storable, conditional, mappings, packed = [], [], [], [], []
 tested = set()
 for path in files:
     src = source(path)
     for m in re.finditer(r'\.try_acquire_fill\(', src):
         leases.append(f"{rel(path)}:{src[:m.start()].count(chr(10)) + 1}")
+    for m in re.finditer(r'\bask_if_changed\(', src):
+        conditional.append(f"{rel(path)}:{src[:m.start()].count(chr(10)) + 1}")
     calls = [src[:m.start()].count(chr(10)) + 1 for m in re.finditer(r'(?<!fn )\bstorable\(', src)]
     if calls:
         storable.append(f"{rel(path)} (line {', '.join(map(str, calls))})")
@@ -127,6 +130,7 @@ def show(title, items):
 
 show("places that ask for a lease", leases)
 show("modules that call `storable`", storable)
+show("places that ask the origin conditionally", conditional)
 show("mappings from a body read's ending to a fill's ending", mappings)
 show("functions with arguments packed into a tuple", packed)
 print(f"longest import chain below guard::handle: {chain}")

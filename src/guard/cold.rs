@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use tokio::sync::oneshot;
 use tracing::Instrument;
@@ -23,11 +23,12 @@ use tracing::Instrument;
 use super::answer::{failed, stood_aside};
 use super::body::ResponseBody;
 use super::budget;
+use super::call::{Call, call};
 use super::complete::{Answer, complete};
-use super::fill::{Answered, Fill, LeaseReply, NotRenewed, Stopped, ask_lease};
+use super::fill::{Fill, LeaseReply, NotRenewed, Stopped, ask_lease};
 use super::inflight::{Failure, Joined, Landed, Lead, Own, Waiting};
 use super::marks::Mark;
-use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
+use super::origin::{FillBody, Inner, OriginBody, asked};
 use super::outcome::XCache;
 use super::reply::{Fit, Reply, Waiter, reply};
 use super::respond::{filled_not_modified, mark_forwarded, serve, serve_filled, serve_shared};
@@ -35,7 +36,6 @@ use super::route::Route;
 use super::stream::Stream;
 use super::vary::Check;
 use crate::cache::{Freshness, L2Read, Stored, invalidated};
-use crate::http::conditional;
 use crate::http::request::{Asked, Kind};
 use crate::http::response;
 use crate::keys::CacheKeys;
@@ -456,47 +456,23 @@ where
     if redis != Redis::Passing {
         route.stats.record(Event::ColdFill);
     }
-    let (mut request, asked) = asked(request);
-    // Asked after `asked` is split off: the answer is keyed by what the caller asked.
-    let revalidate = revalidate.filter(|current| {
-        conditional::ask_if_changed(&mut request, current.response.status, &current.headers())
-    });
-    let (fill, origin) = match fill.call(inner, request).await {
-        Answered::Called(fill, origin) => (fill, origin),
-        Answered::Stopped(Stopped::AtMaximum) => return (Landed::Failed(Failure::Timeout), None),
-        Answered::Stopped(Stopped::LeaseLost) => {
-            return (Landed::Failed(Failure::LeaseLost), None);
+    // What the caller asked is split off first: the answer is keyed by it, not by a
+    // condition the call adds.
+    let (request, asked) = asked(request);
+    let called = call(&route, fill, inner, request, revalidate.as_deref()).await;
+    match (called, revalidate) {
+        (Call::NotModified(fill, head), Some(current)) => {
+            renewed(&route, fill, &current, head, asked).await
         }
-    };
-    if revalidate.is_some() {
-        counted_revalidation(&route.stats, &origin);
-    }
-    // The answer to a conditional request: a 304 about the entry asked about renews it;
-    // one about another is no answer for the callers, who did not ask it.
-    let renews = match (&origin, &revalidate) {
-        (Called::Answered(head), Some(current)) if head.status() == StatusCode::NOT_MODIFIED => {
-            Some(conditional::is_about(&current.headers(), head.headers()))
-        }
-        _ => None,
-    };
-    match (origin, revalidate, renews) {
-        (Called::Answered(head), Some(current), Some(true)) => {
-            // (A 304 has no body.)
-            let (parts, _) = head.into_parts();
-            renewed(
-                &route,
-                fill,
-                &current,
-                Response::from_parts(parts, ()),
-                asked,
-            )
-            .await
-        }
-        (_, _, Some(_)) => {
+        // A 304 about another entry is no answer for the callers, who did not ask it.
+        // (Nor one to a question not asked: `call` tells none apart.)
+        (Call::AboutAnother(fill) | Call::NotModified(fill, _), _) => {
             fill.end(Ending::Error).await;
             (Landed::Failed(Failure::Error), None)
         }
-        (origin, _, None) => complete(&route, fill, origin, asked, lead).await,
+        (Call::Answered(fill, origin), _) => complete(&route, fill, origin, asked, lead).await,
+        (Call::Stopped(Stopped::AtMaximum), _) => (Landed::Failed(Failure::Timeout), None),
+        (Call::Stopped(Stopped::LeaseLost), _) => (Landed::Failed(Failure::LeaseLost), None),
     }
 }
 

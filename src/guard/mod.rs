@@ -200,6 +200,8 @@
 //!   come, and how the reading ended, mapped once to how the fill ends;
 //! * `fill`: one fill under its claim (the one place a lease is asked for), as a type
 //!   whose methods end it once;
+//! * `call`: a fill's call of the origin, for a cold fill and a refresh alike (the one
+//!   place the origin is asked conditionally), its `304`s told apart;
 //! * `complete`: a cold fill's answer, from its head to how the fill lands: who may
 //!   have it, its body streamed to them, and whether it is stored;
 //! * `refresh`: refreshing a stale entry in the background;
@@ -215,6 +217,7 @@
 mod answer;
 mod body;
 mod budget;
+mod call;
 pub(crate) mod clock;
 mod cold;
 mod complete;

@@ -10,19 +10,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{Request, StatusCode};
+use http::Request;
 use tracing::Instrument;
 
-use super::fill::{Answered, Fill, Kept, LeaseReply, Put, ask_lease, not_stored};
+use super::call::{Call, call};
+use super::fill::{Fill, Kept, LeaseReply, Put, ask_lease, not_stored};
 use super::inflight::Failure;
 use super::inflight::Refresh;
-use super::origin::{Called, FillBody, Inner, OriginBody, asked, counted_revalidation};
+use super::origin::{Called, FillBody, Inner, OriginBody, asked};
 use super::read::{BodyEnd, Parts, ended, read_body};
 use super::route::Route;
 use super::stream::{Stream, Writer};
 use super::verdict::{Refused, judge};
 use crate::cache::{Freshness, L2Read, Stored};
-use crate::http::conditional;
 use crate::http::response::NotStored;
 use crate::keys::{CacheKeys, LocalKey};
 use crate::lease::{FencingToken, Lease};
@@ -316,19 +316,21 @@ where
     ReqBody: FillBody,
     B: OriginBody,
 {
-    let (mut request, asked) = asked(request);
-    // Asked after `asked` is split off: the answer is keyed by what the caller asked.
+    // What the caller asked is split off first: the answer is keyed by it, not by a
+    // condition the call adds.
+    let (request, asked) = asked(request);
     // (Not for an entry read in parts, whose body is not held: a 304 could not renew
     // it; the answer is read whole.)
-    let conditional = current.in_parts().is_none()
-        && conditional::ask_if_changed(&mut request, current.response.status, &current.headers());
-    let (fill, origin) = match fill.call(inner, request).await {
-        Answered::Called(fill, origin) => (fill, origin),
-        Answered::Stopped(_) => return HoldOff::of(route.policy.error_backoff),
+    let revalidate = Some(current).filter(|current| current.in_parts().is_none());
+    let (fill, origin) = match call(route, fill, inner, request, revalidate).await {
+        Call::NotModified(fill, head) => return renewed(route, fill, current, head, &asked).await,
+        // A 304 about another entry than the one asked about: nothing to renew.
+        Call::AboutAnother(fill) => {
+            return given_up(route, fill, Event::RefreshOriginError, None).await;
+        }
+        Call::Answered(fill, origin) => (fill, origin),
+        Call::Stopped(_) => return HoldOff::of(route.policy.error_backoff),
     };
-    if conditional {
-        counted_revalidation(&route.stats, &origin);
-    }
     let response = match origin {
         Called::Answered(response) => response,
         Called::TimedOut => return given_up(route, fill, Event::RefreshTimeout, None).await,
@@ -339,14 +341,11 @@ where
     };
     let (parts, body) = response.into_parts();
     let head = http::Response::from_parts(parts, ());
-    if conditional && head.status() == StatusCode::NOT_MODIFIED {
-        return renewed(route, fill, current, head, &asked).await;
-    }
     // (An answer with the body the entry has renews it: its parts are not written.)
     kept(route, fill.renewing_unchanged(current), head, body, &asked).await
 }
 
-/// A `304`: the entry is renewed with the body it has, unless it is about another.
+/// A `304` about the entry: renewed with the body it has.
 async fn renewed(
     route: &Route,
     fill: Fill,
@@ -354,10 +353,6 @@ async fn renewed(
     head: http::Response<()>,
     asked: &Request<()>,
 ) -> Option<HoldOff> {
-    if !conditional::is_about(&current.headers(), head.headers()) {
-        // A 304 about another entry than the one asked about: nothing to renew.
-        return given_up(route, fill, Event::RefreshOriginError, None).await;
-    }
     if fill.renew(current, head, asked).await.is_err() {
         // Ended already.
         route.stats.record(Event::RefreshNotStored);

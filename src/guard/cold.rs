@@ -25,7 +25,7 @@ use super::body::ResponseBody;
 use super::budget;
 use super::call::{Call, call};
 use super::complete::{Answer, complete};
-use super::fill::{Fill, LeaseReply, NotRenewed, Stopped, ask_lease};
+use super::fill::{Fill, LeaseReply, NotRenewed, ask_lease};
 use super::inflight::{Failure, Joined, Landed, Lead, Own, Waiting};
 use super::marks::Mark;
 use super::origin::{FillBody, Inner, OriginBody, asked};
@@ -471,8 +471,7 @@ where
             (Landed::Failed(Failure::Error), None)
         }
         (Call::Answered(fill, origin), _) => complete(&route, fill, origin, asked, lead).await,
-        (Call::Stopped(Stopped::AtMaximum), _) => (Landed::Failed(Failure::Timeout), None),
-        (Call::Stopped(Stopped::LeaseLost), _) => (Landed::Failed(Failure::LeaseLost), None),
+        (Call::Stopped(stopped), _) => (Landed::Failed(stopped.failure()), None),
     }
 }
 

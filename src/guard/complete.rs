@@ -285,10 +285,7 @@ async fn landed<B: Body, E>(
             None,
         ),
         BodyEnd::Stopped(lost) => {
-            let failure = match fill.stopped(lost).await {
-                super::fill::Stopped::AtMaximum => Failure::Timeout,
-                super::fill::Stopped::LeaseLost => Failure::LeaseLost,
-            };
+            let failure = fill.stopped(lost).await.failure();
             retire_and_cut(lead, writer);
             (Landed::Failed(failure), None)
         }

@@ -24,6 +24,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 
 use super::budget;
+use super::inflight::Failure;
 use super::marks::Mark;
 use super::origin::{Called, FillBody, Inner, OriginBody, call_origin};
 use super::route::Route;
@@ -105,6 +106,16 @@ pub(crate) enum Stopped {
     AtMaximum,
     /// A renewal found the lease someone else's.
     LeaseLost,
+}
+
+impl Stopped {
+    /// How a fill so stopped fails.
+    pub(crate) fn failure(self) -> Failure {
+        match self {
+            Self::AtMaximum => Failure::Timeout,
+            Self::LeaseLost => Failure::LeaseLost,
+        }
+    }
 }
 
 /// What became of a storable answer.

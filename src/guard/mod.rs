@@ -192,7 +192,8 @@
 //! * `origin`: calling the origin, each call bounded;
 //! * `inflight`: what is in flight in this process: cold fills (one per key, and what
 //!   their waiters get) and refreshes (one per key, or held off);
-//! * `reply`: what each caller of a fill gets from how it landed (the table above);
+//! * `reply`: what each caller of a fill gets from how it landed (the table above), and
+//!   whether a refresh, landed the same way, backs off;
 //! * `shared`: what every route of a guard shares, and what it makes of the fleet's
 //!   notices;
 //! * `route`: what every request of one route shares, and its keys;
@@ -204,7 +205,8 @@
 //!   place the origin is asked conditionally), its `304`s told apart;
 //! * `complete`: a cold fill's answer, from its head to how the fill lands: who may
 //!   have it, its body streamed to them, and whether it is stored;
-//! * `refresh`: refreshing a stale entry in the background;
+//! * `refresh`: refreshing a stale entry in the background: its claim (it never waits),
+//!   then the call, the verdict, the body and the store of any fill, landing as one;
 //! * `respond`: the responses, built from an entry, a shared answer or the guard's own;
 //! * `answer`: the one decision on an entry found, a pass-through, and what stands in
 //!   for a failed origin;

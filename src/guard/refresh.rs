@@ -15,10 +15,10 @@ use tracing::Instrument;
 
 use super::call::{Call, call};
 use super::fill::{Fill, Kept, LeaseReply, Put, ask_lease, not_stored};
-use super::inflight::Failure;
-use super::inflight::Refresh;
+use super::inflight::{Failure, Landed, Refresh};
 use super::origin::{Called, FillBody, Inner, OriginBody, asked};
 use super::read::{BodyEnd, Parts, ended, read_body};
+use super::reply::backs_off;
 use super::route::Route;
 use super::stream::{Stream, Writer};
 use super::verdict::{Refused, judge};
@@ -183,7 +183,11 @@ where
         None => Fill::local(&route, keys, current.response.token, None),
     }
     .refreshing();
-    asked_and_kept(&route, fill, &current, request, inner).await
+    let landed = asked_and_kept(&route, fill, &current, request, inner).await;
+    if backs_off(&landed) {
+        return HoldOff::of(route.policy.error_backoff);
+    }
+    None
 }
 
 /// What L2 said before the lease is asked for.
@@ -304,13 +308,14 @@ async fn taken(route: &Route, keys: &CacheKeys, seen: FencingToken) -> Taken {
 
 /// Calls the origin, asking whether the entry changed when it can (its validators),
 /// and keeps what it answers: the entry renewed by a `304`, or the new answer stored.
+/// How the refresh landed, as a cold fill lands (without callers: no answer is shared).
 async fn asked_and_kept<S, ReqBody, B>(
     route: &Route,
     fill: Fill,
     current: &Stored,
     request: Request<ReqBody>,
     inner: S,
-) -> Option<HoldOff>
+) -> Landed
 where
     S: Inner<ReqBody, B>,
     ReqBody: FillBody,
@@ -326,17 +331,19 @@ where
         Call::NotModified(fill, head) => return renewed(route, fill, current, head, &asked).await,
         // A 304 about another entry than the one asked about: nothing to renew.
         Call::AboutAnother(fill) => {
-            return given_up(route, fill, Event::RefreshOriginError, None).await;
+            return given_up(route, fill, Landed::Failed(Failure::Error), None).await;
         }
         Call::Answered(fill, origin) => (fill, origin),
-        Call::Stopped(_) => return HoldOff::of(route.policy.error_backoff),
+        Call::Stopped(stopped) => return Landed::Failed(stopped.failure()),
     };
     let response = match origin {
         Called::Answered(response) => response,
-        Called::TimedOut => return given_up(route, fill, Event::RefreshTimeout, None).await,
+        Called::TimedOut => {
+            return given_up(route, fill, Landed::Failed(Failure::Timeout), None).await;
+        }
         Called::Error(_) => {
             route.stats.record(Event::OriginError);
-            return given_up(route, fill, Event::RefreshOriginError, None).await;
+            return given_up(route, fill, Landed::Failed(Failure::Error), None).await;
         }
     };
     let (parts, body) = response.into_parts();
@@ -345,21 +352,28 @@ where
     kept(route, fill.renewing_unchanged(current), head, body, &asked).await
 }
 
-/// A `304` about the entry: renewed with the body it has.
+/// A `304` about the entry: renewed with the body it has (or, ended already, not).
 async fn renewed(
     route: &Route,
     fill: Fill,
     current: &Stored,
     head: http::Response<()>,
     asked: &Request<()>,
-) -> Option<HoldOff> {
-    if fill.renew(current, head, asked).await.is_err() {
-        // Ended already.
-        route.stats.record(Event::RefreshNotStored);
-        return HoldOff::of(route.policy.error_backoff);
+) -> Landed {
+    match fill.renew(current, head, asked).await {
+        Ok(put) => {
+            route.stats.record(Event::RefreshRevalidated);
+            Landed::Entry {
+                stored: put.entry().clone(),
+                kept: put.is_kept(),
+                variant_of: None,
+            }
+        }
+        Err(_) => {
+            route.stats.record(Event::RefreshNotStored);
+            Landed::Pass
+        }
     }
-    route.stats.record(Event::RefreshRevalidated);
-    None
 }
 
 /// The origin's new answer: judged at its head (one that may not be stored is no
@@ -373,15 +387,15 @@ async fn kept<B: OriginBody>(
     head: http::Response<()>,
     body: B,
     asked: &Request<()>,
-) -> Option<HoldOff> {
+) -> Landed {
     let verdict = judge(&route.policy, &head);
     match verdict.refreshes() {
         Ok(()) => {}
         Err(Refused::Failure) => {
-            return given_up(route, fill, Event::RefreshOriginError, None).await;
+            return given_up(route, fill, Landed::Failed(Failure::Error), None).await;
         }
         Err(Refused::NotStored(why)) => {
-            return given_up(route, fill, Event::RefreshNotStored, Some(why)).await;
+            return given_up(route, fill, Landed::Pass, Some(why)).await;
         }
     }
     let mut writer = Stream::writer();
@@ -415,24 +429,23 @@ async fn kept<B: OriginBody>(
             if let Some(parts) = parts {
                 parts.drop(route, None).await;
             }
-            fill.stopped(lost).await;
-            return HoldOff::of(route.policy.error_backoff);
+            return Landed::Failed(fill.stopped(lost).await.failure());
         }
     };
     fill.parts_written(parts.as_ref().map_or(0, Parts::usable));
-    let (event, why) = match ended(route, read) {
+    let (landed, why) = match ended(route, read) {
         BodyEnd::Whole { trailers: false } => {
             return stored(route, fill, head, writer, parts, asked).await;
         }
-        BodyEnd::Whole { trailers: true } => (Event::RefreshNotStored, Some(NotStored::Trailers)),
-        BodyEnd::LetGo { .. } => (Event::RefreshNotStored, Some(NotStored::TooLarge)),
-        BodyEnd::Cut(Failure::Error) => (Event::RefreshOriginError, None),
-        BodyEnd::Cut(_) | BodyEnd::Stopped(_) => (Event::RefreshTimeout, None),
+        BodyEnd::Whole { trailers: true } => (Landed::Pass, Some(NotStored::Trailers)),
+        BodyEnd::LetGo { .. } => (Landed::Pass, Some(NotStored::TooLarge)),
+        BodyEnd::Cut(Failure::Error) => (Landed::Failed(Failure::Error), None),
+        BodyEnd::Cut(_) | BodyEnd::Stopped(_) => (Landed::Failed(Failure::Timeout), None),
     };
     if let Some(parts) = parts {
         parts.drop(route, None).await;
     }
-    given_up(route, fill, event, why).await
+    given_up(route, fill, landed, why).await
 }
 
 /// A body read whole: the entry written (its parts dropped if it was not kept).
@@ -443,17 +456,11 @@ async fn stored(
     writer: Writer,
     parts: Option<Parts>,
     asked: &Request<()>,
-) -> Option<HoldOff> {
+) -> Landed {
     let len = writer.stream().len();
     let Some(body) = writer.gathered() else {
         // (Never: a refresh has no reader to let its start go for.)
-        return given_up(
-            route,
-            fill,
-            Event::RefreshNotStored,
-            Some(NotStored::TooLarge),
-        )
-        .await;
+        return given_up(route, fill, Landed::Pass, Some(NotStored::TooLarge)).await;
     };
     let kept = fill.keep(asked, head, body).await;
     if !kept.has_its_parts()
@@ -466,30 +473,34 @@ async fn stored(
             if matches!(put, Put::Written { to_l2: true, .. }) {
                 route.stats.record(Event::RefreshWritten);
             }
-            None
+            Landed::Entry {
+                kept: put.is_kept(),
+                stored: put.entry().clone(),
+                variant_of: None,
+            }
         }
         // Another variant's, filled by someone else: nothing failed.
-        Kept::Elsewhere { .. } => None,
+        Kept::Elsewhere { .. } => Landed::Rekey,
         // Ended already.
         Kept::NotStored { .. } => {
             route.stats.record(Event::RefreshNotStored);
-            HoldOff::of(route.policy.error_backoff)
+            Landed::Pass
         }
     }
 }
 
-/// A refresh that stored nothing (`event`; `why` the answer was not stored, if it came):
-/// its fill ends, and the fleet leaves the origin alone for the back-off.
-async fn given_up(
-    route: &Route,
-    fill: Fill,
-    event: Event,
-    why: Option<NotStored>,
-) -> Option<HoldOff> {
+/// A refresh that stored nothing: its fill ends (`why` the answer was not stored, if
+/// it came), counted by how it `landed`: an origin error, a timeout, or an answer not
+/// stored.
+async fn given_up(route: &Route, fill: Fill, landed: Landed, why: Option<NotStored>) -> Landed {
     if let Some(why) = why {
         not_stored(route, why);
     }
     fill.end(Ending::Error).await;
-    route.stats.record(event);
-    HoldOff::of(route.policy.error_backoff)
+    route.stats.record(match landed {
+        Landed::Failed(Failure::Error) => Event::RefreshOriginError,
+        Landed::Failed(_) => Event::RefreshTimeout,
+        _ => Event::RefreshNotStored,
+    });
+    landed
 }

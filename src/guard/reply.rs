@@ -1,7 +1,8 @@
 //! What each caller of a cold fill gets from how the fill landed: the one decision,
 //! made here ([`reply`]) from the landing and a few facts about the caller, and carried
-//! out by the cold path (`cold::landed`). Pure: its rules are unit-tested in
-//! `reply/tests.rs`, row by row of the module docs' "every way a fill ends" table.
+//! out by the cold path (`cold::landed`); and what a refresh, a fill with no caller,
+//! leaves behind ([`backs_off`]). Pure: its rules are unit-tested in `reply/tests.rs`,
+//! row by row of the module docs' "every way a fill ends" table.
 
 use super::inflight::{Failure, Landed};
 
@@ -96,4 +97,12 @@ pub(crate) fn reply(landed: &Landed, waiter: Waiter) -> Reply {
         Landed::Rekey if waiter.has_own => Reply::Own,
         Landed::Rekey => Reply::Rekey,
     }
+}
+
+/// Whether the fleet's origin is left alone for the route's back-off after a refresh
+/// that landed so: not after an entry (stored, renewed, or one that landed meanwhile),
+/// nor after another variant's answer (nothing failed); after anything else, yes: the
+/// stale entry stays, and stands in meanwhile.
+pub(crate) fn backs_off(landed: &Landed) -> bool {
+    !matches!(landed, Landed::Entry { .. } | Landed::Rekey)
 }

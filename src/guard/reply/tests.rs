@@ -268,3 +268,24 @@ fn every_row_of_the_table_is_a_landing_and_every_landing_a_row() {
         );
     }
 }
+
+/// A refresh that lands with an entry (stored, renewed, or one that landed meanwhile)
+/// or with another variant's answer leaves the origin to the fleet; one that fails,
+/// or whose answer may not be stored, backs off.
+#[test]
+fn a_refresh_backs_off_after_anything_but_an_entry() {
+    assert!(!backs_off(&entry()));
+    assert!(!backs_off(&Landed::Rekey));
+    for failure in [
+        Failure::Error,
+        Failure::Timeout,
+        Failure::LeaseLost,
+        Failure::Panicked,
+        Failure::Cancelled,
+    ] {
+        assert!(backs_off(&Landed::Failed(failure)), "{failure:?}");
+    }
+    assert!(backs_off(&Landed::Pass));
+    assert!(backs_off(&Landed::StoodAside));
+    assert!(backs_off(&shared(true, false)));
+}

@@ -12,9 +12,9 @@ use crate::cache::Stored;
 use crate::http::conditional;
 
 /// What a fill's call of the origin came to.
-pub(crate) enum Call<B: http_body::Body, E> {
-    /// A `304` about the entry asked about: its head, to renew the entry with.
-    NotModified(Fill, Response<()>),
+pub(crate) enum Call<'a, B: http_body::Body, E> {
+    /// A `304` about the entry asked about (`revalidate`): its head, to renew it with.
+    NotModified(Fill, Response<()>, &'a Stored),
     /// A `304` about another entry than the one asked about.
     AboutAnother(Fill),
     /// The origin's answer (not a `304` to the fill's question), or its failure.
@@ -26,13 +26,13 @@ pub(crate) enum Call<B: http_body::Body, E> {
 /// Calls the origin with `request` for `fill`, on `route`; asks whether `revalidate` changed, if it
 /// is given and has a validator. (`request` is what the origin gets: what the caller
 /// asked is split off before, so that a condition added here keys nothing.)
-pub(crate) async fn call<S, ReqBody, B>(
+pub(crate) async fn call<'a, S, ReqBody, B>(
     route: &Route,
     fill: Fill,
     inner: S,
     mut request: Request<ReqBody>,
-    revalidate: Option<&Stored>,
-) -> Call<B, S::Error>
+    revalidate: Option<&'a Stored>,
+) -> Call<'a, B, S::Error>
 where
     S: Inner<ReqBody, B>,
     ReqBody: FillBody,
@@ -56,7 +56,7 @@ where
             }
             // (A 304 has no body.)
             let (parts, _) = response.into_parts();
-            Call::NotModified(fill, Response::from_parts(parts, ()))
+            Call::NotModified(fill, Response::from_parts(parts, ()), current)
         }
         origin => Call::Answered(fill, origin),
     }

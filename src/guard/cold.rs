@@ -459,19 +459,15 @@ where
     // What the caller asked is split off first: the answer is keyed by it, not by a
     // condition the call adds.
     let (request, asked) = asked(request);
-    let called = call(&route, fill, inner, request, revalidate.as_deref()).await;
-    match (called, revalidate) {
-        (Call::NotModified(fill, head), Some(current)) => {
-            renewed(&route, fill, &current, head, asked).await
-        }
+    match call(&route, fill, inner, request, revalidate.as_deref()).await {
+        Call::NotModified(fill, head, current) => renewed(&route, fill, current, head, asked).await,
         // A 304 about another entry is no answer for the callers, who did not ask it.
-        // (Nor one to a question not asked: `call` tells none apart.)
-        (Call::AboutAnother(fill) | Call::NotModified(fill, _), _) => {
+        Call::AboutAnother(fill) => {
             fill.end(Ending::Error).await;
             (Landed::Failed(Failure::Error), None)
         }
-        (Call::Answered(fill, origin), _) => complete(&route, fill, origin, asked, lead).await,
-        (Call::Stopped(stopped), _) => (Landed::Failed(stopped.failure()), None),
+        Call::Answered(fill, origin) => complete(&route, fill, origin, asked, lead).await,
+        Call::Stopped(stopped) => (Landed::Failed(stopped.failure()), None),
     }
 }
 

@@ -308,7 +308,7 @@ async fn taken(route: &Route, keys: &CacheKeys, seen: FencingToken) -> Taken {
 
 /// Calls the origin, asking whether the entry changed when it can (its validators),
 /// and keeps what it answers: the entry renewed by a `304`, or the new answer stored.
-/// How the refresh landed, as a cold fill lands (without callers: no answer is shared).
+/// Returns how the refresh landed, as a cold fill lands (with no caller to share it).
 async fn asked_and_kept<S, ReqBody, B>(
     route: &Route,
     fill: Fill,
@@ -328,7 +328,9 @@ where
     // it; the answer is read whole.)
     let revalidate = Some(current).filter(|current| current.in_parts().is_none());
     let (fill, origin) = match call(route, fill, inner, request, revalidate).await {
-        Call::NotModified(fill, head) => return renewed(route, fill, current, head, &asked).await,
+        Call::NotModified(fill, head, _) => {
+            return renewed(route, fill, current, head, &asked).await;
+        }
         // A 304 about another entry than the one asked about: nothing to renew.
         Call::AboutAnother(fill) => {
             return given_up(route, fill, Landed::Failed(Failure::Error), None).await;

@@ -94,11 +94,7 @@ impl Redis {
         match self {
             Redis::Single(server) | Redis::LeastPrivileged(server, _) => server.kill(),
             #[cfg(feature = "cluster")]
-            Redis::Cluster(cluster) => {
-                for port in cluster.ports() {
-                    cluster.server(port).kill();
-                }
-            }
+            Redis::Cluster(cluster) => cluster.kill(),
         }
     }
 

@@ -85,9 +85,11 @@ impl RedisCluster {
         &self.nodes
     }
 
-    /// The nodes' ports, in the order they were started.
-    pub(crate) fn ports(&self) -> Vec<u16> {
-        self.nodes.iter().map(|n| n.addr().port()).collect()
+    /// Kills every node (SIGKILL).
+    pub(crate) fn kill(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
     }
 
     /// The node process on `port`.

@@ -100,7 +100,7 @@ impl<C: Codec> Cache<C> {
     /// `key`, in this cache.
     pub(crate) fn keyed<K: Serialize + ?Sized>(&self, key: &K) -> Result<Keyed, NoValue> {
         let mut bytes = [0; INLINE];
-        let identity = match inline_identity(&mut bytes, &self.kind, key)? {
+        let identity = match inline_identity(&mut bytes, &self.kind, key) {
             Some(len) => Identity::Inline { bytes, len },
             None => Identity::Heap(heap_identity(&self.kind, key)?),
         };
@@ -112,21 +112,19 @@ impl<C: Codec> Cache<C> {
 /// Where, in an identity, the length of the key's bytes is written: after the kind.
 const AT: usize = KIND;
 
-/// The identity written into `out`, and its length; `None` when it does not fit.
+/// The identity written into `out`, and its length; `None` when it does not fit, or
+/// the key did not encode (the heap's encoding says why: a key written through
+/// `collect_str`, say, tells a full buffer by an error of its own).
 fn inline_identity<K: Serialize + ?Sized>(
     out: &mut [u8; INLINE],
     kind: &[u8; KIND],
     key: &K,
-) -> Result<Option<usize>, NoValue> {
+) -> Option<usize> {
     out[..AT].copy_from_slice(kind);
-    let len = match postcard::to_slice(key, &mut out[AT + 4..]) {
-        Ok(written) => written.len(),
-        Err(postcard::Error::SerializeBufferFull) => return Ok(None),
-        Err(e) => return Err(NoValue::Encode(e.to_string())),
-    };
+    let len = postcard::to_slice(key, &mut out[AT + 4..]).ok()?.len();
     // (Within `INLINE` bytes: never too long.)
     out[AT..AT + 4].copy_from_slice(&(len as u32).to_le_bytes());
-    Ok(Some(AT + 4 + len))
+    Some(AT + 4 + len)
 }
 
 /// The identity, on the heap: refused when the key is longer than [`MAX_KEY`].

@@ -88,6 +88,15 @@ fn an_identity_is_the_same_inline_and_on_the_heap() {
         keyed.identity(),
         heap_identity(kind, &("EUR", 7u64)).unwrap()
     );
+    // A key written through `collect_str` (as `Display` types are), past the buffer's
+    // end: postcard says so with an error of its own, and the heap takes it.
+    for len in [10, 60] {
+        let text = "k".repeat(len);
+        let keyed = cache.keyed(&format_args!("{text}")).unwrap();
+        let heap = heap_identity(kind, &format_args!("{text}")).unwrap();
+        assert_eq!(keyed.identity(), heap, "{len}");
+        assert_eq!(keyed.identity(), cache.keyed(&text).unwrap().identity());
+    }
     // Longer than `MAX_KEY`: refused, whichever way it was written.
     let long = "k".repeat(super::cache::MAX_KEY + 1);
     assert!(cache.keyed(&long).is_err());

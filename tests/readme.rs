@@ -203,7 +203,7 @@ const NOT_RUN: &[(&str, &str)] = &[
         "installs nginx and wrk, and runs minutes of load",
     ),
     (
-        "cargo install --path . --features sidecar",
+        "cargo install --locked --path . --features sidecar",
         "installs the binary for the user; the tests run the one cargo built",
     ),
     (

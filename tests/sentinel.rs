@@ -32,8 +32,12 @@ async fn the_guard_follows_the_primary_the_sentinels_promote() {
         args.extend(rules.split_whitespace());
         let () = server.cmd(&args).await;
     }
+    // The first sentinel as `host:port`, as Sentinel tools take them; the others as URLs.
+    let mut sentinels = group.urls();
+    sentinels[0] = sentinels[0].trim_start_matches("redis://").to_owned();
+    assert!(!sentinels[0].contains("://"));
     let store = || {
-        RedisStore::sentinel(group.urls(), SERVICE)
+        RedisStore::sentinel(sentinels.clone(), SERVICE)
             .username("guard")
             .password("guard-pw")
             .command_timeout(TIMEOUT)
@@ -155,7 +159,9 @@ async fn a_connection_a_nat_forgot_is_retired_and_the_primary_answers_again() {
         proxy.addr().port()
     );
     let sentinel = RedisServer::start_sentinel(&config);
-    let store = RedisStore::sentinel([sentinel.url()], SERVICE)
+    // Given as `host:port`, as Sentinel tools take it: the only sentinel the store has.
+    let host_port = sentinel.url().trim_start_matches("redis://").to_owned();
+    let store = RedisStore::sentinel([host_port], SERVICE)
         .command_timeout(TIMEOUT)
         .build()
         .unwrap();

@@ -71,7 +71,10 @@ impl RedisStore {
 
     /// Starts a store for the primary that Redis Sentinel watches under `service`
     /// (`sentinel monitor <service> ...`; feature `sentinel`), given some of the sentinels
-    /// as URLs (with their own credentials, if they need any). The builder's
+    /// as URLs (with their own credentials, if they need any) or as `host:port`, as
+    /// `redis-cli` and every Sentinel client take them (spoken to as
+    /// `redis://host:port`, a host alone on port 26379: write `rediss://` for TLS).
+    /// The builder's
     /// [`username`](RedisStoreBuilder::username) and
     /// [`password`](RedisStoreBuilder::password) are those of the Redis servers; TLS
     /// settings apply to both. After a failover, the first operation that finds the old
@@ -382,7 +385,7 @@ impl RedisStoreBuilder {
         let sentinels = sentinels
             .iter()
             // The sentinels' own credentials: the builder's are the servers'.
-            .map(|url| self.parsed(url, "sentinels"))
+            .map(|url| self.parsed(&sentinel_url(url), "sentinels"))
             .collect::<Result<Vec<_>, ConfigError>>()?;
         let sentinel = Sentinel::new(
             &sentinels,
@@ -414,6 +417,23 @@ impl RedisStoreBuilder {
             command_timeout,
         )?;
         Ok(Backend::Cluster(Box::new(cluster)))
+    }
+}
+
+/// A sentinel's URL: `host:port` (or `[v6]:port`), with no scheme, is `redis://` of it;
+/// a host alone is on Sentinel's own port, 26379.
+#[cfg(feature = "sentinel")]
+fn sentinel_url(given: &str) -> std::borrow::Cow<'_, str> {
+    if given.contains("://") {
+        return given.into();
+    }
+    let has_port = match given.strip_prefix('[') {
+        Some(v6) => v6.contains("]:"),
+        None => given.contains(':'),
+    };
+    match has_port {
+        true => format!("redis://{given}").into(),
+        false => format!("redis://{given}:26379").into(),
     }
 }
 
@@ -495,6 +515,28 @@ mod tests {
             let error = error.to_string();
             assert!(error.contains(says), "{url}: {error}");
             assert!(!error.contains("hunter2"), "{error}");
+        }
+    }
+
+    /// Sentinels are taken as `host:port`, as every Sentinel tool takes them, besides
+    /// URLs; what is neither is refused, naming the setting.
+    #[cfg(feature = "sentinel")]
+    #[test]
+    fn sentinels_are_taken_as_host_and_port_or_as_urls() {
+        for sentinels in [
+            vec!["127.0.0.1:26379"],
+            vec!["[::1]:26379", "sentinel.internal:26379"],
+            vec!["redis://127.0.0.1:26379", "127.0.0.1:26380"],
+            vec!["sentinel.internal", "[::1]"],
+        ] {
+            let built = RedisStore::sentinel(sentinels.clone(), "cache").build();
+            assert!(built.is_ok(), "{sentinels:?}: {:?}", built.err());
+        }
+        for wrong in ["127.0.0.1:99999", "127.0.0.1:x", "http://127.0.0.1:26379"] {
+            let Err(error) = RedisStore::sentinel([wrong], "cache").build() else {
+                panic!("{wrong} is refused");
+            };
+            assert_eq!(error.field(), "sentinels", "{wrong}");
         }
     }
 

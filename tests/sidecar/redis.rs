@@ -35,6 +35,20 @@ fn redis_backends_are_checked_and_named() {
         "{}",
         text(&out.stdout)
     );
+    // As `host:port`, as every Sentinel tool takes it.
+    let out = run(&[
+        "--redis-sentinel",
+        "10.0.0.5:26379",
+        "--redis-sentinel-service",
+        "cache",
+        "--check",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("Redis Sentinel service cache from 10.0.0.5:26379"),
+        "{}",
+        text(&out.stdout)
+    );
     let out = run(&["--check"]);
     assert!(text(&out.stdout).contains("the local cache only"));
     let out = run(&["--redis", "redis://127.0.0.1:6379", "--check"]);

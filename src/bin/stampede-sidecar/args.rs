@@ -41,11 +41,11 @@ pub(crate) struct Args {
     #[arg(long = "redis-cluster", value_name = "URL", conflicts_with = "redis")]
     pub(crate) redis_cluster: Vec<String>,
 
-    /// Redis Sentinel: a sentinel's URL; repeat for more. With
+    /// Redis Sentinel: a sentinel, as `host:port` or a URL; repeat for more. With
     /// `--redis-sentinel-service`, the name the sentinels watch the primary under.
     #[arg(
         long = "redis-sentinel",
-        value_name = "URL",
+        value_name = "HOST:PORT|URL",
         conflicts_with_all = ["redis", "redis_cluster"],
         requires = "redis_sentinel_service"
     )]

@@ -44,17 +44,40 @@ pub enum ColdMiss {
     },
 }
 
-/// Which query parameters are part of the key (set with
-/// [`PolicyBuilder::key_query`], [`PolicyBuilder::ignore_query`]).
+/// Which query parameters are part of the key (set with [`PolicyBuilder::key_query`],
+/// [`PolicyBuilder::drop_query`], [`PolicyBuilder::ignore_query`]), and what the
+/// handler (the origin) is given on a fill in each mode. (A request the guard does not
+/// fill, a pass or a bypass, reaches it as it came.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyQuery {
-    /// All of them, sorted, so that `?a=1&b=2` and `?b=2&a=1` share an entry.
+    /// All of them, sorted, so that `?a=1&b=2` and `?b=2&a=1` share an entry. A fill
+    /// is given them, sorted.
     All,
-    /// Only these (others are ignored, and not passed to the origin on a fill).
+    /// Only these: the others are left out of the key, and out of what a fill is given
+    /// (the answer it stores is then the answer to its key).
     Only(Vec<String>),
-    /// None: the query string is ignored, and not passed to the origin on a fill.
+    /// All but these, by name (`fbclid`) or by prefix (`utm_*`): parameters that change
+    /// nothing in the answer, left out of the key. A fill is given the query as the
+    /// caller that filled sent it, these included.
+    Drop(Vec<String>),
+    /// None: the query string is left out of the key, and out of what a fill is given.
     Ignore,
+}
+
+impl KeyQuery {
+    /// Whether the query parameter `name` is part of the key.
+    pub(crate) fn keys(&self, name: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Only(names) => names.iter().any(|n| n == name),
+            Self::Drop(patterns) => !patterns.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => p == name,
+            }),
+            Self::Ignore => false,
+        }
+    }
 }
 
 /// The settings of one route. Build one with [`Policy::builder`].
@@ -457,6 +480,35 @@ impl PolicyBuilder {
         names.sort();
         names.dedup();
         self.policy.key_query = KeyQuery::Only(names);
+        self
+    }
+
+    /// Query parameters left out of the key, by exact name (`fbclid`) or by prefix, a
+    /// name ending in `*` (`utm_*`): tracking parameters that change nothing in the
+    /// answer. Every other parameter is keyed, sorted. Unlike
+    /// [`key_query`](Self::key_query), the request is left alone: a fill gives the
+    /// handler the query as its caller sent it, these included (so that a handler
+    /// that reads `amount` still gets it). Answers to a request that had any of them
+    /// say so in `Cache-Status` (`detail=query-dropped`).
+    ///
+    /// ```
+    /// let policy = stampede_guard::Policy::builder("search")
+    ///     .drop_query(["utm_*", "fbclid", "gclid"])
+    ///     .build()?;
+    /// # Ok::<(), stampede_guard::ConfigError>(())
+    /// ```
+    pub fn drop_query<I, P>(mut self, patterns: I) -> Self
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<str>,
+    {
+        let mut patterns: Vec<String> = patterns
+            .into_iter()
+            .map(|p| p.as_ref().to_owned())
+            .collect();
+        patterns.sort();
+        patterns.dedup();
+        self.policy.key_query = KeyQuery::Drop(patterns);
         self
     }
 
@@ -958,6 +1010,23 @@ fn check_storing(p: &Policy) -> Result<(), ConfigError> {
     {
         return Err(ConfigError::invalid("key_query", "empty parameter name"));
     }
+    if let KeyQuery::Drop(patterns) = &p.key_query {
+        for pattern in patterns {
+            let name = pattern.strip_suffix('*').unwrap_or(pattern);
+            if name.is_empty() {
+                return Err(ConfigError::invalid(
+                    "drop_query",
+                    "an empty name or a bare `*` (to leave the whole query out, use ignore_query)",
+                ));
+            }
+            if name.contains(['*', '&', '=']) {
+                return Err(ConfigError::invalid(
+                    "drop_query",
+                    "a name or a prefix ending in `*`: no `*` inside it, no `&` or `=`",
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -1228,6 +1297,10 @@ mod tests {
             (b().key_headers(["Range"]), "key_headers"),
             (b().forward_headers(["if-range"]), "forward_headers"),
             (b().key_query([""]), "key_query"),
+            (b().drop_query(["*"]), "drop_query"),
+            (b().drop_query([""]), "drop_query"),
+            (b().drop_query(["utm_*_id"]), "drop_query"),
+            (b().drop_query(["a=b"]), "drop_query"),
             (b().fresh_jitter(defaults::FRESH_TTL), "fresh_jitter"),
             (b().hit_for_pass(Duration::from_secs(7200)), "hit_for_pass"),
             (b().keep(Duration::from_secs(2 * 86400)), "keep"),

@@ -229,6 +229,81 @@ async fn hits_find_their_entries_through_axum() {
     }
 }
 
+/// Query rules are a route's own, and `drop_query` leaves the request alone: through
+/// `axum::serve`, `/search` drops tracking parameters from its key (the handler still
+/// gets them, and the answers say `detail=query-dropped`), while `/convert`, on a layer
+/// of its own, keys every parameter, and its handler is given `amount` and `cur`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_query_parameters_leave_the_key_and_not_the_request() {
+    let server = RedisServer::start();
+    let guard = ready_guard(&server).await;
+    let search = guard
+        .layer(
+            Policy::builder("search")
+                .drop_query(["utm_*", "fbclid"])
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let convert = guard
+        .layer(Policy::builder("convert").build().unwrap())
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let echo = {
+        let calls = calls.clone();
+        move |query: axum::extract::RawQuery| {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            async move { format!("{} call {n}", query.0.unwrap_or_default()) }
+        }
+    };
+    let app = Router::new()
+        .route("/search", routing::get(echo.clone()).layer(search))
+        .route("/convert", routing::get(echo).layer(convert));
+    let addr = serve(app).await;
+    let status = |got: &web::Got| got.headers["cache-status"].to_str().unwrap().to_owned();
+    // A miss: the handler gets the query as sent, tracking parameters included.
+    let got = fetch(addr, "/search?q=rust&utm_source=news", &[]).await;
+    assert_eq!(got.x_cache(), "miss");
+    assert_eq!(got.body, "q=rust&utm_source=news call 1");
+    assert!(
+        status(&got).ends_with("; detail=query-dropped"),
+        "{}",
+        status(&got)
+    );
+    // Other tracking parameters, another order: the same key, a hit.
+    let got = fetch(addr, "/search?fbclid=abc&q=rust&utm_medium=mail", &[]).await;
+    assert_eq!(got.x_cache(), "hit");
+    assert_eq!(got.body, "q=rust&utm_source=news call 1");
+    assert!(
+        status(&got).ends_with("; detail=query-dropped"),
+        "{}",
+        status(&got)
+    );
+    // None of them: the same key too, and nothing was left out.
+    let got = fetch(addr, "/search?q=rust", &[]).await;
+    assert_eq!(got.x_cache(), "hit");
+    assert!(!status(&got).contains("detail="), "{}", status(&got));
+    // Another keyed value: another entry.
+    let got = fetch(addr, "/search?q=tokio&utm_source=news", &[]).await;
+    assert_eq!(
+        (got.x_cache(), got.body.as_str()),
+        ("miss", "q=tokio&utm_source=news call 2")
+    );
+    // `/convert` keys every parameter: its handler gets `amount` and `cur`.
+    let got = fetch(addr, "/convert?cur=GBP&amount=5", &[]).await;
+    assert_eq!(
+        (got.x_cache(), got.body.as_str()),
+        ("miss", "amount=5&cur=GBP call 3")
+    );
+    let got = fetch(addr, "/convert?amount=1&cur=GBP", &[]).await;
+    assert_eq!(
+        (got.x_cache(), got.body.as_str()),
+        ("miss", "amount=1&cur=GBP call 4")
+    );
+    assert!(!status(&got).contains("detail="), "{}", status(&got));
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
 /// A route that allows `Authorization`, and says nothing else: each credential has its
 /// own entries and its own fill. 20 users, 10 requests each, all at once, over real
 /// TCP: every answer is its caller's own, and the origin is called once per user (it

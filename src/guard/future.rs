@@ -9,7 +9,7 @@ use http::Response;
 use http_body::Body;
 
 use super::body::ResponseBody;
-use super::outcome::say_local_only;
+use super::outcome::say_details;
 
 type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
 
@@ -22,6 +22,8 @@ pub struct ResponseFuture<B: Body, E> {
     inner: Inner<B, E>,
     /// Served while Redis is unavailable: `Cache-Status` says `detail=local-only`.
     local_only: bool,
+    /// The key left out query parameters the request had: `detail=query-dropped`.
+    query_dropped: bool,
 }
 
 enum Inner<B: Body, E> {
@@ -37,6 +39,7 @@ impl<B: Body, E> ResponseFuture<B, E> {
         Self {
             inner: Inner::Boxed(Box::pin(future)),
             local_only: false,
+            query_dropped: false,
         }
     }
 
@@ -44,12 +47,15 @@ impl<B: Body, E> ResponseFuture<B, E> {
         Self {
             inner: Inner::Ready(Some(response)),
             local_only: false,
+            query_dropped: false,
         }
     }
 
-    /// The answer was made while Redis was unavailable, and says so.
-    pub(crate) fn local_only(mut self) -> Self {
-        self.local_only = true;
+    /// The answer says how it was made (see [`say_details`]): while Redis was
+    /// unavailable, or under a key that left out query parameters the request had.
+    pub(crate) fn said(mut self, local_only: bool, query_dropped: bool) -> Self {
+        self.local_only = local_only;
+        self.query_dropped = query_dropped;
         self
     }
 }
@@ -67,8 +73,8 @@ impl<B: Body, E> Future for ResponseFuture<B, E> {
             Inner::Boxed(future) => future.as_mut().poll(cx),
         };
         match polled {
-            Poll::Ready(Ok(mut response)) if this.local_only => {
-                say_local_only(response.headers_mut());
+            Poll::Ready(Ok(mut response)) if this.local_only || this.query_dropped => {
+                say_details(response.headers_mut(), this.local_only, this.query_dropped);
                 Poll::Ready(Ok(response))
             }
             other => other,

@@ -12,6 +12,9 @@
 //! | a request the cache does not handle | `bypass` | `stampede-guard; fwd=bypass` |
 //! | the guard's own answer (the origin failed or did not answer in time; the route rejects) | `miss` | `stampede-guard; fwd=uri-miss; detail=...` |
 //!
+//! Besides, `detail=local-only` when Redis was unavailable, and `detail=query-dropped`
+//! when the key left out query parameters the request had (see [`say_details`]).
+//!
 //! `ttl` is the freshness the entry has left for this cache, in whole seconds: an entry
 //! this cache holds as stale has none left (a fresh entry that a soft purge reached, or
 //! one put in L1 before the notice subscription last came up, is stale here whatever
@@ -145,9 +148,12 @@ fn made(text: String) -> HeaderValue {
     HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static(CACHE_NAME))
 }
 
-/// Adds `detail=local-only` (RFC 9211 §2.8) to this cache's `Cache-Status` entry, unless
-/// it has a detail already (the guard's own answers say what failed).
-pub(crate) fn say_local_only(headers: &mut http::HeaderMap) {
+/// Adds what the answer's making says of it to this cache's member of `Cache-Status`,
+/// as its `detail` (RFC 9211 §2.8): `local-only` when Redis was unavailable, and
+/// `query-dropped` when the key left out parameters the request had (not on a bypass,
+/// which no key made); both, as `detail="local-only query-dropped"`. Not to a member
+/// with a detail already: the guard's own answers say what failed.
+pub(crate) fn say_details(headers: &mut http::HeaderMap, local_only: bool, query_dropped: bool) {
     let mut values: Vec<http::HeaderValue> = headers
         .get_all(crate::http::CACHE_STATUS_NAME)
         .iter()
@@ -159,10 +165,15 @@ pub(crate) fn say_local_only(headers: &mut http::HeaderMap) {
     }) else {
         return;
     };
-    let Ok(marked) = http::HeaderValue::from_str(&format!(
-        "{}; detail=local-only",
-        ours.to_str().unwrap_or_default()
-    )) else {
+    let text = ours.to_str().unwrap_or_default();
+    let query_dropped = query_dropped && !text.contains("fwd=bypass");
+    let detail = match (local_only, query_dropped) {
+        (true, true) => "detail=\"local-only query-dropped\"",
+        (true, false) => "detail=local-only",
+        (false, true) => "detail=query-dropped",
+        (false, false) => return,
+    };
+    let Ok(marked) = http::HeaderValue::from_str(&format!("{text}; {detail}")) else {
         return;
     };
     *ours = marked;
@@ -231,7 +242,7 @@ mod tests {
             crate::http::CACHE_STATUS_NAME,
             "upstream; hit".parse().unwrap(),
         );
-        say_local_only(&mut headers);
+        say_details(&mut headers, true, false);
         let all: Vec<_> = headers
             .get_all(crate::http::CACHE_STATUS_NAME)
             .iter()
@@ -250,10 +261,41 @@ mod tests {
                 .parse()
                 .unwrap(),
         );
-        say_local_only(&mut failed);
+        say_details(&mut failed, true, true);
         assert_eq!(
             failed[crate::http::CACHE_STATUS_NAME],
             "stampede-guard; fwd=uri-miss; detail=origin-error"
+        );
+    }
+
+    /// A key that left out query parameters says `query-dropped`, with `local-only`
+    /// when both; not on a bypass, whose answer no key made.
+    #[test]
+    fn a_dropped_query_is_said_beside_local_only_but_not_on_a_bypass() {
+        let said = |status: &str, local_only: bool| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(crate::http::CACHE_STATUS_NAME, status.parse().unwrap());
+            say_details(&mut headers, local_only, true);
+            headers[crate::http::CACHE_STATUS_NAME]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(
+            said("stampede-guard; hit; ttl=5", false),
+            "stampede-guard; hit; ttl=5; detail=query-dropped"
+        );
+        assert_eq!(
+            said("stampede-guard; hit; ttl=5", true),
+            "stampede-guard; hit; ttl=5; detail=\"local-only query-dropped\""
+        );
+        assert_eq!(
+            said("stampede-guard; fwd=bypass", false),
+            "stampede-guard; fwd=bypass"
+        );
+        assert_eq!(
+            said("stampede-guard; fwd=bypass", true),
+            "stampede-guard; fwd=bypass; detail=local-only"
         );
     }
 }

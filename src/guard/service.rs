@@ -110,9 +110,11 @@ where
         // it was made from this process alone.
         let store = &self.route.shared.store;
         let local_only = store.circuit_open() && !store.is_local_only();
+        // The key leaves out parameters the request has: the answer says so.
+        let query_dropped = request::query_left_out(&self.route.policy, request.uri());
         let future = self.answer(request);
-        if local_only {
-            future.local_only()
+        if local_only || query_dropped {
+            future.said(local_only, query_dropped)
         } else {
             future
         }

@@ -240,17 +240,9 @@ pub(crate) fn keyed_query<'a>(policy: &Policy, uri: &'a Uri, each: &mut impl FnM
     if matches!(policy.key_query, KeyQuery::Ignore) {
         return;
     }
-    let keyed = params(query).filter(|p| !p.is_empty()).filter(|p| {
-        match &policy.key_query {
-            KeyQuery::All => true,
-            KeyQuery::Only(names) => {
-                // Only a filter needs the name (found by a byte scan, as in `params`).
-                let name = p.bytes().position(|b| b == b'=').map_or(*p, |at| &p[..at]);
-                names.iter().any(|n| n == name)
-            }
-            KeyQuery::Ignore => false,
-        }
-    });
+    let keyed = params(query)
+        .filter(|p| !p.is_empty())
+        .filter(|p| matches!(policy.key_query, KeyQuery::All) || policy.key_query.keys(name(p)));
     let mut few: [&str; 8] = [""; 8];
     let mut count = 0;
     let mut many: Vec<&str> = Vec::new();
@@ -274,6 +266,28 @@ pub(crate) fn keyed_query<'a>(policy: &Policy, uri: &'a Uri, each: &mut impl FnM
     for param in params.iter() {
         each(param);
     }
+}
+
+/// Whether the key leaves out a parameter of `uri`'s query (one of the route's
+/// `key_query`, `drop_query` or `ignore_query` rules applied).
+pub(crate) fn query_left_out(policy: &Policy, uri: &Uri) -> bool {
+    let Some(query) = uri.query() else {
+        return false;
+    };
+    match policy.key_query {
+        KeyQuery::All => false,
+        _ => params(query)
+            .filter(|p| !p.is_empty())
+            .any(|p| !policy.key_query.keys(name(p))),
+    }
+}
+
+/// A parameter's name: up to its `=` (found by a byte scan, as in `params`).
+fn name(param: &str) -> &str {
+    param
+        .bytes()
+        .position(|b| b == b'=')
+        .map_or(param, |at| &param[..at])
 }
 
 /// The parameters of a query string, split at `&`: a plain scan of its bytes, cheaper
@@ -363,6 +377,43 @@ pub(super) mod tests {
             .body(())
             .unwrap();
         assert_ne!(identity(&p, &other_host), identity(&p, &plain));
+    }
+
+    /// `drop_query` leaves out parameters by name or prefix, and keys the rest as
+    /// `All` does; the other modes leave out what they do not keep; and the answer
+    /// knows when the key left anything out.
+    #[test]
+    fn dropped_parameters_are_left_out_of_the_key_by_name_or_prefix() {
+        let dropping = Policy::builder("search")
+            .drop_query(["utm_*", "fbclid"])
+            .build()
+            .unwrap();
+        let all = Policy::builder("search").build().unwrap();
+        let id = |p: &Policy, uri: &str| identity(p, &get(uri).body(()).unwrap());
+        let plain = id(&dropping, "/search?q=a&page=2");
+        for tracked in [
+            "/search?q=a&page=2&utm_source=x",
+            "/search?utm_campaign=y&page=2&fbclid=z&q=a",
+            "/search?page=2&utm_=1&q=a",
+        ] {
+            assert_eq!(id(&dropping, tracked), plain, "{tracked}");
+            let uri: Uri = tracked.parse().unwrap();
+            assert!(query_left_out(&dropping, &uri), "{tracked}");
+            assert!(!query_left_out(&all, &uri));
+        }
+        // Not a prefix match for an exact name, nor dropped when only alike.
+        for kept in ["/search?q=a&page=2&fbclid2=z", "/search?q=a&page=2&utm=x"] {
+            assert_ne!(id(&dropping, kept), plain, "{kept}");
+            assert!(!query_left_out(&dropping, &kept.parse().unwrap()), "{kept}");
+        }
+        // Without any tracking parameter: the key `All` would make.
+        assert_eq!(plain, id(&all, "/search?page=2&q=a"));
+        let only = Policy::builder("s").key_query(["q"]).build().unwrap();
+        assert!(query_left_out(&only, &"/s?q=a&page=2".parse().unwrap()));
+        assert!(!query_left_out(&only, &"/s?q=a".parse().unwrap()));
+        let ignore = Policy::builder("s").ignore_query().build().unwrap();
+        assert!(query_left_out(&ignore, &"/s?q=a".parse().unwrap()));
+        assert!(!query_left_out(&ignore, &"/s".parse().unwrap()));
     }
 
     #[test]

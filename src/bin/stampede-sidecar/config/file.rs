@@ -165,12 +165,20 @@ pub(super) enum ColdMissFile {
     Reject { retry_after: String },
 }
 
-/// `key_query = ["page", "sort"]`, `"all"` or `"ignore"`.
+/// `key_query = ["page", "sort"]`, `"all"`, `"ignore"` or `{ drop = ["utm_*"] }`.
 #[derive(Deserialize, Clone)]
 #[serde(untagged)]
 pub(super) enum KeyQueryFile {
     Only(Vec<String>),
     Mode(String),
+    Drop(DropQueryFile),
+}
+
+/// `key_query = { drop = ["utm_*", "fbclid"] }`: parameters left out of the key.
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DropQueryFile {
+    pub(super) drop: Vec<String>,
 }
 
 /// What requests that match no route get: `default = "cache"` (the top-level policy) or

@@ -176,6 +176,7 @@ impl PolicyFields {
         builder = match &self.key_query {
             None | Some(KeyQuery::All) => builder,
             Some(KeyQuery::Only(names)) => builder.key_query(names),
+            Some(KeyQuery::Drop(patterns)) => builder.drop_query(patterns),
             Some(KeyQuery::Ignore) => builder.ignore_query(),
             Some(_) => builder,
         };
@@ -233,16 +234,21 @@ fn cold_miss(file: &ColdMissFile, place: &Place<'_>) -> Result<ColdMiss, Setting
     }
 }
 
-/// `key_query`, as the file gives it: a list of names, `"all"` or `"ignore"`.
+/// `key_query`, as the file gives it: a list of names, `"all"`, `"ignore"`, or the
+/// parameters to drop (`{ drop = [...] }`).
 fn key_query(file: &KeyQueryFile, place: &Place<'_>) -> Result<KeyQuery, SettingError> {
     match file {
         KeyQueryFile::Only(names) => Ok(KeyQuery::Only(names.clone())),
+        KeyQueryFile::Drop(drop) => Ok(KeyQuery::Drop(drop.drop.clone())),
         KeyQueryFile::Mode(mode) => match mode.as_str() {
             "all" => Ok(KeyQuery::All),
             "ignore" => Ok(KeyQuery::Ignore),
             other => Err(place.error(
                 "key_query",
-                format!("`{other}`: write a list of names, \"all\" or \"ignore\""),
+                format!(
+                    "`{other}`: write a list of names, \"all\", \"ignore\" or \
+                     {{ drop = [\"utm_*\"] }}"
+                ),
             )),
         },
     }
@@ -261,6 +267,7 @@ pub(super) fn file_field(field: &str) -> &str {
         // The lease bounds the refresh and the back-off after an error.
         "refresh_timeout" | "error_backoff" | "watchdog" => "lease",
         "route" => "name",
+        "drop_query" => "key_query",
         method => ROUTE_SETTINGS
             .iter()
             .find_map(|(file, m)| (*m == method).then_some(*file))

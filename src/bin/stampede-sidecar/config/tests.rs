@@ -31,6 +31,29 @@ fn the_fixture_loads() {
 }
 
 #[test]
+fn query_rules_are_a_routes_own() {
+    let text = "listen = \"127.0.0.1:1\"\n\
+                [[routes]]\nname = \"search\"\nprefix = \"/search\"\n\
+                key_query = { drop = [\"utm_*\", \"fbclid\"] }\n\
+                [[routes]]\nname = \"convert\"\nprefix = \"/convert\"\n";
+    let s = load(&[], text).unwrap();
+    let rule = |name: &str| {
+        s.routes
+            .iter()
+            .find(|r| r.policy.route() == name)
+            .unwrap()
+            .policy
+            .key_query()
+            .clone()
+    };
+    assert_eq!(
+        rule("search"),
+        stampede_guard::KeyQuery::Drop(vec!["fbclid".into(), "utm_*".into()])
+    );
+    assert_eq!(rule("convert"), stampede_guard::KeyQuery::All);
+}
+
+#[test]
 fn sizes_take_their_units_in_the_file_and_the_flag() {
     let text = "follow_origin = false\nmax_body = \"8MiB\"\nlisten = \"127.0.0.1:1\"\n\
                 [[routes]]\nname = \"a\"\nprefix = \"/a\"\nmax_body = 512\n\
@@ -88,6 +111,8 @@ fn errors_name_the_file_the_route_and_the_field() {
         ("fresh = \"0s\"", "`fresh`"),
         ("grace = \"2 fortnights\"", "`grace`"),
         ("key_query = \"some\"", "`key_query`"),
+        ("key_query = { drop = [\"*\"] }", "`key_query`"),
+        ("key_query = { keep = [\"q\"] }", "key_query = {"),
         ("key_headers = [\"bad header\"]", "`key_headers`"),
         (
             "cold_miss = { reject = { retry_after = \"soon\" } }",

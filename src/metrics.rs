@@ -133,6 +133,14 @@ names! {
     /// the least recently used, to make room for another. One per process, no `route`
     /// label, as [`L1_ENTRIES`].
     L1_VARIANTS_DROPPED: Counter = "stampede_guard_l1_variants_dropped_total", "Variants of one URL dropped from L1 past its cap of variants per URL (per process, shared by all routes: no route label).";
+    /// Origin calls the layer avoided, by `reason`: `coalesced` (a caller answered by a
+    /// fill already in flight in this process), `remote_fill` (a fill of this process
+    /// that waited for another instance's and took its entry), `stale_while_refresh` (a
+    /// stale entry served while its refresh ran, here or on another instance). Each is a
+    /// caller that, without the guard, would have called the origin at that moment; an
+    /// ordinary hit of a fresh entry is none of them (it avoided a call by being cached,
+    /// which any cache does): the stampedes the guard stopped, not its hit ratio.
+    ORIGIN_CALLS_AVOIDED: Counter = "stampede_guard_origin_calls_avoided_total", "Origin calls avoided by sharing a fill (coalesced), by taking another instance's fill (remote_fill), or by serving stale while one refresh ran (stale_while_refresh); ordinary hits are not counted.";
     /// Calls the layer made to the origin (fills, refreshes and pass-throughs).
     ORIGIN_CALLS: Counter = "stampede_guard_origin_calls_total", "Calls the layer made to the origin.";
     /// Calls to the origin that failed without an answer, by reason (`timeout`, `error`,
@@ -293,6 +301,9 @@ events! {
     UncertainAcquire => (UNCERTAIN_ACQUIRES), "An acquire timed out; it was treated as not acquired.";
     SoftTimeout => (SOFT_TIMEOUTS), "A fill took longer than the soft timeout; an expired entry was served.";
     NotModified => (NOT_MODIFIED), "A conditional request was answered 304 from an entry (also counted as a hit or a stale answer).";
+    AvoidedCoalesced => (ORIGIN_CALLS_AVOIDED, "reason" => "coalesced"), "An origin call avoided: a caller was answered by a fill already in flight in this process (counted with every `Coalesced`).";
+    AvoidedRemoteFill => (ORIGIN_CALLS_AVOIDED, "reason" => "remote_fill"), "An origin call avoided: a fill of this process waited for another instance's and took its entry (counted with every `ColdWaitNotified`).";
+    AvoidedStale => (ORIGIN_CALLS_AVOIDED, "reason" => "stale_while_refresh"), "An origin call avoided: a stale entry was served while its refresh ran, here or on another instance.";
     Revalidated => (REVALIDATIONS, "result" => "not_modified"), "The origin answered a conditional refresh or fill 304: the entry was renewed with the body it had.";
     RevalidatedModified => (REVALIDATIONS, "result" => "modified"), "The origin answered a conditional refresh or fill with a new response.";
 }
@@ -320,6 +331,28 @@ impl RouteStats {
                 (name, None) => counter!(name, "route" => route.to_owned()),
             })
             .collect();
+        // The route's fill-lease series, at 0 from the start (some only a watchdog or a
+        // lost lease would otherwise make), so that their panels and alerts have data.
+        let fill = |more: &[(&'static str, &'static str)]| {
+            lease_labels(Some(route.to_owned().into()), "fill".into(), more)
+        };
+        let results: [(&str, &[&'static str]); 3] = [
+            (
+                LEASE_ACQUISITIONS,
+                &["acquired", "busy", "timed_out", "unavailable", "written"],
+            ),
+            (LEASE_RENEWALS, &["renewed", "not_owner", "error"]),
+            (
+                LEASE_RELEASES,
+                &["released", "held_off", "not_owner", "error"],
+            ),
+        ];
+        for (name, results) in results {
+            for &result in results {
+                counter!(name, fill(&[("result", result)])).increment(0);
+            }
+        }
+        counter!(LEASE_OWNER_MISMATCHES, fill(&[])).increment(0);
         Self {
             counts: Event::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
             fresh_l1_hits: AtomicU64::new(0),
@@ -330,6 +363,16 @@ impl RouteStats {
     }
 
     pub(crate) fn record(&self, event: Event) {
+        self.count(event);
+        // What also counts as an origin call avoided.
+        match event {
+            Event::Coalesced => self.count(Event::AvoidedCoalesced),
+            Event::ColdWaitNotified => self.count(Event::AvoidedRemoteFill),
+            _ => {}
+        }
+    }
+
+    fn count(&self, event: Event) {
         let i = index(event);
         self.counts[i].fetch_add(1, Ordering::Relaxed);
         self.counters[i].increment(1);

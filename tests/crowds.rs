@@ -468,6 +468,7 @@ async fn a_crowd_streams_one_fill_of_a_large_answer_through_axum() {
         .count();
     assert_eq!(collapsed as u64, CALLERS - 1, "all but the leader");
     assert_eq!(layer.stats().get(Event::Coalesced), CALLERS - 1);
+    assert_eq!(layer.stats().get(Event::AvoidedCoalesced), CALLERS - 1);
     assert_eq!(origin.calls(), 1);
     for _ in 0..20 {
         let hit = stream_get(addr, "/catalog", body.clone(), Arc::default()).await;

@@ -156,7 +156,7 @@ fn the_dashboard_uses_only_emitted_metrics_and_has_the_panels_users_ask_for() {
         "Expired while working",
         "Redis timeouts",
         "Stale served",
-        "Origin calls saved",
+        "Origin calls avoided: the stampedes stopped",
         "Origin failures",
         "L1 entries",
         "L1 bytes",

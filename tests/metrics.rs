@@ -36,6 +36,28 @@ fn parse(rendered: &str) -> BTreeMap<String, f64> {
     out
 }
 
+/// The counters and gauges the shipped dashboard and alert rules use (histograms, which
+/// are exported from their first sample, left out).
+fn dashboard_and_alert_metrics() -> Vec<String> {
+    use stampede_guard::metrics::{ALL, MetricKind};
+    let text = std::fs::read_to_string("dashboards/stampede-guard.json").unwrap()
+        + &std::fs::read_to_string("dashboards/alerts.yml").unwrap();
+    let mut used: Vec<String> = ALL
+        .iter()
+        .filter(|(_, kind, _)| *kind != MetricKind::Histogram)
+        .map(|(name, _, _)| name.to_string())
+        .filter(|name| {
+            text.match_indices(name.as_str()).any(|(at, _)| {
+                // The name whole, not the start of a longer one.
+                !text[at + name.len()..]
+                    .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            })
+        })
+        .collect();
+    used.sort();
+    used
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
     let handle = stampede_guard::prometheus::install().unwrap();
@@ -60,6 +82,43 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
         origin.service(),
     )
     .await;
+
+    // From start-up, before any request: every counter and gauge the dashboard and the
+    // alert rules use is exported (at 0 where nothing happened yet), so that their
+    // panels and alerts have data on a healthy fleet. (Histograms: from their first
+    // sample.)
+    let used = dashboard_and_alert_metrics();
+    let missing = |text: &str| -> Vec<String> {
+        used.iter()
+            .filter(|name| {
+                !text
+                    .lines()
+                    .any(|l| !l.starts_with('#') && l.starts_with(name.as_str()))
+            })
+            .cloned()
+            .collect()
+    };
+    // (The per-process gauges are reported by the notice listener once it is up.)
+    let exported = eventually(Duration::from_secs(3), || async {
+        missing(&handle.render()).is_empty()
+    });
+    assert!(
+        exported.await,
+        "not exported at start-up: {:?}",
+        missing(&handle.render())
+    );
+    let startup = parse(&handle.render());
+    for name in [
+        "stampede_guard_origin_calls_avoided_total",
+        "stampede_guard_lease_renewals_total",
+        "stampede_guard_lease_owner_mismatches_total",
+    ] {
+        let zero = startup
+            .iter()
+            .filter(|(series, _)| series.starts_with(name) && series.contains("route=\"items\""))
+            .all(|(_, value)| *value == 0.0);
+        assert!(zero, "{name} at 0");
+    }
 
     // A cold fill, then a hit.
     assert_eq!(send(&i.service, get("/items/1")).await.x_cache(), "miss");
@@ -298,15 +357,20 @@ async fn the_exporter_renders_exact_counts_after_a_scripted_scenario() {
         ],
     );
     // Every lease series of the guard's has its route, and only those: the lease client's
-    // own carry `operation` alone.
+    // own carry `operation` alone. (The route's are exported at 0 from the start, for
+    // every result: those that counted something are listed.)
+    let is_lease = |k: &str| {
+        k.starts_with("stampede_guard_lease_acquisitions_total{")
+            || k.starts_with("stampede_guard_lease_releases_total{")
+            || k.starts_with("stampede_guard_lease_renewals_total{")
+    };
+    for (series, _) in got.iter().filter(|(k, v)| is_lease(k) && **v == 0.0) {
+        assert!(series.contains("route=\"items\""), "{series}");
+    }
     let lease_series: Vec<&str> = got
-        .keys()
-        .filter(|k| {
-            k.starts_with("stampede_guard_lease_acquisitions_total{")
-                || k.starts_with("stampede_guard_lease_releases_total{")
-                || k.starts_with("stampede_guard_lease_renewals_total{")
-        })
-        .map(String::as_str)
+        .iter()
+        .filter(|(k, v)| is_lease(k) && **v > 0.0)
+        .map(|(k, _)| k.as_str())
         .collect();
     assert_eq!(
         lease_series,

@@ -94,6 +94,8 @@ async fn cold_key_filled_once(server: Redis) {
     assert_eq!(total(&layers, Event::ColdFill), 1);
     // One fill task per other instance waited, and each was ended by the entry.
     assert_eq!(total(&layers, Event::ColdWaitNotified), 2);
+    // Each of those fills took the entry in place of an origin call.
+    assert_eq!(total(&layers, Event::AvoidedRemoteFill), 2);
     assert_eq!(total(&layers, Event::ColdWaitTimedOut), 0);
     assert_eq!(
         total(&layers, Event::LocalOnly),

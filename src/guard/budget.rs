@@ -40,6 +40,8 @@ pub(crate) struct Budget {
 
 impl Budget {
     pub(crate) fn new(size: usize) -> Self {
+        // Exported from the start, at the slots this budget has given out: none.
+        metrics::gauge!(crate::metrics::BUDGET_IN_USE).increment(0.0);
         Self {
             slots: Arc::new(Semaphore::new(size)),
             size,

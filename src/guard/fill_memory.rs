@@ -26,6 +26,8 @@ pub(crate) struct FillMemory {
 
 impl FillMemory {
     pub(crate) fn new(limit: u64) -> Self {
+        // Exported from the start, at what this memory holds: nothing.
+        metrics::gauge!(crate::metrics::FILL_BYTES).increment(0.0);
         Self {
             limit,
             held: AtomicU64::new(0),

@@ -294,15 +294,18 @@ pub(crate) enum Refresh {
     Running,
     /// Running, and another instance's fill notice came meanwhile.
     RunningFilled,
-    /// Until then, the lease is someone else's: do not try. Meanwhile the process
-    /// listens to the key's bucket for the holder's fill notice (when it could): the
-    /// interest is given back with the state, when the notice lifts the hold-off, the
-    /// key is refreshed again, or the hold-off is swept once it ended.
-    HeldOff(
-        std::time::Instant,
+    /// Until `until`, do not try: the lease is someone else's (`elsewhere`: another
+    /// instance refreshes), or the last refresh failed. Meanwhile the process listens
+    /// to the key's bucket for the holder's fill notice (when it could): the interest
+    /// is given back with the state, when the notice lifts the hold-off, the key is
+    /// refreshed again, or the hold-off is swept once it ended.
+    HeldOff {
+        until: std::time::Instant,
         // Never read: kept for its drop, which gives the bucket back.
-        #[allow(dead_code)] Option<Interest>,
-    ),
+        #[allow(dead_code)]
+        listening: Option<Interest>,
+        elsewhere: bool,
+    },
 }
 
 /// The refresh state of the keys of one guard.
@@ -314,7 +317,7 @@ pub(crate) fn sweep_held_off(refreshing: &Mutex<RefreshMap>) {
     refreshing
         .lock()
         .expect("refreshing lock")
-        .retain(|_, state| !matches!(state, Refresh::HeldOff(until, _) if *until <= now));
+        .retain(|_, state| !matches!(state, Refresh::HeldOff { until, .. } if *until <= now));
 }
 
 /// Another instance wrote the entry at `key`: a refresh held off for it may go ahead
@@ -323,7 +326,7 @@ pub(crate) fn sweep_held_off(refreshing: &Mutex<RefreshMap>) {
 pub(crate) fn filled_elsewhere(refreshing: &Mutex<RefreshMap>, key: LocalKey) {
     let mut refreshing = refreshing.lock().expect("refreshing lock");
     match refreshing.get_mut(&key) {
-        Some(Refresh::HeldOff(..)) => {
+        Some(Refresh::HeldOff { .. }) => {
             refreshing.remove(&key);
         }
         Some(state @ Refresh::Running) => *state = Refresh::RunningFilled,

@@ -30,6 +30,19 @@ use crate::metrics::Event;
 use crate::notify::Ending;
 use crate::notify::Interest;
 
+/// Whether a refresh was started, and if not, whether one runs for the entry all the
+/// same (an answer served stale meanwhile avoided an origin call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Started {
+    /// By this call.
+    Now,
+    /// One runs: in this process, or on another instance that holds the lease.
+    Running,
+    /// None: the budget is spent, the key backs off after a failure, or the entry is
+    /// not the variant the request asks for now.
+    No,
+}
+
 /// Starts the refresh of the entry `current` of `request` (at `local` in L1), unless one
 /// runs or is held off, or the budget is spent. `keys`, its Redis keys, if the caller has
 /// them already: a hit does not (they cost an HMAC), and they are made only once the
@@ -41,7 +54,7 @@ pub(crate) fn spawn_refresh<S, ReqBody, ResBody>(
     current: Arc<Stored>,
     request: &Request<ReqBody>,
     inner: &S,
-) -> bool
+) -> Started
 where
     S: Inner<ReqBody, ResBody>,
     ReqBody: FillBody,
@@ -52,23 +65,32 @@ where
         let mut refreshing = route.shared.refreshing.lock().expect("refreshing lock");
         match refreshing.get(&key) {
             // One refresh per key per process.
-            Some(Refresh::Running | Refresh::RunningFilled) => return false,
-            // Someone else has the lease; their notice, or its TTL, lifts the hold.
-            Some(Refresh::HeldOff(until, _)) if Instant::now() < *until => return false,
+            Some(Refresh::Running | Refresh::RunningFilled) => return Started::Running,
+            // Someone else has the lease (it listens for their notice, which lifts the
+            // hold, as its TTL does); or, listening to nothing, the key backs off.
+            Some(Refresh::HeldOff {
+                until, elsewhere, ..
+            }) if Instant::now() < *until => {
+                return match elsewhere {
+                    true => Started::Running,
+                    false => Started::No,
+                };
+            }
             _ => {}
         }
         // Hold-offs of keys nobody asks for any more would pile up: sweep them now and
         // then (amortized: only when the map has grown).
         if refreshing.len() >= 1024 && refreshing.len().is_power_of_two() {
             let now = Instant::now();
-            refreshing
-                .retain(|_, state| !matches!(state, Refresh::HeldOff(until, _) if *until <= now));
+            refreshing.retain(
+                |_, state| !matches!(state, Refresh::HeldOff { until, .. } if *until <= now),
+            );
         }
         // Within the budget, or not at all: the entry is served stale meanwhile, and a
         // later caller starts the refresh once a slot is free.
         let Some(slot) = route.shared.budget.try_take() else {
             route.stats.record(Event::RefreshSkipped);
-            return false;
+            return Started::No;
         };
         refreshing.insert(key, Refresh::Running);
         slot
@@ -80,12 +102,12 @@ where
         hold_off: None,
     };
     let Some(keys) = keys.cloned().or_else(|| route.keys_for(request)) else {
-        return false;
+        return Started::No;
     };
     if keys.local != local {
         // The URL learned a `Vary` header since `local` was made: the entry is not
         // the variant the request asks for now; the next caller refreshes its own.
-        return false;
+        return Started::No;
     }
     let request = route.fill_request(request);
     let (route, inner) = (route.clone(), inner.clone());
@@ -103,7 +125,7 @@ where
         }
         .instrument(span),
     );
-    true
+    Started::Now
 }
 
 /// Marks a key as no longer refreshing, however the refresh ends (a panic included).
@@ -120,6 +142,8 @@ pub(crate) struct Refreshing {
 pub(crate) struct HoldOff {
     lasting: Duration,
     listening: Option<Interest>,
+    /// Another instance holds the lease (else the refresh failed).
+    elsewhere: bool,
 }
 
 impl HoldOff {
@@ -128,6 +152,7 @@ impl HoldOff {
         Some(Self {
             lasting,
             listening: None,
+            elsewhere: false,
         })
     }
 }
@@ -144,7 +169,12 @@ impl Drop for Refreshing {
         match self.hold_off.take() {
             Some(hold_off) if !filled => {
                 let until = Instant::now() + hold_off.lasting;
-                refreshing.insert(self.key, Refresh::HeldOff(until, hold_off.listening));
+                let held_off = Refresh::HeldOff {
+                    until,
+                    listening: hold_off.listening,
+                    elsewhere: hold_off.elsewhere,
+                };
+                refreshing.insert(self.key, held_off);
             }
             _ => {
                 refreshing.remove(&self.key);
@@ -296,6 +326,7 @@ async fn taken(route: &Route, keys: &CacheKeys, seen: FencingToken) -> Taken {
                 return Taken::HeldOff(HoldOff {
                     lasting: hold_off,
                     listening: listening.flatten(),
+                    elsewhere: true,
                 });
             }
             LeaseReply::Unavailable => {

@@ -18,7 +18,7 @@ use super::marks::{Says, says};
 use super::origin::{FillBody, Inner, OriginBody};
 use super::outcome::XCache;
 use super::ranged;
-use super::refresh::spawn_refresh;
+use super::refresh::{Started, spawn_refresh};
 use super::respond::{serve_aged, serve_not_modified, set_own_status};
 use super::route::Route;
 use super::vary::{self, Check};
@@ -283,11 +283,15 @@ where
         keys,
         ..
     } = found;
-    if refresh
-        && spawn_refresh(route, local, keys, stored.clone(), request, inner)
-        && x_cache == XCache::Hit
-    {
-        route.stats.record(Event::EarlyRefresh);
+    if refresh {
+        match spawn_refresh(route, local, keys, stored.clone(), request, inner) {
+            Started::Now if x_cache == XCache::Hit => route.stats.record(Event::EarlyRefresh),
+            // Served stale while one refresh runs: a call the origin did not get.
+            Started::Running if x_cache == XCache::Stale => {
+                route.stats.record(Event::AvoidedStale);
+            }
+            _ => {}
+        }
     }
     if asked.conditional
         && not_modified(stored.response.status, &stored.headers(), request.headers())

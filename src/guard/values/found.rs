@@ -13,7 +13,7 @@ use crate::cache::{Decoded, Stored};
 use crate::guard::answer::{Found, Lookup, lookup};
 use crate::guard::early;
 use crate::guard::origin::Inner;
-use crate::guard::refresh::spawn_refresh;
+use crate::guard::refresh::{Started, spawn_refresh};
 use crate::keys::CacheKeys;
 use crate::metrics::Event;
 
@@ -115,9 +115,11 @@ impl<C: Codec> Cache<C> {
                 fetch: fetch.clone(),
                 codec: self.codec.clone(),
             };
-            let started = spawn_refresh(route, keyed.local, keys, stored.clone(), &request, &fetch);
-            if started && fresh {
-                route.stats.record(Event::EarlyRefresh);
+            match spawn_refresh(route, keyed.local, keys, stored.clone(), &request, &fetch) {
+                Started::Now if fresh => route.stats.record(Event::EarlyRefresh),
+                // Served stale while one refresh runs: a fetch avoided.
+                Started::Running if !fresh => route.stats.record(Event::AvoidedStale),
+                _ => {}
             }
         }
         true

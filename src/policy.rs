@@ -45,23 +45,22 @@ pub enum ColdMiss {
 }
 
 /// Which query parameters are part of the key (set with [`PolicyBuilder::key_query`],
-/// [`PolicyBuilder::drop_query`], [`PolicyBuilder::ignore_query`]), and what the
-/// handler (the origin) is given on a fill in each mode. (A request the guard does not
-/// fill, a pass or a bypass, reaches it as it came.)
+/// [`PolicyBuilder::drop_query`], [`PolicyBuilder::ignore_query`]). In every mode a
+/// fill gives the handler (the origin) the keyed parameters, sorted, and nothing else:
+/// what the origin answers is what is stored under the key. (A request the guard does
+/// not fill, a pass or a bypass, reaches it as it came.) Names are matched as sent,
+/// percent-encoding and all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyQuery {
-    /// All of them, sorted, so that `?a=1&b=2` and `?b=2&a=1` share an entry. A fill
-    /// is given them, sorted.
+    /// All of them, sorted, so that `?a=1&b=2` and `?b=2&a=1` share an entry.
     All,
-    /// Only these: the others are left out of the key, and out of what a fill is given
-    /// (the answer it stores is then the answer to its key).
+    /// Only these.
     Only(Vec<String>),
     /// All but these, by name (`fbclid`) or by prefix (`utm_*`): parameters that change
-    /// nothing in the answer, left out of the key. A fill is given the query as the
-    /// caller that filled sent it, these included.
+    /// nothing in the answer.
     Drop(Vec<String>),
-    /// None: the query string is left out of the key, and out of what a fill is given.
+    /// None: the query string is left out of the key.
     Ignore,
 }
 
@@ -484,12 +483,14 @@ impl PolicyBuilder {
     }
 
     /// Query parameters left out of the key, by exact name (`fbclid`) or by prefix, a
-    /// name ending in `*` (`utm_*`): tracking parameters that change nothing in the
-    /// answer. Every other parameter is keyed, sorted. Unlike
-    /// [`key_query`](Self::key_query), the request is left alone: a fill gives the
-    /// handler the query as its caller sent it, these included (so that a handler
-    /// that reads `amount` still gets it). Answers to a request that had any of them
-    /// say so in `Cache-Status` (`detail=query-dropped`).
+    /// name ending in `*` (`utm_*`), matched as sent: tracking parameters that change
+    /// nothing in the answer. Every other parameter is keyed, sorted, and a handler
+    /// that reads `amount` still gets it, unlike with a [`key_query`](Self::key_query)
+    /// list that forgot it. A fill gives the handler the keyed parameters only: a
+    /// dropped one passed on could put one caller's text in the answer every caller
+    /// of the key is served (count tracking parameters where requests arrive, not in a
+    /// handler behind a cache, which sees one request in many). Answers to a request
+    /// that had any say so in `Cache-Status` (`detail=query-dropped`).
     ///
     /// ```
     /// let policy = stampede_guard::Policy::builder("search")
@@ -1019,10 +1020,11 @@ fn check_storing(p: &Policy) -> Result<(), ConfigError> {
                     "an empty name or a bare `*` (to leave the whole query out, use ignore_query)",
                 ));
             }
-            if name.contains(['*', '&', '=']) {
+            if name.contains(['*', '&', '=', ';', '#', '%', ' ']) {
                 return Err(ConfigError::invalid(
                     "drop_query",
-                    "a name or a prefix ending in `*`: no `*` inside it, no `&` or `=`",
+                    "a name as sent, or a prefix ending in `*`: no `*` inside it, no `&`, \
+                     `=`, `;`, `#`, `%` or space",
                 ));
             }
         }
@@ -1301,6 +1303,8 @@ mod tests {
             (b().drop_query([""]), "drop_query"),
             (b().drop_query(["utm_*_id"]), "drop_query"),
             (b().drop_query(["a=b"]), "drop_query"),
+            (b().drop_query(["utm%5F*"]), "drop_query"),
+            (b().drop_query(["a;b"]), "drop_query"),
             (b().fresh_jitter(defaults::FRESH_TTL), "fresh_jitter"),
             (b().hit_for_pass(Duration::from_secs(7200)), "hit_for_pass"),
             (b().keep(Duration::from_secs(2 * 86400)), "keep"),

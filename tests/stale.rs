@@ -104,7 +104,9 @@ async fn stale_entry_refreshed_once(server: Redis) {
     );
     assert_eq!(total(&layers, Event::Stale), 300);
     // Every stale answer but the three that started their instance's refresh task was
-    // served while one refresh ran: an origin call avoided, and counted as one.
+    // served while one refresh ran: an origin call avoided, and counted as one. (The
+    // other instances hold off while the lease is held, and the gate holds the refresh
+    // until every answer is in.)
     assert_eq!(total(&layers, Event::AvoidedStale), 300 - 3);
     // One refresh task per key per process: the other two instances' found the lease
     // busy (or, later, adopted the new entry); nobody else tried.

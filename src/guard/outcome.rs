@@ -12,8 +12,9 @@
 //! | a request the cache does not handle | `bypass` | `stampede-guard; fwd=bypass` |
 //! | the guard's own answer (the origin failed or did not answer in time; the route rejects) | `miss` | `stampede-guard; fwd=uri-miss; detail=...` |
 //!
-//! Besides, `detail=local-only` when Redis was unavailable, and `detail=query-dropped`
-//! when the key left out query parameters the request had (see [`say_details`]).
+//! Besides, `detail=local-only` when Redis was unavailable, or else
+//! `detail=query-dropped` on an answer whose key left out query parameters the request
+//! had (see [`say_details`]).
 //!
 //! `ttl` is the freshness the entry has left for this cache, in whole seconds: an entry
 //! this cache holds as stale has none left (a fresh entry that a soft purge reached, or
@@ -149,11 +150,24 @@ fn made(text: String) -> HeaderValue {
 }
 
 /// Adds what the answer's making says of it to this cache's member of `Cache-Status`,
-/// as its `detail` (RFC 9211 §2.8): `local-only` when Redis was unavailable, and
-/// `query-dropped` when the key left out parameters the request had (not on a bypass,
-/// which no key made); both, as `detail="local-only query-dropped"`. Not to a member
-/// with a detail already: the guard's own answers say what failed.
+/// as its `detail` (RFC 9211 §2.8, one value): `local-only` when Redis was unavailable;
+/// else `query-dropped` when the key left out query parameters the request had, on an
+/// answer a key made (a hit, a stale answer, a fill's: not a pass or a bypass, which
+/// reach the origin as they came). Not to a member with a detail already: the guard's
+/// own answers say what failed.
 pub(crate) fn say_details(headers: &mut http::HeaderMap, local_only: bool, query_dropped: bool) {
+    let keyed = || {
+        headers
+            .get(crate::http::X_CACHE_NAME)
+            .is_some_and(|v| matches!(v.as_bytes(), b"hit" | b"stale" | b"miss"))
+    };
+    let detail = if local_only {
+        "detail=local-only"
+    } else if query_dropped && keyed() {
+        "detail=query-dropped"
+    } else {
+        return;
+    };
     let mut values: Vec<http::HeaderValue> = headers
         .get_all(crate::http::CACHE_STATUS_NAME)
         .iter()
@@ -166,13 +180,6 @@ pub(crate) fn say_details(headers: &mut http::HeaderMap, local_only: bool, query
         return;
     };
     let text = ours.to_str().unwrap_or_default();
-    let query_dropped = query_dropped && !text.contains("fwd=bypass");
-    let detail = match (local_only, query_dropped) {
-        (true, true) => "detail=\"local-only query-dropped\"",
-        (true, false) => "detail=local-only",
-        (false, true) => "detail=query-dropped",
-        (false, false) => return,
-    };
     let Ok(marked) = http::HeaderValue::from_str(&format!("{text}; {detail}")) else {
         return;
     };
@@ -261,19 +268,20 @@ mod tests {
                 .parse()
                 .unwrap(),
         );
-        say_details(&mut failed, true, true);
+        say_details(&mut failed, true, false);
         assert_eq!(
             failed[crate::http::CACHE_STATUS_NAME],
             "stampede-guard; fwd=uri-miss; detail=origin-error"
         );
     }
 
-    /// A key that left out query parameters says `query-dropped`, with `local-only`
-    /// when both; not on a bypass, whose answer no key made.
+    /// A key that left out query parameters says `query-dropped` on the answers a key
+    /// made; `local-only`, when Redis is unavailable, says more and takes its place.
     #[test]
-    fn a_dropped_query_is_said_beside_local_only_but_not_on_a_bypass() {
-        let said = |status: &str, local_only: bool| {
+    fn a_dropped_query_is_said_on_keyed_answers_and_local_only_comes_first() {
+        let said = |x_cache: &str, status: &str, local_only: bool| {
             let mut headers = http::HeaderMap::new();
+            headers.insert(crate::http::X_CACHE_NAME, x_cache.parse().unwrap());
             headers.insert(crate::http::CACHE_STATUS_NAME, status.parse().unwrap());
             say_details(&mut headers, local_only, true);
             headers[crate::http::CACHE_STATUS_NAME]
@@ -281,21 +289,26 @@ mod tests {
                 .unwrap()
                 .to_owned()
         };
+        let hit = "stampede-guard; hit; ttl=5";
         assert_eq!(
-            said("stampede-guard; hit; ttl=5", false),
-            "stampede-guard; hit; ttl=5; detail=query-dropped"
+            said("hit", hit, false),
+            format!("{hit}; detail=query-dropped")
         );
+        assert_eq!(said("hit", hit, true), format!("{hit}; detail=local-only"));
+        let miss = "stampede-guard; fwd=uri-miss; stored; ttl=5";
         assert_eq!(
-            said("stampede-guard; hit; ttl=5", true),
-            "stampede-guard; hit; ttl=5; detail=\"local-only query-dropped\""
+            said("miss", miss, false),
+            format!("{miss}; detail=query-dropped")
         );
-        assert_eq!(
-            said("stampede-guard; fwd=bypass", false),
-            "stampede-guard; fwd=bypass"
-        );
-        assert_eq!(
-            said("stampede-guard; fwd=bypass", true),
-            "stampede-guard; fwd=bypass; detail=local-only"
-        );
+        for (x_cache, status) in [
+            ("pass", "stampede-guard; fwd=uri-miss"),
+            ("bypass", "stampede-guard; fwd=bypass"),
+        ] {
+            assert_eq!(said(x_cache, status, false), status);
+            assert_eq!(
+                said(x_cache, status, true),
+                format!("{status}; detail=local-only")
+            );
+        }
     }
 }

@@ -310,7 +310,10 @@ async fn taken(route: &Route, keys: &CacheKeys, seen: FencingToken) -> Taken {
                 return Taken::Adopted;
             }
             LeaseReply::Leased(lease) => return Taken::Leased(lease),
-            LeaseReply::Busy { retry_after, .. } => {
+            LeaseReply::Busy {
+                retry_after,
+                held_off,
+            } => {
                 let ttl = route.lease_ttl();
                 let hold_off = retry_after.map_or(ttl, |left| left.min(ttl));
                 if listening.is_none() {
@@ -326,7 +329,8 @@ async fn taken(route: &Route, keys: &CacheKeys, seen: FencingToken) -> Taken {
                 return Taken::HeldOff(HoldOff {
                     lasting: hold_off,
                     listening: listening.flatten(),
-                    elsewhere: true,
+                    // Held off after another instance's failure: no refresh runs.
+                    elsewhere: !held_off,
                 });
             }
             LeaseReply::Unavailable => {

@@ -5,7 +5,7 @@ use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, Request, Uri};
 
 use super::request::{host, keyed_query};
-use crate::policy::{KeyQuery, POISONING_HEADERS, Policy};
+use crate::policy::{POISONING_HEADERS, Policy};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), and those that only make sense for the
 /// client's own connection or body: never forwarded on a fill, never stored.
@@ -73,17 +73,14 @@ pub(crate) fn fill_request<B, F: Default>(
     fill
 }
 
-/// The URI a fill asks for: the path and the keyed query (with `drop_query`, the
-/// query as sent), relative (the host, if any,
+/// The URI a fill asks for: the path and the keyed query, sorted, whatever the mode
+/// (what the origin sees of a query is what its answer is stored under: a parameter
+/// left out of the key and passed on could put one caller's text in everyone's answer,
+/// or, split otherwise by the origin, `?q=a&utm_x=1;q=b`, another answer under `q=a`),
+/// relative (the host, if any,
 /// travels in one place only, the `Host` header, and is the same value the key was made
 /// of).
 fn fill_uri(policy: &Policy, uri: &Uri) -> Uri {
-    if let KeyQuery::Drop(_) = policy.key_query {
-        // The query as the caller sent it: the parameters left out of the key change
-        // nothing in the answer, and the handler may want them.
-        let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
-        return Uri::try_from(path_and_query).unwrap_or_else(|_| Uri::from_static("/"));
-    }
     let mut path_and_query = uri.path().to_owned();
     let mut first = true;
     keyed_query(policy, uri, &mut |param| {
@@ -181,8 +178,8 @@ mod tests {
     use super::*;
     use crate::http::request::tests::get;
 
-    /// What a fill is given of the query, by mode: with `drop_query`, the query as the
-    /// caller sent it (the request left alone); else the keyed parameters, sorted.
+    /// What a fill is given of the query, in every mode: the keyed parameters, sorted,
+    /// and nothing else (never a dropped one, nor one hidden behind a `;`).
     #[test]
     fn a_fill_is_given_the_query_its_mode_says() {
         let uri = "/convert?utm_source=x&amount=5&cur=GBP";
@@ -191,7 +188,17 @@ mod tests {
             fill.uri().to_string()
         };
         let b = || Policy::builder("convert");
-        assert_eq!(given(b().drop_query(["utm_*"]).build().unwrap()), uri);
+        assert_eq!(
+            given(b().drop_query(["utm_*"]).build().unwrap()),
+            "/convert?amount=5&cur=GBP"
+        );
+        let hidden = "/convert?amount=5&utm_x=1;amount=9";
+        let fill: Request<()> = fill_request(
+            &b().drop_query(["utm_*"]).build().unwrap(),
+            &[],
+            &get(hidden).body(()).unwrap(),
+        );
+        assert_eq!(fill.uri(), "/convert?amount=5");
         assert_eq!(
             given(b().build().unwrap()),
             "/convert?amount=5&cur=GBP&utm_source=x"

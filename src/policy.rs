@@ -459,7 +459,9 @@ impl PolicyBuilder {
 
     /// The largest body that is stored (default 16 MiB, at most 64 MiB). A larger answer
     /// is not stored, but the callers that share its fill still share it, as it streams
-    /// to them (one origin call); the first such answer of a route is logged, and each
+    /// to them (one origin call); when its `Content-Length` says so at its head, the
+    /// other instances hear it at once and call once each, instead of waiting for an
+    /// entry that will not come. The first such answer of a route is logged, and each
     /// is counted (`stampede_guard_not_stored_total{reason="too_large"}`).
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.policy.max_body = bytes;

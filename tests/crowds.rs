@@ -665,6 +665,77 @@ async fn two_instances_make_one_origin_call_for_a_large_answer() {
     assert_eq!(origin.calls(), 1, "one origin call for the fleet");
 }
 
+/// Two instances on one Redis, 50 concurrent cold callers on each of an answer whose
+/// `Content-Length` says it is larger than the route's `max_body`: its head says it will
+/// not be stored, and the fleet hears so at once. The other instance's waiters stop
+/// waiting for an entry that would never come and call once for all of them, while
+/// the first still streams (its body is held until the second call comes: a wait for
+/// the whole fill would never end): at most one call per instance, in five runs of
+/// five, and every body whole and right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_answer_too_large_to_store_is_one_call_per_instance_said_at_its_head() {
+    const CALLERS: u64 = 50;
+    const SIZE: usize = 2 << 20;
+    let server = RedisServer::start();
+    let (origin, route) = Streaming::route(Some(SIZE), StatusCode::OK);
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let guard = large_guard(&server).await;
+        let policy = large_policy().max_body(1 << 20).build().unwrap();
+        let layer = guard.layer(policy).unwrap();
+        let app = Router::new().route("/video/{n}", route.clone().layer(layer.clone()));
+        apps.push((serve(app).await, layer, guard));
+    }
+    let body = large_body().slice(..SIZE);
+    for run in 0..5 {
+        let path = format!("/video/{run}");
+        let before = origin.calls();
+        let joined = |i: usize| apps[i].1.stats().get(Event::Joined);
+        let joined_before = joined(0) + joined(1);
+        let mut callers = Vec::new();
+        for (addr, _, _) in &apps {
+            for _ in 0..CALLERS {
+                let (addr, body, path) = (*addr, body.clone(), path.clone());
+                callers.push(tokio::spawn(async move {
+                    stream_get(addr, &path, body, Arc::default()).await
+                }));
+            }
+        }
+        // The first call, then the other instance's, while the first's body is held;
+        // and every other caller joined its instance's call (a caller that came once a
+        // body had streamed past what is held for joiners would call on its own).
+        let first = origin.called().await;
+        let second = origin.called().await;
+        let everyone_joined = eventually(Duration::from_secs(20), || async {
+            joined(0) + joined(1) == joined_before + 2 * (CALLERS - 1)
+        });
+        assert!(
+            everyone_joined.await,
+            "{:?} {:?}",
+            apps[0].1.stats(),
+            apps[1].1.stats()
+        );
+        for frames in [first, second] {
+            for at in (0..SIZE).step_by(1 << 20) {
+                frames.send(Ok(body.slice(at..at + (1 << 20)))).unwrap();
+            }
+        }
+        for got in all_within(callers, Duration::from_secs(60), "the fleet's callers").await {
+            assert_eq!(
+                (got.status, &got.ended),
+                (StatusCode::OK, &Ok(())),
+                "run {run}"
+            );
+            assert_eq!((got.len, got.same), (SIZE, true), "run {run}");
+        }
+        assert_eq!(
+            origin.calls() - before,
+            2,
+            "one call per instance, run {run}"
+        );
+    }
+}
+
 /// The parts of a large answer's body kept in Redis, by their keys (see `cache::l2`).
 async fn parts_in_redis(server: &RedisServer, entry: &str) -> Vec<String> {
     let mut conn = server.conn().await;

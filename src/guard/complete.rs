@@ -98,6 +98,11 @@ async fn read<B: OriginBody, E>(
     // callers that join while the body streams.
     let verdict = verdict.stripped(&route.policy, &mut head);
     let storing = verdict.storing();
+    if !storing && !verdict.failure {
+        // Its head says it will not be stored: the fleet's waiters hear so now, not
+        // once the body has streamed, and call once per instance.
+        fill.said_not_stored();
+    }
     let mut writer = writer_for(route, lead, storing);
     let stream = writer.stream().clone();
     // The answer as every caller of the fill gets it, its body as far as it came (of

@@ -704,6 +704,26 @@ impl Fill {
         end_lease(&self.route, &self.keys, lease, ending, lasting).await;
     }
 
+    /// Tells the fleet, as soon as an answer's head says so, that the fill will store
+    /// nothing (its answer is declared longer than `max_body`, or has a status the route
+    /// does not store): the lease is given back and the ending notice sent, in the
+    /// background, so that the other instances' waiters stop waiting for an entry that
+    /// will not come and call once each. The fill goes on for its own callers, who
+    /// share its answer as it streams; its ending later tells the fleet nothing more.
+    pub(crate) fn said_not_stored(&mut self) {
+        let Some(Claim::Leased(_)) = &self.claim else {
+            return;
+        };
+        let Some(Claim::Leased(lease)) = self.claim.take() else {
+            return;
+        };
+        let (route, keys) = (self.route.clone(), self.keys.clone());
+        let lasting = route.policy.hit_for_pass;
+        tokio::spawn(async move {
+            end_lease(&route, &keys, lease, Ending::Pass, lasting).await;
+        });
+    }
+
     /// Ends the fill as for an answer that is its caller's alone: as
     /// `end(Ending::Pass)` for the fleet, but here the key's callers go straight to the
     /// origin for the hit-for-pass time (they could not share such an answer).

@@ -705,7 +705,14 @@ async fn an_answer_too_large_to_store_is_one_call_per_instance_said_at_its_head(
         // and every other caller joined its instance's call (a caller that came once a
         // body had streamed past what is held for joiners would call on its own).
         let first = origin.called().await;
+        let asked = std::time::Instant::now();
         let second = origin.called().await;
+        // At once, not after the other instance's cold wait (30 s) ran out.
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "the second call came after {:?}, run {run}",
+            asked.elapsed()
+        );
         let everyone_joined = eventually(Duration::from_secs(20), || async {
             joined(0) + joined(1) == joined_before + 2 * (CALLERS - 1)
         });

@@ -137,8 +137,8 @@ async fn read<B: OriginBody, E>(
         handing.grew(len)
     });
     // Under the watchdog only what may be stored: an answer that will not be is not
-    // cut at the watchdog's maximum for its readers (its lease, no longer renewed, runs
-    // out by its TTL; the fill ends when the body does).
+    // cut at the watchdog's maximum for its readers (its lease was given back at its
+    // head, or, for a failure, runs out by its TTL; the fill ends when the body does).
     let read = if storing {
         match fill.hold(reading).await {
             Ok(read) => read,

@@ -6,7 +6,10 @@
 //! origin is [called](Fill::call) (and a call that the watchdog stopped ends the fill),
 //! then its answer is [kept](Fill::keep) (a fenced write that also releases the lease),
 //! or the entry it asked about [renewed](Fill::renew), or the fill
-//! [ended](Fill::end) without a write, saying why to the fleet.
+//! [ended](Fill::end) without a write, saying why to the fleet. One exception gives the
+//! lease back early: an answer whose head says it will not be stored
+//! ([`said_not_stored`](Fill::said_not_stored)) tells the fleet then, and the fill
+//! streams on for its callers with no claim left to end.
 //!
 //! A `Fill` dropped without an ending (its task panicked, or its runtime went away)
 //! holds its lease off for the route's error back-off, best-effort, as after an origin

@@ -9,7 +9,8 @@
 //! `/items/{id}` is fresh for 2 s and may be served stale for 30 s more; `/report` is slow
 //! to compute, fresh for 5 s, served stale for a minute, and a caller with nothing to
 //! serve waits at most 1 s for another instance's fill, then gets a 503. Run it twice (on
-//! two ports) against one Redis to see two instances share entries and leases.
+//! two ports) against one Redis to see two instances share entries and leases. It shuts
+//! down gracefully on SIGTERM or Ctrl-C, and waits for its refreshes (`drained`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -90,6 +91,37 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening on http://{addr}: try `curl -si http://{addr}/items/1`");
-    axum::serve(listener, app).await?;
+    // On SIGTERM (what a container runtime or Kubernetes sends first) or Ctrl-C: stop
+    // taking connections, answer the requests in flight, then let the refreshes and
+    // fills at work end, their entries written, before the runtime goes.
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown())
+        .await?;
+    if !guard.drained(Duration::from_secs(10)).await {
+        eprintln!("refreshes still at work after 10 s: stopped with them");
+    }
     Ok(())
+}
+
+/// Resolves on Ctrl-C, or on SIGTERM.
+async fn shutdown() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                terminate.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
 }

@@ -14,6 +14,15 @@ use crate::guard::inflight::SharedAnswer;
 use crate::guard::stream::Stream;
 use crate::lease::FencingToken;
 
+/// Every way the origin can fail a fill.
+const FAILURES: [Failure; 5] = [
+    Failure::Error,
+    Failure::Timeout,
+    Failure::LeaseLost,
+    Failure::Panicked,
+    Failure::Cancelled,
+];
+
 fn entry() -> Landed {
     let response = CachedResponse {
         status: StatusCode::OK,
@@ -155,13 +164,7 @@ fn another_variants() {
 
 #[test]
 fn origin_error_timeout_lease_lost_panicked_cancelled() {
-    for failure in [
-        Failure::Error,
-        Failure::Timeout,
-        Failure::LeaseLost,
-        Failure::Panicked,
-        Failure::Cancelled,
-    ] {
+    for failure in FAILURES {
         let failed = Landed::Failed(failure);
         assert_eq!(reply(&failed, standing_in(leader(false))), Reply::StandIn);
         assert_eq!(reply(&failed, standing_in(other())), Reply::StandIn);
@@ -276,13 +279,7 @@ fn every_row_of_the_table_is_a_landing_and_every_landing_a_row() {
 fn a_refresh_backs_off_after_anything_but_an_entry() {
     assert!(!backs_off(&entry()));
     assert!(!backs_off(&Landed::Rekey));
-    for failure in [
-        Failure::Error,
-        Failure::Timeout,
-        Failure::LeaseLost,
-        Failure::Panicked,
-        Failure::Cancelled,
-    ] {
+    for failure in FAILURES {
         assert!(backs_off(&Landed::Failed(failure)), "{failure:?}");
     }
     assert!(backs_off(&Landed::Pass));

@@ -9,17 +9,22 @@ use super::codec::Postcard;
 use crate::cache::Instant;
 use crate::{KeySpace, Policy, RedisStore, StampedeGuard};
 
-#[tokio::test]
-async fn a_keys_l1_key_is_the_one_its_request_is_keyed_with() {
+/// A guard without Redis: keys are made as with one.
+fn local_guard() -> StampedeGuard {
     let keys = KeySpace::builder()
         .env("test")
         .service("values")
         .secret("a secret of sixteen bytes or more")
         .build()
         .unwrap();
-    let guard = StampedeGuard::builder(RedisStore::local_only(), keys)
+    StampedeGuard::builder(RedisStore::local_only(), keys)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_keys_l1_key_is_the_one_its_request_is_keyed_with() {
+    let guard = local_guard();
     let long = "k".repeat(300);
     for (n, version) in [0, 3].into_iter().enumerate() {
         for key_host in [true, false] {
@@ -57,15 +62,7 @@ async fn a_keys_l1_key_is_the_one_its_request_is_keyed_with() {
 
 #[test]
 fn an_identity_is_the_same_inline_and_on_the_heap() {
-    let keys = KeySpace::builder()
-        .env("test")
-        .service("values")
-        .secret("a secret of sixteen bytes or more")
-        .build()
-        .unwrap();
-    let guard = StampedeGuard::builder(RedisStore::local_only(), keys)
-        .build()
-        .unwrap();
+    let guard = local_guard();
     let route = guard
         .route(Policy::builder("ids").build().unwrap())
         .unwrap();
